@@ -1,0 +1,126 @@
+package io.keyedstate.spark
+
+import java.nio.ByteBuffer
+
+import org.apache.spark.sql.catalyst.expressions.{BoundReference, Murmur3Hash, UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec, NoPrefixKeyStateEncoderSpec, PrefixKeyScanStateEncoderSpec}
+import org.apache.spark.sql.types.StructType
+import org.apache.spark.unsafe.Platform
+
+/**
+ * Byte layouts of stored keys and values.
+ *
+ * key   = u32 key group | UnsafeRow bytes                                  (no prefix scan)
+ * key   = u32 key group | u32 prefix length | prefix row | full key row     (prefix scan)
+ * value = u8 format (1 = plain; 2 reserved for a u64 TTL timestamp) | UnsafeRow bytes
+ *
+ * The key group is pmod(Murmur3Hash(partition key columns, 42), keyGroups): the hash Spark's
+ * HashPartitioning uses to route the key, so a partition owns whole key groups whenever the
+ * partition count divides the key-group count. The partition key is the whole key, except for
+ * the join's keyWithIndexToValue stores (the trailing `index`) and session windows (the
+ * trailing session start), where it is the key minus its last column. Not thread-safe (the
+ * projections are reused): one codec per store instance.
+ */
+final class KeyCodec(keySchema: StructType, valueSchema: StructType, spec: KeyStateEncoderSpec,
+    storeName: String, val keyGroups: Int) {
+
+  val prefixColumns: Int = spec match {
+    case p: PrefixKeyScanStateEncoderSpec => p.numColsPrefixKey
+    case _: NoPrefixKeyStateEncoderSpec => 0
+    case other => throw new UnsupportedOperationException(
+      s"keyedstate does not support the key encoder $other (used by transformWithState, which " +
+        "Spark only runs on its own RocksDBStateStoreProvider)")
+  }
+
+  /** How many leading key columns Spark hashes to pick the key's partition. */
+  val partitionKeyColumns: Int =
+    if (storeName.endsWith("keyWithIndexToValue")) keySchema.length - 1
+    else if (prefixColumns > 0) prefixColumns
+    else keySchema.length
+
+  private val keyFields = keySchema.length
+  private val valueFields = valueSchema.length
+  private val hashOfKey = hashProjection(keySchema, partitionKeyColumns)
+  private val hashOfPrefix =
+    if (prefixColumns > 0) hashProjection(StructType(keySchema.take(prefixColumns)), prefixColumns) else null
+  private val prefixOfKey =
+    if (prefixColumns > 0) UnsafeProjection.create(
+      keySchema.take(prefixColumns).zipWithIndex.map { case (f, i) => BoundReference(i, f.dataType, f.nullable) }.toSeq)
+    else null
+
+  private def hashProjection(schema: StructType, columns: Int): UnsafeRow => Int =
+    if (columns == 0) (_: UnsafeRow) => 42
+    else {
+      val refs = (0 until columns).map(i => BoundReference(i, schema(i).dataType, schema(i).nullable))
+      val projection = UnsafeProjection.create(Seq(Murmur3Hash(refs, 42)))
+      (row: UnsafeRow) => projection(row).getInt(0)
+    }
+
+  def keyGroupOf(hash: Int): Int = Math.floorMod(hash, keyGroups)
+
+  def encodeKey(key: UnsafeRow): Array[Byte] = {
+    val group = keyGroupOf(hashOfKey(key))
+    if (prefixColumns == 0) {
+      val out = new Array[Byte](4 + key.getSizeInBytes)
+      putInt(out, 0, group)
+      copyRow(key, out, 4)
+      out
+    } else {
+      val prefix = prefixOfKey(key)
+      val out = new Array[Byte](8 + prefix.getSizeInBytes + key.getSizeInBytes)
+      putInt(out, 0, group)
+      putInt(out, 4, prefix.getSizeInBytes)
+      copyRow(prefix, out, 8)
+      copyRow(key, out, 8 + prefix.getSizeInBytes)
+      out
+    }
+  }
+
+  /** The stored-key prefix shared by every key whose leading columns equal `prefixKey`. */
+  def encodePrefix(prefixKey: UnsafeRow): Array[Byte] = {
+    require(prefixColumns > 0, "prefixScan needs a PrefixKeyScanStateEncoderSpec")
+    val out = new Array[Byte](8 + prefixKey.getSizeInBytes)
+    putInt(out, 0, keyGroupOf(hashOfPrefix(prefixKey)))
+    putInt(out, 4, prefixKey.getSizeInBytes)
+    copyRow(prefixKey, out, 8)
+    out
+  }
+
+  def decodeKey(stored: Array[Byte]): UnsafeRow = {
+    val offset = if (prefixColumns == 0) 4 else 8 + ByteBuffer.wrap(stored, 4, 4).getInt()
+    val row = new UnsafeRow(keyFields)
+    row.pointTo(stored, Platform.BYTE_ARRAY_OFFSET + offset, stored.length - offset)
+    row
+  }
+
+  def encodeValue(value: UnsafeRow): Array[Byte] = {
+    val out = new Array[Byte](1 + value.getSizeInBytes)
+    out(0) = KeyCodec.PlainValue
+    copyRow(value, out, 1)
+    out
+  }
+
+  def decodeValue(stored: Array[Byte]): UnsafeRow = {
+    if (stored(0) != KeyCodec.PlainValue) {
+      throw new IllegalStateException(s"keyedstate: unknown value format ${stored(0)} in store $storeName")
+    }
+    val row = new UnsafeRow(valueFields)
+    row.pointTo(stored, Platform.BYTE_ARRAY_OFFSET + 1, stored.length - 1)
+    row
+  }
+
+  private def copyRow(row: UnsafeRow, out: Array[Byte], offset: Int): Unit =
+    Platform.copyMemory(row.getBaseObject, row.getBaseOffset, out,
+      Platform.BYTE_ARRAY_OFFSET + offset, row.getSizeInBytes)
+
+  private def putInt(out: Array[Byte], offset: Int, v: Int): Unit = {
+    out(offset) = (v >>> 24).toByte
+    out(offset + 1) = (v >>> 16).toByte
+    out(offset + 2) = (v >>> 8).toByte
+    out(offset + 3) = v.toByte
+  }
+}
+
+object KeyCodec {
+  val PlainValue: Byte = 1
+}

@@ -1,0 +1,362 @@
+package io.keyedstate.spark
+
+import java.nio.file.{Files, Paths}
+import java.util.UUID
+import java.util.concurrent.atomic.AtomicLong
+
+import scala.jdk.CollectionConverters._
+import scala.util.control.NonFatal
+
+import com.fasterxml.jackson.databind.ObjectMapper
+import org.apache.hadoop.conf.Configuration
+import org.apache.spark.SparkEnv
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow
+import org.apache.spark.sql.execution.streaming.state._
+import org.apache.spark.sql.types.StructType
+import org.slf4j.LoggerFactory
+
+import io.keyedstate.bridge.{ServerLaunch, StateServerProcess}
+
+/**
+ * keyedstate's StateStoreProvider: Spark's contract only. Storage lives in the Python state
+ * server (one per executor JVM, see [[StateServerProcess]]); checkpoint files in
+ * [[CheckpointFiles]]; byte layouts in [[KeyCodec]]; a version's writes in [[WriteBuffer]].
+ *
+ * Versions: the Python store holds exactly one committed version. getStore(v) reuses it when
+ * this provider committed or loaded v last; otherwise it reloads v from the checkpoint
+ * (nearest snapshot at or below v, then changelogs), so any executor can load any version.
+ * commit() writes the changelog to the checkpoint (the durable commit), then ships the same
+ * bytes to Python in one frame, then reports to the coordinator. abort() drops the buffer.
+ */
+class KeyedStateProvider extends StateStoreProvider {
+  import KeyedStateProvider._
+
+  private var storeId: StateStoreId = _
+  private var keySchema: StructType = _
+  private var valueSchema: StructType = _
+  private var encoderSpec: KeyStateEncoderSpec = _
+  private var storeConf: StateStoreConf = _
+  private var hadoopConf: Configuration = _
+  private var launch: ServerLaunch = _
+  private var confsJson: String = _
+  private[spark] var files: CheckpointFiles = _
+
+  // The Python-side store this provider drives; guarded by `this`.
+  private var server: StateServerProcess = _
+  private var handle: Int = -1
+  private[spark] var keyGroups: Int = _
+  private[spark] var scanChunkBytes: Int = _
+  private var loadedVersion: Long = -1
+  private[spark] var numKeys: Long = 0
+  private var lineage: String = ""
+  // Snapshot files this provider uploaded or loaded, per RocksDB lineage: (name, size) -> path.
+  private var uploaded: Map[(String, Long), String] = Map.empty
+  private var uploadedLineage: String = ""
+  private val maintenanceMutex = new Object
+  @volatile private var closed = false
+
+  private[spark] val metricLoadMs = new AtomicLong
+  private[spark] val metricSnapshotBytes = new AtomicLong
+  private[spark] val metricFilesUploaded = new AtomicLong
+  private[spark] val metricFilesReused = new AtomicLong
+
+  override def init(
+      stateStoreId: StateStoreId,
+      keySchema: StructType,
+      valueSchema: StructType,
+      keyStateEncoderSpec: KeyStateEncoderSpec,
+      useColumnFamilies: Boolean,
+      storeConfs: StateStoreConf,
+      hadoopConf: Configuration,
+      useMultipleValuesPerKey: Boolean,
+      stateSchemaProvider: Option[StateSchemaProvider]): Unit = {
+    if (useColumnFamilies || useMultipleValuesPerKey) {
+      throw new UnsupportedOperationException(
+        "keyedstate does not support column families or multiple values per key (only " +
+          "transformWithState uses them, and Spark runs it only on RocksDBStateStoreProvider)")
+    }
+    if (storeConfs.stateStoreCheckpointFormatVersion > 1) {
+      throw new UnsupportedOperationException(
+        "keyedstate supports spark.sql.streaming.stateStore.checkpointFormatVersion=1 only; " +
+          s"this query uses ${storeConfs.stateStoreCheckpointFormatVersion}")
+    }
+    this.storeId = stateStoreId
+    this.keySchema = keySchema
+    this.valueSchema = valueSchema
+    this.encoderSpec = keyStateEncoderSpec
+    this.storeConf = storeConfs
+    this.hadoopConf = hadoopConf
+    val confs = storeConfs.sqlConfs.filter(_._1.startsWith(ConfPrefix))
+    this.confsJson = Json.writeValueAsString(confs.asJava)
+    this.launch = serverLaunch(confs)
+    this.files = new CheckpointFiles(stateStoreId.storeCheckpointLocation(), hadoopConf)
+    synchronized { ensureOpen() } // validates the confs now: a bad value fails the first task
+  }
+
+  override def stateStoreId: StateStoreId = storeId
+
+  private def describe: String =
+    s"operator ${storeId.operatorId} partition ${storeId.partitionId} store '${storeId.storeName}' " +
+      s"(${storeId.storeCheckpointLocation()})"
+
+  /** Opens our store on the live server, reopening after a server restart. */
+  private def ensureOpen(): StateServerProcess = {
+    val live = StateServerProcess.get(launch)
+    if (live ne server) {
+      val settings = Json.readTree(live.control(s"opening $describe")(_.openStore(storeId.toString, confsJson)))
+      server = live
+      handle = settings.get("handle").asInt()
+      keyGroups = settings.get("keyGroups").asInt()
+      scanChunkBytes = settings.get("scanChunkBytes").asInt()
+      loadedVersion = -1
+    }
+    server
+  }
+
+  override def getStore(version: Long, uniqueId: Option[String], forceSnapshotOnCommit: Boolean,
+      loadEmpty: Boolean): StateStore = synchronized {
+    requireOpen()
+    load(version, loadEmpty)
+    new KeyedStateStore(this, version, forceSnapshotOnCommit)
+  }
+
+  override def getReadStore(version: Long, uniqueId: Option[String]): ReadStateStore =
+    getStore(version, uniqueId, forceSnapshotOnCommit = false, loadEmpty = false)
+
+  /** Aggregations open a read store and then a write store on the same version: reuse it. */
+  override def upgradeReadStoreToWriteStore(readStore: ReadStateStore, version: Long,
+      uniqueId: Option[String], forceSnapshotOnCommit: Boolean): StateStore = readStore match {
+    case s: KeyedStateStore if s.version == version && !s.hasCommitted => s
+    case other =>
+      other.release()
+      getStore(version, uniqueId, forceSnapshotOnCommit, loadEmpty = false)
+  }
+
+  private def requireOpen(): Unit =
+    if (closed) throw new IllegalStateException(s"keyedstate provider for $describe is closed")
+
+  /** Makes the Python store hold `version`. */
+  private def load(version: Long, loadEmpty: Boolean): Unit = {
+    val live = ensureOpen()
+    if (loadedVersion == version && !loadEmpty) return
+    val started = System.nanoTime()
+    loadedVersion = -1 // until the load completes
+    if (loadEmpty || version == 0) {
+      live.control(s"loading version $version of $describe")(_.restore(handle, version, null, newLineage(Nil), 0))
+    } else {
+      val listing = files.listing()
+      val base = listing.snapshots.filter(_ <= version).lastOption
+      val needed = (base.getOrElse(0L) + 1 to version)
+      val missing = needed.filterNot(listing.changelogs.contains)
+      if (missing.nonEmpty) {
+        val foreign = if (listing.foreign.isEmpty) "" else
+          s" The directory holds files of another state store provider (${listing.foreign.take(5).mkString(", ")}): " +
+            "this checkpoint was not written by keyedstate; restart the query with the provider that wrote it."
+        throw new CheckpointFileException(
+          s"keyedstate: cannot load version $version of $describe: missing " +
+            s"${missing.take(3).map(files.changelog).mkString(", ")}${if (missing.size > 3) " ..." else ""}.$foreign")
+      }
+      val localRoot = Files.createDirectories(live.workDir.resolve("restore").resolve(UUID.randomUUID().toString))
+      try {
+        base match {
+          case Some(s) =>
+            val manifest = files.readManifest(s)
+            checkKeyGroups(manifest.keyGroups, files.manifest(s).toString)
+            val snapDir = Files.createDirectories(localRoot.resolve("snapshot"))
+            manifest.files.foreach(f => files.download(files.resolve(f.path), snapDir.resolve(f.name)))
+            val id = newLineage(manifest.files)
+            live.control(s"restoring snapshot ${files.manifest(s)}")(_.restore(handle, s, snapDir.toString, id, manifest.numKeys))
+          case None =>
+            live.control(s"loading version $version of $describe")(_.restore(handle, 0, null, newLineage(Nil), 0))
+        }
+        // Replay in groups so that local disk holds a bounded number of changelog copies.
+        needed.grouped(32).foreach { group =>
+          val locals = group.map { v =>
+            val local = localRoot.resolve(s"$v.ks-changelog")
+            files.download(files.changelog(v), local)
+            (v, local)
+          }
+          val listJson = Json.writeValueAsString(locals.map { case (v, p) => java.util.List.of(Long.box(v), p.toString) }.asJava)
+          live.control(s"replaying changelogs ${group.head}..${group.last} of $describe")(_.replay(handle, listJson))
+          locals.foreach { case (_, p) => Files.deleteIfExists(p) }
+        }
+      } finally deleteTree(localRoot)
+      numKeys = Json.readTree(live.control("reading store info")(_.storeInfo(handle))).get("numKeys").asLong()
+    }
+    if (version == 0 || loadEmpty) numKeys = 0
+    loadedVersion = version
+    metricLoadMs.addAndGet((System.nanoTime() - started) / 1000000)
+  }
+
+  private def checkKeyGroups(found: Int, file: String): Unit =
+    if (found != keyGroups) {
+      throw new CheckpointFileException(
+        s"keyedstate: $file was written with keyGroups=$found but this query sets " +
+          s"${ConfPrefix}keyGroups=$keyGroups; the key-group count is fixed for a checkpoint")
+    }
+
+  private def newLineage(files: Seq[SnapshotFile]): String = {
+    val id = UUID.randomUUID().toString
+    maintenanceMutex.synchronized {
+      lineage = id
+      uploadedLineage = id
+      uploaded = files.map(f => (f.name, f.size) -> f.path).toMap
+    }
+    id
+  }
+
+  /** Called by the store: make `buffer` version `newVersion`, durably. */
+  private[spark] def commitVersion(version: Long, buffer: WriteBuffer, forceSnapshot: Boolean): (Long, Long) = synchronized {
+    requireOpen()
+    if (loadedVersion != version) {
+      throw new IllegalStateException(
+        s"keyedstate: $describe holds version $loadedVersion, cannot commit on top of version $version " +
+          "(two stores of one partition were open at once)")
+    }
+    val newVersion = version + 1
+    val changelog = buffer.toChangelog(newVersion, keyGroups)
+    val bytes = changelog.remaining().toLong
+    files.ensureDirs()
+    files.writeAtomically(files.changelog(newVersion), changelog.duplicate())
+    loadedVersion = -1 // the Python store is in flux until apply returns
+    numKeys = server.withChannel(s"committing version $newVersion of $describe")(_.apply(handle, changelog))
+    if (forceSnapshot) server.control("staging a snapshot")(_.stageSnapshot(handle))
+    loadedVersion = newVersion
+    (newVersion, bytes)
+  }
+
+  private[spark] def memoryUsedBytes(): Long = synchronized {
+    if (server == null || !server.isAlive) 0L
+    else try Json.readTree(server.control("reading store info")(_.storeInfo(handle))).get("memoryBytes").asLong()
+    catch { case NonFatal(_) => 0L }
+  }
+
+  private[spark] def get(key: Array[Byte]): Array[Byte] =
+    server.withChannel(s"reading $describe")(_.get(handle, key))
+
+  private[spark] def scanChunk(prefix: Array[Byte], startAfter: Array[Byte]) =
+    server.withChannel(s"scanning $describe")(_.scan(handle, prefix, startAfter, scanChunkBytes))
+
+  private[spark] def decodeKey(bytes: Array[Byte]): UnsafeRow = codec.decodeKey(bytes)
+
+  private var codecHolder: KeyCodec = _
+  /** Per provider; only the task thread uses it. */
+  private[spark] def codec: KeyCodec = {
+    if (codecHolder == null) {
+      codecHolder = new KeyCodec(keySchema, valueSchema, encoderSpec, storeId.storeName, keyGroups)
+    }
+    codecHolder
+  }
+  private[spark] def hadoopConfiguration: Configuration = hadoopConf
+  private[spark] def id: StateStoreId = storeId
+
+  /** Uploads staged snapshots: only files not uploaded before, then the manifest. */
+  override def doSnapshotMaintenance(): Unit = maintenanceMutex.synchronized {
+    val (live, h) = synchronized { (server, handle) }
+    if (closed || live == null || !live.isAlive) return
+    val staged = Json.readTree(live.control("listing staged snapshots")(_.stagedSnapshots(h)))
+    staged.elements().asScala.foreach { snap =>
+      val version = snap.get("version").asLong()
+      val sameLineage = snap.get("lineage").asText() == uploadedLineage
+      try {
+        val dir = Paths.get(snap.get("dir").asText())
+        val entries = snap.get("files").elements().asScala.map { f =>
+          val name = f.get("name").asText()
+          val size = f.get("size").asLong()
+          val reusable = if (sameLineage && name.endsWith(".sst")) uploaded.get((name, size)) else None
+          val path = reusable.getOrElse {
+            val (rel, target) = files.newSnapshotFilePath(name)
+            files.upload(dir.resolve(name), target)
+            metricSnapshotBytes.addAndGet(size)
+            metricFilesUploaded.incrementAndGet()
+            rel
+          }
+          if (reusable.isDefined) metricFilesReused.incrementAndGet()
+          SnapshotFile(name, path, size)
+        }.toSeq
+        files.writeManifest(SnapshotManifest(version, keyGroups, snap.get("numKeys").asLong(), entries))
+        if (sameLineage) uploaded ++= entries.filter(_.name.endsWith(".sst")).map(f => (f.name, f.size) -> f.path)
+        log.info(s"keyedstate: uploaded snapshot of version $version of $describe " +
+          s"(${entries.size} files, ${entries.count(e => !uploaded.get((e.name, e.size)).contains(e.path))} new)")
+      } catch {
+        case NonFatal(e) => log.warn(s"keyedstate: snapshot upload of version $version of $describe failed; will retry later", e)
+          return
+      } finally {
+        // Either uploaded or failed; a failed staged copy is dropped too (the changelogs stay).
+        try live.control("dropping a staged snapshot")(_.dropStaged(h, version)) catch { case NonFatal(_) => }
+      }
+    }
+  }
+
+  override def doCleanupMaintenance(): Unit = maintenanceMutex.synchronized {
+    if (closed) return
+    val deleted = files.cleanup(storeConf.minVersionsToRetain)
+    if (deleted > 0) log.info(s"keyedstate: cleanup deleted $deleted files of $describe")
+  }
+
+  override def doMaintenance(): Unit = { doSnapshotMaintenance(); doCleanupMaintenance() }
+
+  override def close(): Unit = synchronized {
+    if (closed) return
+    closed = true
+    if (server != null && server.isAlive && handle >= 0) {
+      try server.control("closing a store")(_.closeStore(handle))
+      catch { case NonFatal(e) => log.warn(s"keyedstate: closing $describe failed", e) }
+    }
+    server = null
+  }
+
+  override def supportedCustomMetrics: Seq[StateStoreCustomMetric] = CustomMetrics.all
+}
+
+object KeyedStateProvider {
+  private val log = LoggerFactory.getLogger(classOf[KeyedStateProvider])
+  private[spark] val Json = new ObjectMapper()
+  val ConfPrefix = "spark.sql.streaming.stateStore.keyedstate."
+
+  /** The knobs the JVM needs before the Python server exists (Python validates them too). */
+  private def serverLaunch(confs: Map[String, String]): ServerLaunch = {
+    val sparkConf = Option(SparkEnv.get).map(_.conf)
+    val python = confs.get(ConfPrefix + "pythonExec")
+      .orElse(sparkConf.flatMap(_.getOption("spark.pyspark.python")))
+      .orElse(sys.env.get("PYSPARK_PYTHON"))
+      .getOrElse("python3")
+    ServerLaunch(python, confs.get(ConfPrefix + "localDir"),
+      durationMs(confs, "serverStartupTimeout", 60000L),
+      math.min(Int.MaxValue.toLong, durationMs(confs, "bridgeTimeout", 600000L)).toInt)
+  }
+
+  private def durationMs(confs: Map[String, String], name: String, default: Long): Long =
+    confs.get(ConfPrefix + name).map { raw =>
+      val m = """\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*""".r
+      raw.toLowerCase match {
+        case m(n, unit) if Units.contains(unit) => (n.toDouble * Units(unit)).toLong
+        case _ => throw new IllegalArgumentException(
+          s"Invalid value '$raw' for conf '$ConfPrefix$name': expected a duration such as 500ms, 30s, 15m, 24h or 7d")
+      }
+    }.getOrElse(default)
+
+  private def deleteTree(path: java.nio.file.Path): Unit =
+    if (Files.exists(path)) {
+      val stream = Files.walk(path)
+      try stream.sorted(java.util.Comparator.reverseOrder()).forEach(p => Files.deleteIfExists(p))
+      finally stream.close()
+    }
+
+  private val Units = Map("ms" -> 1L, "s" -> 1000L, "sec" -> 1000L, "m" -> 60000L, "min" -> 60000L,
+    "h" -> 3600000L, "d" -> 86400000L)
+}
+
+/** Custom metrics shown in `lastProgress.stateOperators[].customMetrics`. */
+object CustomMetrics {
+  val commitLatency = StateStoreCustomTimingMetric("keyedstateCommitLatencyMs", "keyedstate: commit time")
+  val loadLatency = StateStoreCustomTimingMetric("keyedstateLoadLatencyMs", "keyedstate: version load time")
+  val changelogBytes = StateStoreCustomSizeMetric("keyedstateChangelogBytes", "keyedstate: changelog bytes committed")
+  val writesShipped = StateStoreCustomSumMetric("keyedstateWritesShipped", "keyedstate: keys written per commit")
+  val bridgeGets = StateStoreCustomSumMetric("keyedstateBridgeGets", "keyedstate: reads that crossed to Python")
+  val snapshotBytes = StateStoreCustomSizeMetric("keyedstateSnapshotBytesUploaded", "keyedstate: snapshot bytes uploaded")
+  val filesUploaded = StateStoreCustomSumMetric("keyedstateSnapshotFilesUploaded", "keyedstate: snapshot files uploaded")
+  val filesReused = StateStoreCustomSumMetric("keyedstateSnapshotFilesReused", "keyedstate: snapshot files reused")
+  val all: Seq[StateStoreCustomMetric] =
+    Seq(commitLatency, loadLatency, changelogBytes, writesShipped, bridgeGets, snapshotBytes, filesUploaded, filesReused)
+}

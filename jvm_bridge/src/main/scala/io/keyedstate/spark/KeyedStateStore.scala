@@ -1,0 +1,166 @@
+package io.keyedstate.spark
+
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow
+import org.apache.spark.sql.execution.streaming.state._
+import org.apache.spark.sql.types.StructType
+
+/**
+ * One version of one store partition, as handed to an operator for one task. Writes go to a
+ * [[WriteBuffer]]; reads consult it first and then the Python store (which holds `version`
+ * unchanged until this store commits). Also serves as the read store (state data source,
+ * aggregation's read-then-write on the same version).
+ */
+final class KeyedStateStore(provider: KeyedStateProvider, override val version: Long,
+    forceSnapshot: Boolean) extends StateStore {
+
+  private val buffer = new WriteBuffer
+  private val codec = provider.codec
+  private var committedVersion = -1L
+  private var aborted = false
+  private var bridgeGets = 0L
+  private var commitMs = 0L
+  private var changelogBytes = 0L
+  private var writesShipped = 0L
+
+  override def id: StateStoreId = provider.id
+
+  private def checkCf(colFamilyName: String): Unit =
+    if (colFamilyName != StateStore.DEFAULT_COL_FAMILY_NAME) {
+      throw new UnsupportedOperationException(s"keyedstate has no column family '$colFamilyName'")
+    }
+
+  private def checkWritable(): Unit = {
+    if (committedVersion >= 0) throw new IllegalStateException(s"store of version $version was already committed")
+    if (aborted) throw new IllegalStateException(s"store of version $version was aborted")
+  }
+
+  override def get(key: UnsafeRow, colFamilyName: String): UnsafeRow = {
+    checkCf(colFamilyName)
+    val stored = lookup(codec.encodeKey(key))
+    if (stored == null) null else codec.decodeValue(stored)
+  }
+
+  private def lookup(encoded: Array[Byte]): Array[Byte] = {
+    val pending = buffer.lookup(encoded)
+    if (pending != null) {
+      if (pending eq WriteBuffer.Tombstone) null else pending
+    } else {
+      bridgeGets += 1
+      provider.get(encoded)
+    }
+  }
+
+  override def put(key: UnsafeRow, value: UnsafeRow, colFamilyName: String): Unit = {
+    checkCf(colFamilyName)
+    checkWritable()
+    require(value != null, "keyedstate: cannot put a null value")
+    buffer.put(codec.encodeKey(key), codec.encodeValue(value))
+  }
+
+  override def remove(key: UnsafeRow, colFamilyName: String): Unit = {
+    checkCf(colFamilyName)
+    checkWritable()
+    buffer.delete(codec.encodeKey(key))
+  }
+
+  override def iterator(colFamilyName: String): StateStoreIterator[UnsafeRowPair] = {
+    checkCf(colFamilyName)
+    scan(Array.emptyByteArray)
+  }
+
+  override def prefixScan(prefixKey: UnsafeRow, colFamilyName: String): StateStoreIterator[UnsafeRowPair] = {
+    checkCf(colFamilyName)
+    scan(codec.encodePrefix(prefixKey))
+  }
+
+  /**
+   * Committed entries with `prefix` (fetched from Python in chunks) that this version has not
+   * overwritten, then this version's own puts with that prefix. Uses a point-in-time copy of
+   * the buffer, so callers may remove keys while iterating (watermark eviction does).
+   */
+  private def scan(prefix: Array[Byte]): StateStoreIterator[UnsafeRowPair] = {
+    val pending = buffer.snapshot()
+    val overwritten = new java.util.HashSet[Bytes](pending.length * 2)
+    pending.foreach { case (k, _) => overwritten.add(new Bytes(k)) }
+    val committed = new Iterator[(Array[Byte], Array[Byte])] {
+      private var chunk: ScanChunkView = fetch(null)
+      private def fetch(after: Array[Byte]) = new ScanChunkView(provider.scanChunk(prefix, after))
+      override def hasNext: Boolean = {
+        while (!chunk.hasNext && chunk.hasMore) chunk = fetch(chunk.lastKey)
+        chunk.hasNext
+      }
+      override def next(): (Array[Byte], Array[Byte]) = { hasNext; chunk.next() }
+    }.filterNot { case (k, _) => overwritten.contains(new Bytes(k)) }
+    val own = pending.iterator.filter { case (k, v) => !(v eq WriteBuffer.Tombstone) && startsWith(k, prefix) }
+    val rows = (committed ++ own).map { case (k, v) => new UnsafeRowPair(codec.decodeKey(k), codec.decodeValue(v)) }
+    new StateStoreIterator(rows, () => ())
+  }
+
+  private def startsWith(key: Array[Byte], prefix: Array[Byte]): Boolean =
+    key.length >= prefix.length && java.util.Arrays.equals(key, 0, prefix.length, prefix, 0, prefix.length)
+
+  override def commit(): Long = {
+    checkWritable()
+    val started = System.nanoTime()
+    writesShipped = buffer.size
+    val (newVersion, bytes) = provider.commitVersion(version, buffer, forceSnapshot)
+    changelogBytes = bytes
+    buffer.clear()
+    committedVersion = newVersion
+    commitMs = (System.nanoTime() - started) / 1000000
+    StateStore.reportCommitToCoordinator(newVersion, id, provider.hadoopConfiguration)
+    newVersion
+  }
+
+  override def abort(): Unit = {
+    buffer.clear()
+    if (committedVersion < 0) aborted = true
+  }
+
+  override def release(): Unit = ()
+  override def hasCommitted: Boolean = committedVersion >= 0
+
+  override def metrics: StateStoreMetrics = {
+    val custom: Map[StateStoreCustomMetric, Long] = Map(
+      CustomMetrics.commitLatency -> commitMs,
+      CustomMetrics.loadLatency -> provider.metricLoadMs.getAndSet(0),
+      CustomMetrics.changelogBytes -> changelogBytes,
+      CustomMetrics.writesShipped -> writesShipped,
+      CustomMetrics.bridgeGets -> bridgeGets,
+      CustomMetrics.snapshotBytes -> provider.metricSnapshotBytes.getAndSet(0),
+      CustomMetrics.filesUploaded -> provider.metricFilesUploaded.getAndSet(0),
+      CustomMetrics.filesReused -> provider.metricFilesReused.getAndSet(0))
+    StateStoreMetrics(provider.numKeys, buffer.estimatedBytes + provider.memoryUsedBytes(), custom)
+  }
+
+  override def getStateStoreCheckpointInfo(): StateStoreCheckpointInfo =
+    StateStoreCheckpointInfo(id.partitionId, if (committedVersion >= 0) committedVersion else version, None, None)
+
+  override def allColumnFamilyNames: Set[String] = Set(StateStore.DEFAULT_COL_FAMILY_NAME)
+
+  private def unsupported(what: String) = new UnsupportedOperationException(
+    s"keyedstate does not support $what (only transformWithState uses it, and Spark runs " +
+      "transformWithState only on its RocksDBStateStoreProvider)")
+
+  override def removeColFamilyIfExists(colFamilyName: String): Boolean = throw unsupported("column families")
+  override def createColFamilyIfAbsent(colFamilyName: String, keySchema: StructType, valueSchema: StructType,
+      keyStateEncoderSpec: KeyStateEncoderSpec, useMultipleValuesPerKey: Boolean, isInternal: Boolean): Unit =
+    throw unsupported("column families")
+  override def putList(key: UnsafeRow, values: Array[UnsafeRow], colFamilyName: String): Unit = throw unsupported("putList")
+  override def merge(key: UnsafeRow, value: UnsafeRow, colFamilyName: String): Unit = throw unsupported("merge")
+  override def mergeList(key: UnsafeRow, values: Array[UnsafeRow], colFamilyName: String): Unit = throw unsupported("mergeList")
+  override def valuesIterator(key: UnsafeRow, colFamilyName: String): Iterator[UnsafeRow] = throw unsupported("valuesIterator")
+  override def prefixScanWithMultiValues(prefixKey: UnsafeRow, colFamilyName: String): StateStoreIterator[UnsafeRowPair] =
+    throw unsupported("multiple values per key")
+  override def iteratorWithMultiValues(colFamilyName: String): StateStoreIterator[UnsafeRowPair] =
+    throw unsupported("multiple values per key")
+}
+
+/** Walks one scan chunk. */
+private final class ScanChunkView(chunk: io.keyedstate.bridge.ScanChunk) extends Iterator[(Array[Byte], Array[Byte])] {
+  private var i = 0
+  def hasMore: Boolean = chunk.hasMore
+  def lastKey: Array[Byte] = chunk.keys(chunk.keys.length - 1)
+  override def hasNext: Boolean = i < chunk.keys.length
+  override def next(): (Array[Byte], Array[Byte]) = { val e = (chunk.keys(i), chunk.values(i)); i += 1; e }
+}

@@ -1,0 +1,44 @@
+"""keyedstate: a Spark Structured Streaming state store with Flink-grade state management.
+
+Keyed state lives in RocksDB, owned by a Python state server per executor; a thin JVM shim
+implements Spark's StateStoreProvider and talks to it over py4j (control) and a Unix domain
+socket (bulk data). Enable it with :func:`configure`, or with spark-submit::
+
+    --jars $(keyedstate jar) \\
+    --conf spark.sql.streaming.stateStore.providerClass=io.keyedstate.spark.KeyedStateProvider
+"""
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+from . import conf
+from .jar import jar_path
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["PROVIDER_CLASS", "configure", "jar_path", "__version__"]
+__version__ = "0.1.0"
+
+PROVIDER_CLASS = "io.keyedstate.spark.KeyedStateProvider"
+PROVIDER_CLASS_CONF = "spark.sql.streaming.stateStore.providerClass"
+
+
+def configure(builder: "SparkSession.Builder", **options: Any) -> "SparkSession.Builder":
+    """Put the shim jar on the classpath, select keyedstate as the provider, set knobs.
+
+    ``options`` are keyedstate knobs by short name (``snapshotInterval=5``); they are validated
+    here, before the session starts. The state server runs on this interpreter unless
+    ``pythonExec`` (or ``spark.pyspark.python``) says otherwise.
+    """
+    confs = {conf.PREFIX + name: str(value) for name, value in options.items()}
+    conf.parse(confs)  # fail fast on the driver with the same message executors would give
+    existing = getattr(builder, "_options", {}).get("spark.jars")
+    jars = ",".join(filter(None, [existing, jar_path()]))
+    builder = builder.config("spark.jars", jars).config(PROVIDER_CLASS_CONF, PROVIDER_CLASS)
+    if "pythonExec" not in options and "spark.pyspark.python" not in getattr(builder, "_options", {}):
+        builder = builder.config(conf.PREFIX + "pythonExec", sys.executable)
+    for key, value in confs.items():
+        builder = builder.config(key, value)
+    return builder

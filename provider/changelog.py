@@ -1,0 +1,103 @@
+"""The changelog: one version's writes, as the JVM shim ships and persists them.
+
+The JVM encodes a version's deduplicated writes once, writes the bytes to
+``<partition dir>/<version>.ks-changelog`` in the checkpoint (that is the commit), and sends
+the same bytes to the state server, which applies them to RocksDB. On load, changelogs are
+replayed on top of the nearest snapshot. The layout (all integers big-endian)::
+
+    header   8s magic b"KSCHLOG1" | u16 format version | u64 version | u32 key groups
+    record   u8 op (1 put, 2 delete) | u32 key length | key | (put only) u32 value length | value
+    trailer  u8 0xFF | u64 record count | u32 CRC-32 of header and records
+
+A file that does not start with the magic, or lacks a valid trailer, is rejected with the path
+in the message: a foreign or truncated file must never be mistaken for an empty version.
+"""
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Iterator
+
+MAGIC = b"KSCHLOG1"
+FORMAT_VERSION = 1
+OP_PUT = 1
+OP_DELETE = 2
+_END = 0xFF
+_HEADER = struct.Struct(">8sHQI")
+_TRAILER = struct.Struct(">BQI")
+_U32 = struct.Struct(">I")
+
+
+class CorruptChangelogError(ValueError):
+    """A changelog is truncated, corrupt, or not written by keyedstate."""
+
+
+@dataclass(frozen=True)
+class Changelog:
+    """A decoded changelog: which version it produces and the raw payload to apply."""
+
+    version: int
+    key_groups: int
+    record_count: int
+    payload: memoryview  # the records, between header and trailer
+
+    def records(self) -> Iterator[tuple[int, bytes, bytes | None]]:
+        """Yield ``(op, key, value)``; value is ``None`` for deletes."""
+        buf = self.payload
+        pos, end = 0, len(buf)
+        unpack = _U32.unpack_from
+        while pos < end:
+            op = buf[pos]
+            (klen,) = unpack(buf, pos + 1)
+            pos += 5
+            key = bytes(buf[pos:pos + klen])
+            pos += klen
+            if op == OP_PUT:
+                (vlen,) = unpack(buf, pos)
+                pos += 4
+                yield op, key, bytes(buf[pos:pos + vlen])
+                pos += vlen
+            elif op == OP_DELETE:
+                yield op, key, None
+            else:
+                raise CorruptChangelogError(f"unknown record op {op} at byte {pos}")
+
+
+def decode(data: bytes | memoryview, source: str) -> Changelog:
+    """Check framing and checksum of a changelog; ``source`` names it in errors."""
+    view = memoryview(data)
+    if len(view) < _HEADER.size or bytes(view[:8]) != MAGIC:
+        raise CorruptChangelogError(
+            f"{source} is not a keyedstate changelog (bad magic; written by another state "
+            f"store provider, or corrupt)")
+    magic, fmt, version, key_groups = _HEADER.unpack_from(view, 0)
+    if fmt != FORMAT_VERSION:
+        raise CorruptChangelogError(
+            f"{source} has changelog format version {fmt}; this keyedstate reads "
+            f"format {FORMAT_VERSION}")
+    if len(view) < _HEADER.size + _TRAILER.size:
+        raise CorruptChangelogError(f"{source} is truncated ({len(view)} bytes)")
+    end, count, crc = _TRAILER.unpack_from(view, len(view) - _TRAILER.size)
+    body = view[:len(view) - _TRAILER.size]
+    if end != _END or zlib.crc32(body) != crc:
+        raise CorruptChangelogError(
+            f"{source} is truncated or corrupt (trailer or CRC-32 mismatch, {len(view)} bytes)")
+    return Changelog(version, key_groups, count, body[_HEADER.size:])
+
+
+def encode(version: int, key_groups: int, records: list[tuple[int, bytes, bytes | None]]) -> bytes:
+    """Encode a changelog; the JVM shim has its own encoder, this one serves tests and tools."""
+    parts = [_HEADER.pack(MAGIC, FORMAT_VERSION, version, key_groups)]
+    for op, key, value in records:
+        parts.append(bytes([op]) + _U32.pack(len(key)) + key)
+        if op == OP_PUT:
+            assert value is not None
+            parts.append(_U32.pack(len(value)) + value)
+    body = b"".join(parts)
+    return body + _TRAILER.pack(_END, len(records), zlib.crc32(body))
+
+
+def read_file(path: str) -> Changelog:
+    with open(path, "rb") as fh:
+        return decode(fh.read(), path)

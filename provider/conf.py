@@ -1,0 +1,173 @@
+"""Every keyedstate knob, parsed and validated in one place.
+
+All knobs are Spark SQL confs under ``spark.sql.streaming.stateStore.keyedstate.`` so that Spark
+ships them to executors inside ``StateStoreConf.sqlConfs``. The JVM shim forwards them verbatim
+to the Python state server, which validates them here when a store is opened: a wrong value
+fails the first task of the query with a message naming the key and the allowed values.
+``conf/REFERENCE.md`` is generated from :data:`KNOBS` (``keyedstate conf-reference``) and a
+test checks that the two cannot drift.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+PREFIX = "spark.sql.streaming.stateStore.keyedstate."
+
+
+class ConfError(ValueError):
+    """A keyedstate conf has a value we cannot accept."""
+
+
+def _parse_int(lo: int, hi: int) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw.strip())
+        except ValueError:
+            raise ValueError(f"an integer in [{lo}, {hi}]") from None
+        if not lo <= value <= hi:
+            raise ValueError(f"an integer in [{lo}, {hi}]")
+        return value
+
+    parse.allowed = f"an integer in [{lo}, {hi}]"  # type: ignore[attr-defined]
+    return parse
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
+               "g": 1 << 30, "gb": 1 << 30, "t": 1 << 40, "tb": 1 << 40}
+
+
+def parse_bytes(raw: str) -> int:
+    """Parse a byte size the way Spark writes them: ``512m``, ``2g``, ``1048576``."""
+    match = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", raw)
+    if not match or match.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError("a byte size such as 64m, 1g or 1048576")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+
+
+parse_bytes.allowed = "a byte size such as 64m, 1g or 1048576"  # type: ignore[attr-defined]
+
+_DURATION_UNITS = {"ms": 0.001, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(raw: str) -> float:
+    """Parse a duration in seconds from ``500ms``, ``30s``, ``15m``, ``24h``, ``7d``."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", raw.lower())
+    if not match or match.group(2) not in _DURATION_UNITS:
+        raise ValueError("a duration such as 500ms, 30s, 15m, 24h or 7d")
+    return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+
+
+parse_duration.allowed = "a duration such as 500ms, 30s, 15m, 24h or 7d"  # type: ignore[attr-defined]
+
+
+def _parse_str(raw: str) -> str:
+    if not raw.strip():
+        raise ValueError("a non-empty string")
+    return raw.strip()
+
+
+_parse_str.allowed = "a non-empty string"  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One documented conf: its key suffix, default, parser and why it exists."""
+
+    name: str
+    default: str | None
+    parse: Callable[[str], Any]
+    doc: str
+    jvm: bool = field(default=False)  # also read by the JVM shim before Python starts
+
+    @property
+    def key(self) -> str:
+        return PREFIX + self.name
+
+    @property
+    def allowed(self) -> str:
+        return getattr(self.parse, "allowed", "see the documentation")
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("keyGroups", "201600", _parse_int(1, 1 << 30),
+         "Number of key groups (Flink's max parallelism). Every stored key is prefixed with its "
+         "key group, pmod(Spark's Murmur3 partition hash, keyGroups); state can later be "
+         "redistributed to any partition count, and by whole key groups when the count divides "
+         "this number. The default 201600 = 2^7*3^2*5^2*7 is divisible by every common "
+         "partition count (1-10, 12, 16, 20, 32, 64, 100, 128, 200, ...). Fixed for the life "
+         "of a checkpoint."),
+    Knob("snapshotInterval", "10", _parse_int(1, 1_000_000),
+         "Create an incremental RocksDB snapshot every this many committed versions. Loading a "
+         "version replays at most this many changelogs on top of the nearest snapshot."),
+    Knob("scanChunkBytes", "4m", parse_bytes,
+         "Bytes of entries shipped from the Python state server per iterator/prefix-scan chunk."),
+    Knob("pythonExec", None, _parse_str,
+         "Python executable that runs the state server. Default: spark.pyspark.python, then "
+         "PYSPARK_PYTHON, then python3.", jvm=True),
+    Knob("localDir", None, _parse_str,
+         "Local working directory of the state server (RocksDB instances, staged snapshot "
+         "files). Default: a fresh directory under java.io.tmpdir, removed at JVM exit.",
+         jvm=True),
+    Knob("serverStartupTimeout", "60s", parse_duration,
+         "How long the JVM waits for the Python state server to start and connect.", jvm=True),
+    Knob("bridgeTimeout", "10m", parse_duration,
+         "Longest a single call to the Python state server may take before the task fails.",
+         jvm=True),
+)
+
+BY_NAME: dict[str, Knob] = {knob.name: knob for knob in KNOBS}
+
+
+def parse(confs: Mapping[str, str]) -> dict[str, Any]:
+    """Validate keyedstate confs (full keys) and return every knob's typed value by name.
+
+    Unknown keys under the prefix are errors, so a typo cannot silently fall back to a default.
+    """
+    values: dict[str, Any] = {}
+    for key, raw in confs.items():
+        if not key.startswith(PREFIX):
+            continue
+        name = key[len(PREFIX):]
+        knob = BY_NAME.get(name)
+        if knob is None:
+            known = ", ".join(sorted(k.key for k in KNOBS))
+            raise ConfError(f"Unknown keyedstate conf '{key}'. Known confs: {known}")
+        try:
+            values[name] = knob.parse(str(raw))
+        except ValueError as exc:
+            raise ConfError(f"Invalid value '{raw}' for conf '{key}': expected {exc}") from None
+    for knob in KNOBS:
+        if knob.name not in values:
+            values[knob.name] = None if knob.default is None else knob.parse(knob.default)
+    return values
+
+
+def reference_markdown() -> str:
+    """The conf reference shipped as ``conf/REFERENCE.md``."""
+    lines = [
+        "# keyedstate configuration reference",
+        "",
+        "<!-- Generated by `keyedstate conf-reference` from provider/conf.py; do not edit. -->",
+        "",
+        "Set these like any Spark SQL conf: `--conf key=value` on spark-submit, "
+        "`SparkSession.builder.config(key, value)`, or `spark-defaults.conf`. They reach every "
+        "executor through Spark's StateStoreConf. An unknown key under the prefix or a "
+        "malformed value fails the query's first stateful task with a message naming the key.",
+        "",
+        "| conf | default | allowed values | meaning |",
+        "| --- | --- | --- | --- |",
+    ]
+    for knob in KNOBS:
+        default = "(unset)" if knob.default is None else f"`{knob.default}`"
+        lines.append(f"| `{knob.key}` | {default} | {knob.allowed} | {knob.doc} |")
+    lines += [
+        "",
+        "Spark's own confs that keyedstate honours: `spark.sql.streaming.minBatchesToRetain` "
+        "(versions kept by cleanup), `spark.sql.streaming.stateStore.maintenanceInterval` "
+        "(how often snapshots are uploaded and old files deleted), "
+        "`spark.sql.streaming.stateStore.providerClass` (enables keyedstate).",
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,52 @@
+"""Local side of incremental snapshots: RocksDB checkpoints staged for upload, and restores.
+
+A snapshot of version v is a RocksDB checkpoint (hard links to the immutable SST files plus the
+small MANIFEST/CURRENT/OPTIONS files) created right after v is applied, so it captures exactly
+v even if later versions are applied before the maintenance thread uploads it. The JVM shim
+uploads the files it has not uploaded before (SST names never repeat within one RocksDB
+lineage), writes the manifest, and then asks us to drop the staged directory.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from rocksdict import Checkpoint, Rdict
+
+
+@dataclass(frozen=True)
+class StagedSnapshot:
+    """A local RocksDB checkpoint of one version waiting to be uploaded."""
+
+    version: int
+    lineage: str
+    num_keys: int
+    directory: Path
+
+    def describe(self) -> dict:
+        files = sorted(p for p in self.directory.iterdir() if p.is_file())
+        return {
+            "version": self.version,
+            "lineage": self.lineage,
+            "numKeys": self.num_keys,
+            "dir": str(self.directory),
+            "files": [{"name": p.name, "size": p.stat().st_size} for p in files],
+        }
+
+
+def stage(db: Rdict, directory: Path, version: int, lineage: str, num_keys: int) -> StagedSnapshot:
+    """Create a RocksDB checkpoint of ``db`` in ``directory`` (flushes the memtable first)."""
+    if directory.exists():
+        shutil.rmtree(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    Checkpoint(db).create_checkpoint(str(directory))
+    return StagedSnapshot(version, lineage, num_keys, directory)
+
+
+def install(snapshot_dir: Path, db_dir: Path) -> None:
+    """Make the downloaded checkpoint files in ``snapshot_dir`` the database at ``db_dir``."""
+    if db_dir.exists():
+        shutil.rmtree(db_dir)
+    os.replace(snapshot_dir, db_dir)

@@ -1,0 +1,189 @@
+"""One state store partition: a RocksDB instance that holds exactly one committed version.
+
+The JVM shim buffers a version's writes and ships them here once, at commit, as a changelog
+(:mod:`keyedstate.changelog`); between commits the database is read-only, so reads and chunked
+scans see a stable version without RocksDB snapshots. Durability comes from the changelog the
+shim wrote to the checkpoint before calling :meth:`VersionedStore.apply`, so RocksDB's WAL is
+off. Keys arrive already encoded (key-group prefix + Spark's UnsafeRow bytes); this module never
+interprets them beyond prefixes.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+from pathlib import Path
+from typing import Iterable
+
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+from . import changelog, snapshots
+
+log = logging.getLogger(__name__)
+
+
+class StoreStateError(RuntimeError):
+    """A request does not fit the version the store holds (e.g. applying v+2 onto v)."""
+
+
+def _open(path: Path) -> Rdict:
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    options.set_max_background_jobs(2)
+    db = Rdict(str(path), options)
+    write_options = WriteOptions()
+    write_options.disable_wal = True
+    db.set_write_options(write_options)
+    return db
+
+
+class VersionedStore:
+    """A RocksDB database plus the version it holds and an exact key count."""
+
+    def __init__(self, name: str, workdir: Path, key_groups: int, snapshot_interval: int) -> None:
+        self.name = name
+        self.workdir = workdir
+        self.key_groups = key_groups
+        self.snapshot_interval = snapshot_interval
+        self.version = -1  # nothing loaded
+        self.num_keys = 0
+        self.lineage = ""
+        self._db: Rdict | None = None
+        self._staged: dict[int, snapshots.StagedSnapshot] = {}
+        self._lock = threading.RLock()
+        workdir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def _db_dir(self) -> Path:
+        return self.workdir / "db"
+
+    # -- loading -------------------------------------------------------------------------------
+    def restore(self, version: int, snapshot_dir: str | None, lineage: str, num_keys: int) -> None:
+        """Reset to ``version``: the downloaded snapshot in ``snapshot_dir``, or empty (v0)."""
+        with self._lock:
+            self._close_db()
+            self._drop_all_staged()
+            if snapshot_dir:
+                snapshots.install(Path(snapshot_dir), self._db_dir)
+            elif self._db_dir.exists():
+                shutil.rmtree(self._db_dir)
+            self._db = _open(self._db_dir)
+            self.version, self.num_keys, self.lineage = version, num_keys, lineage
+
+    def replay(self, changelogs: Iterable[tuple[int, str]]) -> None:
+        """Apply downloaded changelog files, in version order, on top of the current version."""
+        for version, path in changelogs:
+            self._apply(changelog.read_file(path), source=path, stage_snapshot=False)
+
+    # -- the data path -------------------------------------------------------------------------
+    def get(self, key: bytes) -> bytes | None:
+        return self._require_db().get(key)
+
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        return self._require_db().get(keys) if keys else []
+
+    def scan(self, prefix: bytes, start_after: bytes | None, max_bytes: int) -> tuple[list[tuple[bytes, bytes]], bool]:
+        """Up to ``max_bytes`` of entries with ``prefix`` after ``start_after``, and whether more remain."""
+        it = self._require_db().iter()
+        if start_after is not None:
+            it.seek(start_after)
+            if it.valid() and it.key() == start_after:
+                it.next()
+        else:
+            it.seek(prefix)
+        out: list[tuple[bytes, bytes]] = []
+        size = 0
+        while it.valid():
+            key = it.key()
+            if not key.startswith(prefix):
+                return out, False
+            value = it.value()
+            out.append((key, value))
+            size += len(key) + len(value) + 8
+            it.next()
+            if size >= max_bytes:
+                return out, it.valid() and it.key().startswith(prefix)
+        return out, False
+
+    def apply(self, data: bytes, source: str) -> int:
+        """Apply a committed version's changelog; returns the new exact key count."""
+        self._apply(changelog.decode(data, source), source, stage_snapshot=True)
+        return self.num_keys
+
+    def _apply(self, log_: changelog.Changelog, source: str, stage_snapshot: bool) -> None:
+        with self._lock:
+            db = self._require_db()
+            if log_.version != self.version + 1:
+                raise StoreStateError(
+                    f"{self.name}: cannot apply {source} (version {log_.version}) on top of "
+                    f"version {self.version}; versions must be consecutive")
+            if log_.key_groups != self.key_groups:
+                raise StoreStateError(
+                    f"{source} was written with {log_.key_groups} key groups but the store uses "
+                    f"{self.key_groups}; the keyGroups conf cannot change for an existing checkpoint")
+            records = list(log_.records())
+            existed = db.get([key for _, key, _ in records]) if records else []
+            batch = WriteBatch(raw_mode=True)
+            delta = 0
+            for (op, key, value), old in zip(records, existed):
+                if op == changelog.OP_PUT:
+                    batch.put(key, value)
+                    delta += old is None
+                else:
+                    batch.delete(key)
+                    delta -= old is not None
+            if records:
+                db.write(batch)
+            self.version = log_.version
+            self.num_keys += delta
+            if stage_snapshot and self.version % self.snapshot_interval == 0:
+                self.stage_snapshot()
+
+    # -- snapshots -----------------------------------------------------------------------------
+    def stage_snapshot(self) -> None:
+        """Checkpoint the current version locally; the shim uploads it during maintenance."""
+        with self._lock:
+            directory = self.workdir / "staged" / str(self.version)
+            self._staged[self.version] = snapshots.stage(
+                self._require_db(), directory, self.version, self.lineage, self.num_keys)
+
+    def staged_snapshots(self) -> list[dict]:
+        with self._lock:
+            return [s.describe() for _, s in sorted(self._staged.items())]
+
+    def drop_staged(self, version: int) -> None:
+        with self._lock:
+            staged = self._staged.pop(version, None)
+        if staged is not None:
+            shutil.rmtree(staged.directory, ignore_errors=True)
+
+    def _drop_all_staged(self) -> None:
+        for version in list(self._staged):
+            self.drop_staged(version)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def memory_bytes(self) -> int:
+        if self._db is None:
+            return 0
+        total = 0
+        for prop in ("rocksdb.cur-size-all-mem-tables", "rocksdb.estimate-table-readers-mem"):
+            total += self._db.property_int_value(prop) or 0
+        return total
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_db()
+            self._drop_all_staged()
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _close_db(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+        self.version = -1
+
+    def _require_db(self) -> Rdict:
+        db = self._db
+        if db is None:
+            raise StoreStateError(f"{self.name}: no version is loaded")
+        return db
