@@ -181,7 +181,8 @@ class StateServerApi:
         self.registry.get(handle).restore(version, snapshot_dir, lineage, num_keys)
 
     def replay(self, handle: int, changelogs_json: str) -> None:
-        self.registry.get(handle).replay((int(v), path) for v, path in json.loads(changelogs_json))
+        self.registry.get(handle).replay(
+            (int(v), local, origin) for v, local, origin in json.loads(changelogs_json))
 
     def stageSnapshot(self, handle: int) -> None:  # noqa: N802
         self.registry.get(handle).stage_snapshot()

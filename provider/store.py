@@ -70,10 +70,15 @@ class VersionedStore:
             self._db = _open(self._db_dir)
             self.version, self.num_keys, self.lineage = version, num_keys, lineage
 
-    def replay(self, changelogs: Iterable[tuple[int, str]]) -> None:
-        """Apply downloaded changelog files, in version order, on top of the current version."""
-        for version, path in changelogs:
-            self._apply(changelog.read_file(path), source=path, stage_snapshot=False)
+    def replay(self, changelogs: Iterable[tuple[int, str, str]]) -> None:
+        """Apply downloaded changelogs ``(version, local path, checkpoint path)`` in order."""
+        for version, local, origin in changelogs:
+            with open(local, "rb") as fh:
+                log_ = changelog.decode(fh.read(), origin)
+            if log_.version != version:
+                raise changelog.CorruptChangelogError(
+                    f"{origin} holds version {log_.version}, expected {version}")
+            self._apply(log_, source=origin, stage_snapshot=False)
 
     # -- the data path -------------------------------------------------------------------------
     def get(self, key: bytes) -> bytes | None:

@@ -11,7 +11,7 @@ trait PythonStateServer {
   def openStore(name: String, confsJson: String): String
   /** Resets a store to `version`, from a downloaded snapshot dir or empty (dir = null). */
   def restore(handle: Int, version: Long, snapshotDir: String, lineage: String, numKeys: Long): Unit
-  /** Replays downloaded changelogs, a JSON list of [version, localPath], in order. */
+  /** Replays downloaded changelogs, a JSON list of [version, localPath, checkpointPath], in order. */
   def replay(handle: Int, changelogsJson: String): Unit
   def stageSnapshot(handle: Int): Unit
   /** Staged local snapshots waiting for upload, as JSON. */

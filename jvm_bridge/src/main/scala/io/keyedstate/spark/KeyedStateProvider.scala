@@ -176,7 +176,9 @@ class KeyedStateProvider extends StateStoreProvider {
             files.download(files.changelog(v), local)
             (v, local)
           }
-          val listJson = Json.writeValueAsString(locals.map { case (v, p) => java.util.List.of(Long.box(v), p.toString) }.asJava)
+          val listJson = Json.writeValueAsString(locals.map { case (v, p) =>
+            java.util.List.of(Long.box(v), p.toString, files.changelog(v).toString)
+          }.asJava)
           live.control(s"replaying changelogs ${group.head}..${group.last} of $describe")(_.replay(handle, listJson))
           locals.foreach { case (_, p) => Files.deleteIfExists(p) }
         }

@@ -1,0 +1,52 @@
+"""The conf registry: validation messages and the generated reference."""
+from pathlib import Path
+
+import pytest
+
+from keyedstate import conf
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_defaults_are_typed():
+    values = conf.parse({})
+    assert values["keyGroups"] == 201600
+    assert values["snapshotInterval"] == 10
+    assert values["scanChunkBytes"] == 4 << 20
+    assert values["pythonExec"] is None
+
+
+def test_values_are_parsed():
+    values = conf.parse({conf.PREFIX + "snapshotInterval": "3", conf.PREFIX + "scanChunkBytes": "1m",
+                         conf.PREFIX + "bridgeTimeout": "90s", "spark.sql.other": "ignored"})
+    assert (values["snapshotInterval"], values["scanChunkBytes"], values["bridgeTimeout"]) == (3, 1 << 20, 90.0)
+
+
+@pytest.mark.parametrize("name,raw,allowed", [
+    ("snapshotInterval", "abc", "an integer in [1, 1000000]"),
+    ("snapshotInterval", "0", "an integer in [1, 1000000]"),
+    ("keyGroups", "-5", "an integer in [1, 1073741824]"),
+    ("scanChunkBytes", "4 parsecs", "a byte size"),
+    ("bridgeTimeout", "soon", "a duration"),
+])
+def test_malformed_values_name_key_and_allowed_values(name, raw, allowed):
+    with pytest.raises(conf.ConfError) as err:
+        conf.parse({conf.PREFIX + name: raw})
+    assert conf.PREFIX + name in str(err.value)
+    assert allowed in str(err.value)
+    assert repr(raw).strip("'") in str(err.value)
+
+
+def test_unknown_key_lists_known_keys():
+    with pytest.raises(conf.ConfError) as err:
+        conf.parse({conf.PREFIX + "snapshotIntervall": "3"})
+    assert "snapshotIntervall" in str(err.value)
+    assert conf.PREFIX + "snapshotInterval" in str(err.value)
+
+
+def test_reference_is_generated_from_the_registry():
+    committed = (ROOT / "conf" / "REFERENCE.md").read_text()
+    assert committed == conf.reference_markdown(), (
+        "conf/REFERENCE.md is stale: run `keyedstate conf-reference --write conf/REFERENCE.md`")
+    for knob in conf.KNOBS:
+        assert knob.key in (ROOT / "conf" / "spark-defaults.conf.template").read_text()
