@@ -74,7 +74,10 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
 
   def download(path: Path, local: java.nio.file.Path): Unit =
     try fs.copyToLocalFile(false, path, new Path(local.toUri), true)
-    catch { case NonFatal(e) => throw new CheckpointFileException(s"keyedstate: cannot read $path: ${e.getMessage}", e) }
+    catch { case NonFatal(e) => throw unreadable(path, e) }
+
+  private def unreadable(path: Path, e: Throwable) = new CheckpointFileException(
+    s"keyedstate: cannot read $path: it is missing, truncated or corrupt (${e.getMessage})", e)
 
   def upload(local: java.nio.file.Path, path: Path): Unit =
     fs.copyFromLocalFile(false, true, new Path(local.toUri), path)
@@ -84,7 +87,7 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
     val text = try {
       val in = fs.open(path)
       try new String(IOUtils.readFullyToByteArray(in), StandardCharsets.UTF_8) finally in.close()
-    } catch { case NonFatal(e) => throw new CheckpointFileException(s"keyedstate: cannot read $path: ${e.getMessage}", e) }
+    } catch { case NonFatal(e) => throw unreadable(path, e) }
     try {
       val node = Json.readTree(text)
       if (node == null || node.path("format").asText() != ManifestFormat) {

@@ -1,0 +1,218 @@
+"""What keyedstate leaves in the checkpoint: changelogs, incremental snapshots, cleanup,
+key-group prefixes that match Spark's own hash, and clear errors for corrupt or foreign files."""
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from pyspark.sql import functions as F
+
+import keyedstate
+from keyedstate import changelog, keygroups
+
+from stream_utils import (HDFS_PROVIDER, PROVIDER_CONF, FileStream, collect_into, session_confs,
+                          wait_for)
+
+KS = keyedstate.PROVIDER_CLASS
+PFX = "spark.sql.streaming.stateStore.keyedstate."
+
+
+def count_by_key(df):
+    return df.groupBy("k").agg(F.count("*").alias("n"))
+
+
+def versions(directory: Path, suffix: str) -> list[int]:
+    return sorted(int(p.name[: -len(suffix)]) for p in directory.glob(f"*{suffix}"))
+
+
+def manifest(directory: Path, version: int) -> dict:
+    return json.loads((directory / f"{version}.ks-snapshot").read_text())
+
+
+def test_snapshots_are_incremental_and_cleanup_keeps_only_retained_versions(spark, tmp_path):
+    stream = FileStream(spark, tmp_path, "k STRING")
+    out: dict = {}
+    expected = Counter()
+    with session_confs(spark, {PROVIDER_CONF: KS, PFX + "snapshotInterval": "2",
+                               "spark.sql.streaming.minBatchesToRetain": "3"}):
+        query = stream.start(count_by_key, collect_into(out))
+        try:
+            for batch in range(12):
+                rows = [{"k": f"key-{(batch * 37 + i) % 300}"} for i in range(120)]
+                expected.update(r["k"] for r in rows)
+                stream.add(rows)
+                query.processAllAvailable()
+            part = stream.partition_dir()
+
+            def cleaned() -> bool:
+                logs, snaps = versions(part, ".ks-changelog"), versions(part, ".ks-snapshot")
+                if not snaps or not logs or logs[0] <= 1:
+                    return False
+                referenced = {f["path"] for v in snaps for f in manifest(part, v)["files"]}
+                stored = {f"ks-files/{p.name}" for p in (part / "ks-files").iterdir()
+                          if not p.name.endswith(".crc")}
+                return stored == referenced
+
+            wait_for(cleaned, what="maintenance to upload snapshots and clean up")
+            metrics = Counter()
+            for progress in query.recentProgress:
+                for op in progress["stateOperators"]:
+                    metrics.update(op["customMetrics"])
+        finally:
+            query.stop()
+
+        logs, snaps = versions(part, ".ks-changelog"), versions(part, ".ks-snapshot")
+        latest = logs[-1]
+        assert latest == 12
+        base = snaps[0]
+        # The oldest retained version (latest - 3 + 1) is loadable: a snapshot at or below it,
+        # every changelog after that snapshot, and nothing older.
+        assert base <= latest - 3 + 1
+        assert logs == list(range(base + 1, latest + 1))
+        # Snapshots share immutable SST files: an SST that a later snapshot still uses is not
+        # uploaded again (same checkpoint path in both manifests); RocksDB compactions replace
+        # SSTs, so which ones survive varies, but every survivor must be shared.
+        ssts = [{f["name"]: f["path"] for f in manifest(part, v)["files"] if f["name"].endswith(".sst")}
+                for v in snaps]
+        assert len(snaps) >= 2
+        for older, newer in zip(ssts, ssts[1:]):
+            assert all(older[name] == newer[name] for name in older.keys() & newer.keys())
+        assert metrics["keyedstateSnapshotFilesReused"] > 0
+        assert metrics["keyedstateSnapshotFilesUploaded"] > 0
+
+        # Restart: loads from the snapshot + changelogs and carries on exactly.
+        stream.add([{"k": "key-0"}, {"k": "brand-new"}])
+        expected.update(["key-0", "brand-new"])
+        query = stream.start(count_by_key, collect_into(out))
+        try:
+            query.processAllAvailable()
+        finally:
+            query.stop()
+    assert {k: v[1] for k, v in out.items()} == dict(expected)
+
+
+def test_stored_key_groups_match_sparks_partitioning_hash(spark, tmp_path):
+    stream = FileStream(spark, tmp_path, "k STRING")
+    keys = [f"user-{i}" for i in range(200)] + ["", "ünïcødé", "a" * 50]
+    with session_confs(spark, {PROVIDER_CONF: KS}):
+        query = stream.start(count_by_key, collect_into({}))
+        try:
+            stream.add([{"k": k} for k in keys])
+            query.processAllAvailable()
+        finally:
+            query.stop()
+    groups = keyedstate.conf.parse({})["keyGroups"]
+    partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
+    expected = Counter(
+        (r.g % partitions, r.g) for r in spark.createDataFrame([(k,) for k in keys], "k STRING")
+        .select(F.expr(f"pmod(hash(k), {groups})").alias("g")).collect())
+    found = Counter()
+    for p in range(partitions):
+        log = changelog.read_file(str(stream.partition_dir(partition=p) / "1.ks-changelog"))
+        assert log.key_groups == groups
+        for op, key, _ in log.records():
+            group = keygroups.key_group_of_stored_key(key)
+            found[(p, group)] += 1
+    assert found == expected
+    assert all(p == g % partitions for p, g in found)
+
+
+def _three_batches(spark, stream, confs):
+    with session_confs(spark, {PROVIDER_CONF: KS, **confs}):
+        query = stream.start(count_by_key, collect_into({}))
+        try:
+            for batch in range(3):
+                stream.add([{"k": f"k{i}"} for i in range(batch, batch + 20)])
+                query.processAllAvailable()
+        finally:
+            query.stop()
+
+
+def _restart_error(spark, stream, confs) -> str:
+    stream.add([{"k": "after-restart"}])
+    with session_confs(spark, {PROVIDER_CONF: KS, **confs}):
+        query = stream.start(count_by_key, collect_into({}))
+        try:
+            with pytest.raises(Exception) as err:
+                query.processAllAvailable()
+        finally:
+            query.stop()
+    return str(err.value)
+
+
+def test_truncated_changelog_fails_the_load_naming_the_file(spark, tmp_path):
+    stream = FileStream(spark, tmp_path, "k STRING")
+    _three_batches(spark, stream, {PFX + "snapshotInterval": "100"})
+    victim = stream.partition_dir(partition=1) / "2.ks-changelog"
+    data = victim.read_bytes()
+    victim.write_bytes(data[: len(data) // 2])
+    message = _restart_error(spark, stream, {PFX + "snapshotInterval": "100"})
+    assert str(victim) in message and "truncated or corrupt" in message
+
+
+def test_truncated_manifest_fails_the_load_naming_the_file(spark, tmp_path):
+    stream = FileStream(spark, tmp_path, "k STRING")
+    _three_batches(spark, stream, {PFX + "snapshotInterval": "1"})
+    part = stream.partition_dir(partition=0)
+    wait_for(lambda: 3 in versions(part, ".ks-snapshot"), what="snapshot of version 3")
+    victim = part / "3.ks-snapshot"
+    victim.write_text(victim.read_text()[:40])
+    message = _restart_error(spark, stream, {PFX + "snapshotInterval": "1"})
+    assert str(victim) in message and ("corrupt or truncated" in message or "truncated or corrupt" in message)
+
+
+def test_checkpoint_of_another_provider_is_refused(spark, tmp_path):
+    ours = FileStream(spark, tmp_path / "ours", "k STRING")
+    _three_batches(spark, ours, {})
+    theirs = FileStream(spark, tmp_path / "theirs", "k STRING")
+    with session_confs(spark, {PROVIDER_CONF: HDFS_PROVIDER}):
+        query = theirs.start(count_by_key, collect_into({}))
+        try:
+            for batch in range(3):
+                theirs.add([{"k": f"k{i}"} for i in range(batch, batch + 20)])
+                query.processAllAvailable()
+        finally:
+            query.stop()
+    # Swap in the other provider's partition files (as a mis-copied checkpoint would).
+    for p in (0, 1):
+        shutil.rmtree(ours.partition_dir(partition=p))
+        shutil.copytree(theirs.partition_dir(partition=p), ours.partition_dir(partition=p))
+    message = _restart_error(spark, ours, {})
+    assert "another state store provider" in message and ".delta" in message
+
+
+@pytest.mark.parametrize("key,value,expect", [
+    ("snapshotInterval", "abc", "an integer in [1, 1000000]"),
+    ("snapshotIntervall", "3", "Unknown keyedstate conf"),
+])
+def test_bad_conf_fails_at_query_start_naming_the_key(spark, tmp_path, key, value, expect):
+    stream = FileStream(spark, tmp_path, "k STRING")
+    stream.add([{"k": "a"}])
+    with session_confs(spark, {PROVIDER_CONF: KS, PFX + key: value}):
+        query = stream.start(count_by_key, collect_into({}))
+        try:
+            with pytest.raises(Exception) as err:
+                query.processAllAvailable()
+        finally:
+            query.stop()
+    assert PFX + key in str(err.value) and expect in str(err.value)
+
+
+def test_state_reader_sees_what_the_query_wrote(spark, tmp_path):
+    stream = FileStream(spark, tmp_path, "k STRING")
+    out: dict = {}
+    with session_confs(spark, {PROVIDER_CONF: KS}):
+        query = stream.start(count_by_key, collect_into(out))
+        try:
+            for batch in range(3):
+                stream.add([{"k": f"k{i % 7}"} for i in range(batch * 5, batch * 5 + 11)])
+                query.processAllAvailable()
+        finally:
+            query.stop()
+        state = spark.read.format("statestore").load(stream.checkpoint)
+        rows = {r[0]: r[1] for r in state.select("key.k", "value.*").collect()}
+    assert rows == {k: v[1] for k, v in out.items()}
+    assert len(rows) == 7
