@@ -37,7 +37,7 @@ def configure(builder: "SparkSession.Builder", **options: Any) -> "SparkSession.
     existing = getattr(builder, "_options", {}).get("spark.jars")
     jars = ",".join(filter(None, [existing, jar_path()]))
     builder = builder.config("spark.jars", jars).config(PROVIDER_CLASS_CONF, PROVIDER_CLASS)
-    if "pythonExec" not in options and "spark.pyspark.python" not in getattr(builder, "_options", {}):
+    if "pythonExec" not in options:  # used only when spark.pyspark.python/PYSPARK_PYTHON are unset
         builder = builder.config(conf.PREFIX + "pythonExec", sys.executable)
     for key, value in confs.items():
         builder = builder.config(key, value)

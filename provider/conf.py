@@ -104,8 +104,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("scanChunkBytes", "4m", parse_bytes,
          "Bytes of entries shipped from the Python state server per iterator/prefix-scan chunk."),
     Knob("pythonExec", None, _parse_str,
-         "Python executable that runs the state server. Default: spark.pyspark.python, then "
-         "PYSPARK_PYTHON, then python3.", jvm=True),
+         "Python executable that runs the state server when neither spark.pyspark.python nor "
+         "PYSPARK_PYTHON is set (those come first, so the server runs on the same Python as "
+         "the query's workers). keyedstate.configure() sets it to the driver's interpreter; "
+         "last resort: python3.", jvm=True),
     Knob("localDir", None, _parse_str,
          "Local working directory of the state server (RocksDB instances, staged snapshot "
          "files). Default: a fresh directory under java.io.tmpdir, removed at JVM exit.",

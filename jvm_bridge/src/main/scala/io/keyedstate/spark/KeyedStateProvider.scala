@@ -319,9 +319,11 @@ object KeyedStateProvider {
   /** The knobs the JVM needs before the Python server exists (Python validates them too). */
   private def serverLaunch(confs: Map[String, String]): ServerLaunch = {
     val sparkConf = Option(SparkEnv.get).map(_.conf)
-    val python = confs.get(ConfPrefix + "pythonExec")
-      .orElse(sparkConf.flatMap(_.getOption("spark.pyspark.python")))
+    // Same Python as the query's PySpark workers first; then our own knob (which
+    // keyedstate.configure() sets to the driver's interpreter); then python3.
+    val python = sparkConf.flatMap(_.getOption("spark.pyspark.python"))
       .orElse(sys.env.get("PYSPARK_PYTHON"))
+      .orElse(confs.get(ConfPrefix + "pythonExec"))
       .getOrElse("python3")
     ServerLaunch(python, confs.get(ConfPrefix + "localDir"),
       durationMs(confs, "serverStartupTimeout", 60000L),

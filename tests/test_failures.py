@@ -1,0 +1,68 @@
+"""A dead state server: the task fails with a clear error, the retry reloads from the
+checkpoint, and the output equals that of an uninterrupted run."""
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pandas as pd
+from pyspark.sql.streaming.state import GroupStateTimeout
+
+import keyedstate
+
+from stream_utils import PROVIDER_CONF, FileStream, session_confs, state_server_pids
+
+KS = keyedstate.PROVIDER_CLASS
+BATCHES = [[{"k": f"k{(b * 3 + i) % 10}", "v": b * 100 + i} for i in range(12)] for b in range(4)]
+
+
+def running_totals(kill_marker: str | None):
+    """applyInPandasWithState keeping a per-key running (count, sum); optionally SIGKILLs the
+    state server once, from inside the stateful task, while its store is open."""
+
+    def update(key, frames, state):
+        count, total = state.get if state.exists else (0, 0)
+        for frame in frames:
+            if kill_marker and (frame["v"] == 205).any() and not os.path.exists(kill_marker):
+                Path(kill_marker).touch()
+                for pid in state_server_pids():
+                    os.kill(pid, signal.SIGKILL)
+            count += len(frame)
+            total += int(frame["v"].sum())
+        state.update((count, total))
+        yield pd.DataFrame({"k": [key[0]], "count": [count], "total": [total]})
+
+    def build(df):
+        return df.groupBy("k").applyInPandasWithState(
+            update, "k string, count long, total long", "count long, total long", "update",
+            GroupStateTimeout.NoTimeout)
+
+    return build
+
+
+def run(spark, root: Path, kill_marker: str | None) -> list:
+    stream = FileStream(spark, root, "k STRING, v LONG")
+    out = []
+    sink = lambda batch, batch_id: out.extend((batch_id, *r) for r in sorted(map(tuple, batch.collect())))  # noqa: E731
+    with session_confs(spark, {PROVIDER_CONF: KS}):
+        query = stream.start(running_totals(kill_marker), sink)
+        try:
+            for rows in BATCHES:
+                stream.add(rows)
+                query.processAllAvailable()
+        finally:
+            query.stop()
+    return out
+
+
+def test_sigkill_of_state_server_mid_batch_recovers_exactly(spark, tmp_path):
+    reference = run(spark, tmp_path / "reference", kill_marker=None)
+    before = set(state_server_pids())
+    assert before, "a state server should be running"
+    marker = tmp_path / "killed"
+    recovered = run(spark, tmp_path / "killed-run", kill_marker=str(marker))
+    assert marker.exists(), "the server was never killed: the test did not test anything"
+    after = set(state_server_pids())
+    assert after and not (after & before), "a new state server should have replaced the killed one"
+    assert recovered == reference
