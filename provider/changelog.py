@@ -6,8 +6,12 @@ the same bytes to the state server, which applies them to RocksDB. On load, chan
 replayed on top of the nearest snapshot. The layout (all integers big-endian)::
 
     header   8s magic b"KSCHLOG1" | u16 format version | u64 version | u32 key groups
-    record   u8 op (1 put, 2 delete) | u32 key length | key | (put only) u32 value length | value
+    record   u8 op | u32 key length | key | (puts only) u32 value length | value
     trailer  u8 0xFF | u64 record count | u32 CRC-32 of header and records
+
+Ops carry what the writer knew about the key's previous existence, so that keeping an exact
+key count costs no read when the JVM's near cache already knew: 1 put (unknown), 2 delete
+(unknown), 3 put of a new key, 4 put over an existing key, 5 delete of an existing key.
 
 A file that does not start with the magic, or lacks a valid trailer, is rejected with the path
 in the message: a foreign or truncated file must never be mistaken for an empty version.
@@ -23,6 +27,11 @@ MAGIC = b"KSCHLOG1"
 FORMAT_VERSION = 1
 OP_PUT = 1
 OP_DELETE = 2
+OP_PUT_NEW = 3
+OP_PUT_EXISTING = 4
+OP_DELETE_EXISTING = 5
+PUTS = frozenset((OP_PUT, OP_PUT_NEW, OP_PUT_EXISTING))
+DELETES = frozenset((OP_DELETE, OP_DELETE_EXISTING))
 _END = 0xFF
 _HEADER = struct.Struct(">8sHQI")
 _TRAILER = struct.Struct(">BQI")
@@ -53,12 +62,12 @@ class Changelog:
             pos += 5
             key = bytes(buf[pos:pos + klen])
             pos += klen
-            if op == OP_PUT:
+            if op in PUTS:
                 (vlen,) = unpack(buf, pos)
                 pos += 4
                 yield op, key, bytes(buf[pos:pos + vlen])
                 pos += vlen
-            elif op == OP_DELETE:
+            elif op in DELETES:
                 yield op, key, None
             else:
                 raise CorruptChangelogError(f"unknown record op {op} at byte {pos}")
@@ -91,7 +100,7 @@ def encode(version: int, key_groups: int, records: list[tuple[int, bytes, bytes 
     parts = [_HEADER.pack(MAGIC, FORMAT_VERSION, version, key_groups)]
     for op, key, value in records:
         parts.append(bytes([op]) + _U32.pack(len(key)) + key)
-        if op == OP_PUT:
+        if op in PUTS:
             assert value is not None
             parts.append(_U32.pack(len(value)) + value)
     body = b"".join(parts)

@@ -62,6 +62,42 @@ def parse_duration(raw: str) -> float:
 parse_duration.allowed = "a duration such as 500ms, 30s, 15m, 24h or 7d"  # type: ignore[attr-defined]
 
 
+def parse_cache_bytes(raw: str) -> int:
+    """``auto`` (-1: 30% of the JVM's max heap) or a byte size."""
+    if raw.strip().lower() == "auto":
+        return -1
+    try:
+        return parse_bytes(raw)
+    except ValueError:
+        raise ValueError("'auto' or a byte size such as 512m or 2g") from None
+
+
+parse_cache_bytes.allowed = "'auto' or a byte size such as 512m or 2g"  # type: ignore[attr-defined]
+
+
+def parse_bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value not in ("true", "false"):
+        raise ValueError("true or false")
+    return value == "true"
+
+
+parse_bool.allowed = "true or false"  # type: ignore[attr-defined]
+
+
+def parse_fraction(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError("a number in (0, 0.5]") from None
+    if not 0 < value <= 0.5:
+        raise ValueError("a number in (0, 0.5]")
+    return value
+
+
+parse_fraction.allowed = "a number in (0, 0.5]"  # type: ignore[attr-defined]
+
+
 def _parse_str(raw: str) -> str:
     if not raw.strip():
         raise ValueError("a non-empty string")
@@ -103,6 +139,21 @@ KNOBS: tuple[Knob, ...] = (
          "version replays at most this many changelogs on top of the nearest snapshot."),
     Knob("scanChunkBytes", "4m", parse_bytes,
          "Bytes of entries shipped from the Python state server per iterator/prefix-scan chunk."),
+    Knob("nearCacheBytes", "auto", parse_cache_bytes,
+         "Memory of the JVM near cache, shared by every store of an executor: committed values "
+         "of recently used keys, so that per-row reads do not cross to Python. While a "
+         "partition's whole state fits, every read is local. 'auto' = 30% of the JVM's max "
+         "heap. Set by the first store an executor opens."),
+    Knob("bloomFpp", "0.01", parse_fraction,
+         "False-positive rate of the per-store Bloom filter that answers 'absent' without a "
+         "round trip once a store's state no longer fits the near cache."),
+    Knob("writeBehind", "true", parse_bool,
+         "Return from commit once the changelog is durable in the checkpoint and queued for "
+         "RocksDB, instead of waiting for RocksDB to apply it. Later reads wait for it."),
+    Knob("serverProcesses", "0", _parse_int(0, 256),
+         "Python state server processes per executor JVM (partitions are spread over them; "
+         "Python's GIL serialises one process). 0 = spark.executor.cores, or the number of "
+         "cores in local mode.", jvm=True),
     Knob("pythonExec", None, _parse_str,
          "Python executable that runs the state server when neither spark.pyspark.python nor "
          "PYSPARK_PYTHON is set (those come first, so the server runs on the same Python as "

@@ -14,10 +14,13 @@ from __future__ import annotations
 import struct
 
 OP_GET = 1        # body: key                         -> OK value | NOT_FOUND
-OP_SCAN = 2       # body: u32 plen prefix u8 has_after [u32 alen after] u32 max_bytes
-                  #                                   -> OK u8 has_more u32 n (u32 klen k u32 vlen v)*
-OP_APPLY = 3      # body: changelog bytes             -> OK u64 num_keys
+OP_SCAN = 2       # body: u32 plen prefix u8 has_after [u32 alen after] u32 max_bytes u8 flags
+                  #   (flags bit 0: keys only)        -> OK u8 has_more u32 n (u32 klen k u32 vlen v)*
+OP_APPLY = 3      # body: u8 mode changelog           -> OK u64 num_keys (0 when applied behind)
 OP_MULTI_GET = 4  # body: u32 n (u32 klen k)*         -> OK (u8 found [u32 vlen v])*
+
+APPLY_NOW = 0     # apply before replying (the writer needs the exact key count)
+APPLY_BEHIND = 1  # queue and reply at once (write-behind)
 
 STATUS_OK = 0
 STATUS_NOT_FOUND = 1

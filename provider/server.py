@@ -23,7 +23,7 @@ from py4j.java_gateway import (CallbackServer, CallbackServerParameters, Gateway
                                GatewayParameters, JavaGateway)
 
 from . import conf, protocol as p
-from .store import VersionedStore
+from .store import Applier, VersionedStore
 
 log = logging.getLogger("keyedstate.server")
 
@@ -36,13 +36,14 @@ class StoreRegistry:
         self._stores: dict[int, VersionedStore] = {}
         self._next = 1
         self._lock = threading.Lock()
+        self.applier = Applier()
 
     def open(self, name: str, settings: dict[str, Any]) -> tuple[int, VersionedStore]:
         with self._lock:
             handle = self._next
             self._next += 1
         store = VersionedStore(name, self.workdir / "stores" / str(handle),
-                               settings["keyGroups"], settings["snapshotInterval"])
+                               settings["keyGroups"], settings["snapshotInterval"], self.applier)
         with self._lock:
             self._stores[handle] = store
         return handle, store
@@ -132,15 +133,18 @@ class DataServer:
                 pos += 5 + alen
             else:
                 pos += 1
-            (max_bytes,) = p.U32.unpack_from(body, pos)
-            entries, more = store.scan(prefix, start_after, max_bytes)
+            max_bytes, flags = p.U32.unpack_from(body, pos)[0], body[pos + 4]
+            entries, more = store.scan(prefix, start_after, max_bytes, keys_only=bool(flags & 1))
             parts = [p.U8.pack(1 if more else 0), p.U32.pack(len(entries))]
             for key, value in entries:
                 parts += (p.U32.pack(len(key)), key, p.U32.pack(len(value)), value)
             return p.STATUS_OK, b"".join(parts)
         if op == p.OP_APPLY:
-            num_keys = store.apply(body, source=f"changelog of {store.name}")
-            return p.STATUS_OK, p.U64.pack(num_keys)
+            source = f"changelog of {store.name}"
+            if body[0] == p.APPLY_BEHIND:
+                store.submit(memoryview(body)[1:], source)  # body is ours alone: no copy
+                return p.STATUS_OK, p.U64.pack(0)
+            return p.STATUS_OK, p.U64.pack(store.apply(memoryview(body)[1:], source))
         raise ValueError(f"unknown data op {op}")
 
 
@@ -194,9 +198,7 @@ class StateServerApi:
         self.registry.get(handle).drop_staged(version)
 
     def storeInfo(self, handle: int) -> str:  # noqa: N802
-        store = self.registry.get(handle)
-        return json.dumps({"version": store.version, "numKeys": store.num_keys,
-                           "memoryBytes": store.memory_bytes()})
+        return json.dumps(self.registry.get(handle).info())
 
     def closeStore(self, handle: int) -> None:  # noqa: N802
         self.registry.close(handle)

@@ -10,6 +10,7 @@ interprets them beyond prefixes.
 from __future__ import annotations
 
 import logging
+import queue
 import shutil
 import threading
 from pathlib import Path
@@ -26,6 +27,27 @@ class StoreStateError(RuntimeError):
     """A request does not fit the version the store holds (e.g. applying v+2 onto v)."""
 
 
+class Applier:
+    """Applies submitted changelogs in the background, in submission order.
+
+    Write-behind: the JVM's commit returns once the changelog is durable in the checkpoint
+    and queued here; RocksDB catches up while the next micro-batch runs. One thread per
+    server process, since RocksDB writes hold the GIL anyway.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="keyedstate-applier", daemon=True).start()
+
+    def submit(self, store: "VersionedStore", data: bytes, source: str) -> None:
+        self._queue.put((store, data, source))
+
+    def _run(self) -> None:
+        while True:
+            store, data, source = self._queue.get()
+            store._apply_submitted(data, source)
+
+
 def _open(path: Path) -> Rdict:
     options = Options(raw_mode=True)
     options.create_if_missing(True)
@@ -40,7 +62,8 @@ def _open(path: Path) -> Rdict:
 class VersionedStore:
     """A RocksDB database plus the version it holds and an exact key count."""
 
-    def __init__(self, name: str, workdir: Path, key_groups: int, snapshot_interval: int) -> None:
+    def __init__(self, name: str, workdir: Path, key_groups: int, snapshot_interval: int,
+                 applier: Applier | None = None) -> None:
         self.name = name
         self.workdir = workdir
         self.key_groups = key_groups
@@ -51,6 +74,10 @@ class VersionedStore:
         self._db: Rdict | None = None
         self._staged: dict[int, snapshots.StagedSnapshot] = {}
         self._lock = threading.RLock()
+        self._applier = applier
+        self._pending = 0  # submitted changelogs not yet applied
+        self._applied = threading.Condition(self._lock)
+        self._failure: str | None = None
         workdir.mkdir(parents=True, exist_ok=True)
 
     @property
@@ -61,6 +88,8 @@ class VersionedStore:
     def restore(self, version: int, snapshot_dir: str | None, lineage: str, num_keys: int) -> None:
         """Reset to ``version``: the downloaded snapshot in ``snapshot_dir``, or empty (v0)."""
         with self._lock:
+            self._wait_applied(raise_failure=False)
+            self._failure = None
             self._close_db()
             self._drop_all_staged()
             if snapshot_dir:
@@ -82,14 +111,16 @@ class VersionedStore:
 
     # -- the data path -------------------------------------------------------------------------
     def get(self, key: bytes) -> bytes | None:
-        return self._require_db().get(key)
+        return self._require_db(wait=True).get(key)
 
     def get_many(self, keys: list[bytes]) -> list[bytes | None]:
-        return self._require_db().get(keys) if keys else []
+        return self._require_db(wait=True).get(keys) if keys else []
 
-    def scan(self, prefix: bytes, start_after: bytes | None, max_bytes: int) -> tuple[list[tuple[bytes, bytes]], bool]:
-        """Up to ``max_bytes`` of entries with ``prefix`` after ``start_after``, and whether more remain."""
-        it = self._require_db().iter()
+    def scan(self, prefix: bytes, start_after: bytes | None, max_bytes: int,
+             keys_only: bool = False) -> tuple[list[tuple[bytes, bytes]], bool]:
+        """Up to ``max_bytes`` of entries with ``prefix`` after ``start_after``, and whether more
+        remain; with ``keys_only`` the values are empty (for building the JVM's Bloom filter)."""
+        it = self._require_db(wait=True).iter()
         if start_after is not None:
             it.seek(start_after)
             if it.valid() and it.key() == start_after:
@@ -102,7 +133,7 @@ class VersionedStore:
             key = it.key()
             if not key.startswith(prefix):
                 return out, False
-            value = it.value()
+            value = b"" if keys_only else it.value()
             out.append((key, value))
             size += len(key) + len(value) + 8
             it.next()
@@ -111,9 +142,41 @@ class VersionedStore:
         return out, False
 
     def apply(self, data: bytes, source: str) -> int:
-        """Apply a committed version's changelog; returns the new exact key count."""
-        self._apply(changelog.decode(data, source), source, stage_snapshot=True)
-        return self.num_keys
+        """Apply a committed version's changelog now; returns the new exact key count."""
+        with self._lock:
+            self._wait_applied()
+            self._apply(changelog.decode(data, source), source, stage_snapshot=True)
+            return self.num_keys
+
+    def submit(self, data: bytes, source: str) -> None:
+        """Queue a committed version's changelog for the background applier (write-behind)."""
+        if self._applier is None:
+            self.apply(data, source)
+            return
+        with self._lock:
+            if self._failure:
+                raise StoreStateError(self._failure)
+            self._pending += 1
+        self._applier.submit(self, data, source)
+
+    def _apply_submitted(self, data: bytes, source: str) -> None:
+        with self._lock:
+            try:
+                if self._failure is None:
+                    self._apply(changelog.decode(data, source), source, stage_snapshot=True)
+            except Exception as exc:  # surfaced by the store's next operation
+                log.exception("background apply of %s failed", source)
+                self._failure = f"{self.name}: applying {source} failed: {type(exc).__name__}: {exc}"
+            finally:
+                self._pending -= 1
+                self._applied.notify_all()
+
+    def _wait_applied(self, raise_failure: bool = True) -> None:
+        with self._lock:
+            while self._pending:
+                self._applied.wait()
+            if raise_failure and self._failure:
+                raise StoreStateError(self._failure)
 
     def _apply(self, log_: changelog.Changelog, source: str, stage_snapshot: bool) -> None:
         with self._lock:
@@ -126,34 +189,50 @@ class VersionedStore:
                 raise StoreStateError(
                     f"{source} was written with {log_.key_groups} key groups but the store uses "
                     f"{self.key_groups}; the keyGroups conf cannot change for an existing checkpoint")
-            records = list(log_.records())
-            existed = db.get([key for _, key, _ in records]) if records else []
             batch = WriteBatch(raw_mode=True)
             delta = 0
-            for (op, key, value), old in zip(records, existed):
-                if op == changelog.OP_PUT:
+            unknown_puts: list[bytes] = []
+            unknown_deletes: list[bytes] = []
+            for op, key, value in log_.records():
+                if value is not None:
                     batch.put(key, value)
-                    delta += old is None
+                    if op == changelog.OP_PUT_NEW:
+                        delta += 1
+                    elif op == changelog.OP_PUT:
+                        unknown_puts.append(key)
                 else:
                     batch.delete(key)
-                    delta -= old is not None
-            if records:
+                    if op == changelog.OP_DELETE_EXISTING:
+                        delta -= 1
+                    elif op == changelog.OP_DELETE:
+                        unknown_deletes.append(key)
+            # Only keys whose previous existence the writer did not know cost a read here.
+            if unknown_puts:
+                delta += sum(v is None for v in db.get(unknown_puts))
+            if unknown_deletes:
+                delta -= sum(v is not None for v in db.get(unknown_deletes))
+            if log_.record_count:
                 db.write(batch)
             self.version = log_.version
             self.num_keys += delta
             if stage_snapshot and self.version % self.snapshot_interval == 0:
-                self.stage_snapshot()
+                self._stage()
 
     # -- snapshots -----------------------------------------------------------------------------
     def stage_snapshot(self) -> None:
         """Checkpoint the current version locally; the shim uploads it during maintenance."""
         with self._lock:
-            directory = self.workdir / "staged" / str(self.version)
-            self._staged[self.version] = snapshots.stage(
-                self._require_db(), directory, self.version, self.lineage, self.num_keys)
+            self._wait_applied()
+            self._stage()
+
+    def _stage(self) -> None:
+        directory = self.workdir / "staged" / str(self.version)
+        self._staged[self.version] = snapshots.stage(
+            self._require_db(), directory, self.version, self.lineage, self.num_keys)
 
     def staged_snapshots(self) -> list[dict]:
         with self._lock:
+            self._wait_applied(raise_failure=False)
             return [s.describe() for _, s in sorted(self._staged.items())]
 
     def drop_staged(self, version: int) -> None:
@@ -177,6 +256,7 @@ class VersionedStore:
 
     def close(self) -> None:
         with self._lock:
+            self._wait_applied(raise_failure=False)
             self._close_db()
             self._drop_all_staged()
             shutil.rmtree(self.workdir, ignore_errors=True)
@@ -187,7 +267,15 @@ class VersionedStore:
             self._db = None
         self.version = -1
 
-    def _require_db(self) -> Rdict:
+    def info(self) -> dict:
+        with self._lock:
+            self._wait_applied()
+            return {"version": self.version, "numKeys": self.num_keys,
+                    "memoryBytes": self.memory_bytes()}
+
+    def _require_db(self, wait: bool = False) -> Rdict:
+        if wait:
+            self._wait_applied()
         db = self._db
         if db is None:
             raise StoreStateError(f"{self.name}: no version is loaded")

@@ -28,12 +28,13 @@ final class DataChannel(path: Path) extends Closeable {
   }
 
   /** A chunk of entries whose key starts with `prefix`, after `startAfter` (null = from start). */
-  def scan(handle: Int, prefix: Array[Byte], startAfter: Array[Byte], maxBytes: Int): ScanChunk = {
+  def scan(handle: Int, prefix: Array[Byte], startAfter: Array[Byte], maxBytes: Int,
+      keysOnly: Boolean = false): ScanChunk = {
     val afterLen = if (startAfter == null) 0 else 4 + startAfter.length
-    val req = ByteBuffer.allocate(4 + prefix.length + 1 + afterLen + 4)
+    val req = ByteBuffer.allocate(4 + prefix.length + 1 + afterLen + 5)
     req.putInt(prefix.length).put(prefix)
     if (startAfter == null) req.put(0.toByte) else req.put(1.toByte).putInt(startAfter.length).put(startAfter)
-    req.putInt(maxBytes).flip()
+    req.putInt(maxBytes).put((if (keysOnly) 1 else 0).toByte).flip()
     val (_, body) = call(OpScan, handle, req)
     val hasMore = body.get() != 0
     val n = body.getInt()
@@ -48,13 +49,19 @@ final class DataChannel(path: Path) extends Closeable {
     ScanChunk(keys, values, hasMore)
   }
 
-  /** Applies a committed version's changelog; returns the store's exact key count. */
-  def apply(handle: Int, changelog: ByteBuffer): Long = call(OpApply, handle, changelog)._2.getLong()
+  /**
+   * Ships a committed version's changelog. `behind` = queue it and return at once (write-behind;
+   * returns 0); otherwise apply it first and return the store's exact key count.
+   */
+  def apply(handle: Int, changelog: ByteBuffer, behind: Boolean): Long = {
+    val mode = ByteBuffer.wrap(Array[Byte](if (behind) ApplyBehind else ApplyNow))
+    call(OpApply, handle, mode, changelog)._2.getLong()
+  }
 
-  private def call(op: Byte, handle: Int, body: ByteBuffer): (Byte, ByteBuffer) = {
+  private def call(op: Byte, handle: Int, body: ByteBuffer*): (Byte, ByteBuffer) = {
     requestHead.clear()
-    requestHead.putInt(5 + body.remaining()).put(op).putInt(handle).flip()
-    val out = Array(requestHead, body)
+    requestHead.putInt(5 + body.map(_.remaining()).sum).put(op).putInt(handle).flip()
+    val out = (requestHead +: body).toArray
     while (out.exists(_.hasRemaining)) channel.write(out)
     responseHead.clear()
     readFully(responseHead)
@@ -85,6 +92,8 @@ object DataChannel {
   val OpGet: Byte = 1
   val OpScan: Byte = 2
   val OpApply: Byte = 3
+  val ApplyNow: Byte = 0
+  val ApplyBehind: Byte = 1
   val StatusOk: Byte = 0
   val StatusNotFound: Byte = 1
   val StatusError: Byte = 2

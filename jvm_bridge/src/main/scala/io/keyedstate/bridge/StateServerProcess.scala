@@ -27,7 +27,8 @@ final case class ServerLaunch(
     pythonExec: String,
     localDir: Option[String],
     startupTimeoutMs: Long,
-    callTimeoutMs: Int)
+    callTimeoutMs: Int,
+    processes: Int)
 
 /** A gateway entry point through which the Python side announces that it is ready. */
 final class GatewayEntry {
@@ -100,23 +101,32 @@ object StateServerProcess {
   private val log = LoggerFactory.getLogger(classOf[StateServerProcess])
   private val loopback = InetAddress.getLoopbackAddress
 
-  @volatile private var current: StateServerProcess = _
+  // A small pool: Python's GIL serialises one process, so partitions are spread over several.
+  @volatile private var servers: Array[StateServerProcess] = _
   private var generations = 0
   private var baseDir: Path = _
 
-  /** The live server of this JVM, started (or restarted after a death) on demand. */
-  def get(launch: ServerLaunch): StateServerProcess = {
-    val server = current
+  /** The number of server processes of this JVM (fixed by the first store opened). */
+  def poolSize(launch: ServerLaunch): Int = synchronized {
+    if (servers == null) servers = new Array[StateServerProcess](math.max(1, launch.processes))
+    servers.length
+  }
+
+  /** The live server of pool slot `slot`, started (or restarted after a death) on demand. */
+  def get(launch: ServerLaunch, slot: Int): StateServerProcess = {
+    val index = Math.floorMod(slot, poolSize(launch))
+    val server = servers(index)
     if (server != null && server.isAlive) server else synchronized {
+      val current = servers(index)
       if (current == null || !current.isAlive) {
         if (current != null) {
           log.warn(s"keyedstate state server (pid ${current.pid}) is dead; starting a new one")
           current.destroy()
         }
         generations += 1
-        current = start(generations, launch)
+        servers(index) = start(generations, launch)
       }
-      current
+      servers(index)
     }
   }
 
@@ -130,7 +140,7 @@ object StateServerProcess {
           sys.addShutdownHook(deleteRecursively(dir.toFile))
           dir
       }
-      sys.addShutdownHook(Option(current).foreach(_.destroy()))
+      sys.addShutdownHook(Option(servers).foreach(_.foreach(s => if (s != null) s.destroy())))
     }
     val workDir = Files.createDirectories(baseDir.resolve(s"server-$generation-${ProcessHandle.current().pid()}"))
     val secret = randomSecret()

@@ -46,6 +46,8 @@ class KeyedStateProvider extends StateStoreProvider {
   private var handle: Int = -1
   private[spark] var keyGroups: Int = _
   private[spark] var scanChunkBytes: Int = _
+  private var writeBehind = true
+  private[spark] var cache: NearCache = _
   private var loadedVersion: Long = -1
   private[spark] var numKeys: Long = 0
   private var lineage: String = ""
@@ -59,6 +61,7 @@ class KeyedStateProvider extends StateStoreProvider {
   private[spark] val metricSnapshotBytes = new AtomicLong
   private[spark] val metricFilesUploaded = new AtomicLong
   private[spark] val metricFilesReused = new AtomicLong
+  private[spark] val bytesShipped = new AtomicLong
 
   override def init(
       stateStoreId: StateStoreId,
@@ -101,13 +104,17 @@ class KeyedStateProvider extends StateStoreProvider {
 
   /** Opens our store on the live server, reopening after a server restart. */
   private def ensureOpen(): StateServerProcess = {
-    val live = StateServerProcess.get(launch)
+    val live = StateServerProcess.get(launch, storeId.partitionId)
     if (live ne server) {
       val settings = Json.readTree(live.control(s"opening $describe")(_.openStore(storeId.toString, confsJson)))
       server = live
       handle = settings.get("handle").asInt()
       keyGroups = settings.get("keyGroups").asInt()
       scanChunkBytes = settings.get("scanChunkBytes").asInt()
+      writeBehind = settings.get("writeBehind").asBoolean()
+      CacheBudget.configure(settings.get("nearCacheBytes").asLong())
+      if (cache != null) cache.clear()
+      cache = new NearCache(settings.get("bloomFpp").asDouble())
       loadedVersion = -1
     }
     server
@@ -138,9 +145,13 @@ class KeyedStateProvider extends StateStoreProvider {
   /** Makes the Python store hold `version`. */
   private def load(version: Long, loadEmpty: Boolean): Unit = {
     val live = ensureOpen()
-    if (loadedVersion == version && !loadEmpty) return
+    if (loadedVersion == version && cache.version == version && !loadEmpty) {
+      if (cache.bloomSaturated) warmCache(live, valuesToo = false)
+      return
+    }
     val started = System.nanoTime()
     loadedVersion = -1 // until the load completes
+    cache.clear()
     if (loadEmpty || version == 0) {
       live.control(s"loading version $version of $describe")(_.restore(handle, version, null, newLineage(Nil), 0))
     } else {
@@ -186,8 +197,41 @@ class KeyedStateProvider extends StateStoreProvider {
       numKeys = Json.readTree(live.control("reading store info")(_.storeInfo(handle))).get("numKeys").asLong()
     }
     if (version == 0 || loadEmpty) numKeys = 0
+    warmCache(live, valuesToo = true)
+    cache.version = version
     loadedVersion = version
     metricLoadMs.addAndGet((System.nanoTime() - started) / 1000000)
+  }
+
+  /**
+   * Streams the loaded version into the near cache: values while the budget lasts (the cache
+   * stays complete if they all fit), then keys only, into the Bloom filter.
+   */
+  private def warmCache(live: StateServerProcess, valuesToo: Boolean): Unit = {
+    var after: Array[Byte] = null
+    var more = true
+    if (valuesToo) {
+      cache.clear()
+      cache.complete = true // provisional: every key seen so far is cached
+      while (more && cache.complete) {
+        val chunk = live.withChannel(s"loading $describe into the near cache")(_.scan(handle, Array.emptyByteArray, after, scanChunkBytes))
+        var i = 0
+        while (i < chunk.keys.length) { cache.put(new Bytes(chunk.keys(i)), chunk.values(i)); i += 1 }
+        more = chunk.hasMore
+        if (chunk.keys.nonEmpty) after = chunk.keys.last
+      }
+      if (!more) return
+    } else {
+      cache.startBloom(math.max(NearCache.MinBloomCapacity, 2L * numKeys))
+      after = null
+    }
+    if (!valuesToo) cache.complete = false
+    while (more) {
+      val chunk = live.withChannel(s"indexing $describe")(_.scan(handle, Array.emptyByteArray, after, scanChunkBytes, keysOnly = true))
+      chunk.keys.foreach(cache.addToBloom)
+      more = chunk.hasMore
+      if (chunk.keys.nonEmpty) after = chunk.keys.last
+    }
   }
 
   private def checkKeyGroups(found: Int, file: String): Unit =
@@ -207,24 +251,69 @@ class KeyedStateProvider extends StateStoreProvider {
     id
   }
 
-  /** Called by the store: make `buffer` version `newVersion`, durably. */
+  /**
+   * Called by the store: make `buffer` version `newVersion`, durably. The changelog is written
+   * to the checkpoint first (that is the commit); then it is shipped to Python in one frame,
+   * applied behind when the near cache knew every key's previous existence (so the key count
+   * is exact without waiting), and the near cache takes the writes.
+   */
   private[spark] def commitVersion(version: Long, buffer: WriteBuffer, forceSnapshot: Boolean): (Long, Long) = synchronized {
     requireOpen()
-    if (loadedVersion != version) {
+    if (loadedVersion != version || cache.version != version) {
       throw new IllegalStateException(
         s"keyedstate: $describe holds version $loadedVersion, cannot commit on top of version $version " +
           "(two stores of one partition were open at once)")
     }
     val newVersion = version + 1
-    val changelog = buffer.toChangelog(newVersion, keyGroups)
+    var unknown = 0
+    var delta = 0L
+    val changelog = buffer.toChangelog(newVersion, keyGroups, (key, value) => {
+      val prior = cache.peek(key)
+      if (value eq WriteBuffer.Tombstone) {
+        if (prior == null) { unknown += 1; WriteBuffer.OpDelete }
+        else if (prior eq NearCache.Absent) 0.toByte
+        else { delta -= 1; WriteBuffer.OpDeleteExisting }
+      } else {
+        if (prior == null) { unknown += 1; WriteBuffer.OpPut }
+        else if (prior eq NearCache.Absent) { delta += 1; WriteBuffer.OpPutNew }
+        else WriteBuffer.OpPutExisting
+      }
+    })
     val bytes = changelog.remaining().toLong
     files.ensureDirs()
     files.writeAtomically(files.changelog(newVersion), changelog.duplicate())
-    loadedVersion = -1 // the Python store is in flux until apply returns
-    numKeys = server.withChannel(s"committing version $newVersion of $describe")(_.apply(handle, changelog))
+    loadedVersion = -1 // until Python has the version and the cache reflects it
+    val cacheVersion = cache.version
+    cache.version = -1
+    val behind = writeBehind && unknown == 0 && !forceSnapshot
+    val counted = server.withChannel(s"committing version $newVersion of $describe")(_.apply(handle, changelog, behind))
+    numKeys = if (behind) numKeys + delta else counted
     if (forceSnapshot) server.control("staging a snapshot")(_.stageSnapshot(handle))
+    buffer.foreach { (key, value) => if (value eq WriteBuffer.Tombstone) cache.remove(key) else cache.put(key, value) }
+    cache.version = if (cacheVersion == version) newVersion else -1
     loadedVersion = newVersion
+    bytesShipped.addAndGet(bytes)
     (newVersion, bytes)
+  }
+
+  /** The committed value of `key` in the loaded version: near cache, else one round trip. */
+  private[spark] def lookupCommitted(key: Bytes): Array[Byte] = {
+    val cached = cache.lookup(key)
+    if (cached eq NearCache.Absent) null
+    else if (cached != null) cached
+    else {
+      val fetched = try server.withChannel(s"reading $describe")(_.get(handle, key.bytes)) catch {
+        case NonFatal(e) => invalidate(); throw e
+      }
+      if (fetched != null) cache.put(key, fetched)
+      fetched
+    }
+  }
+
+  /** After a failed exchange with Python: the next getStore reloads from the checkpoint. */
+  private def invalidate(): Unit = synchronized {
+    loadedVersion = -1
+    if (cache != null) cache.version = -1
   }
 
   private[spark] def memoryUsedBytes(): Long = synchronized {
@@ -233,11 +322,9 @@ class KeyedStateProvider extends StateStoreProvider {
     catch { case NonFatal(_) => 0L }
   }
 
-  private[spark] def get(key: Array[Byte]): Array[Byte] =
-    server.withChannel(s"reading $describe")(_.get(handle, key))
-
   private[spark] def scanChunk(prefix: Array[Byte], startAfter: Array[Byte]) =
-    server.withChannel(s"scanning $describe")(_.scan(handle, prefix, startAfter, scanChunkBytes))
+    try server.withChannel(s"scanning $describe")(_.scan(handle, prefix, startAfter, scanChunkBytes))
+    catch { case NonFatal(e) => invalidate(); throw e }
 
   private[spark] def decodeKey(bytes: Array[Byte]): UnsafeRow = codec.decodeKey(bytes)
 
@@ -301,6 +388,7 @@ class KeyedStateProvider extends StateStoreProvider {
   override def close(): Unit = synchronized {
     if (closed) return
     closed = true
+    if (cache != null) cache.clear()
     if (server != null && server.isAlive && handle >= 0) {
       try server.control("closing a store")(_.closeStore(handle))
       catch { case NonFatal(e) => log.warn(s"keyedstate: closing $describe failed", e) }
@@ -325,9 +413,13 @@ object KeyedStateProvider {
       .orElse(sys.env.get("PYSPARK_PYTHON"))
       .orElse(confs.get(ConfPrefix + "pythonExec"))
       .getOrElse("python3")
+    val processes = confs.get(ConfPrefix + "serverProcesses").flatMap(_.trim.toIntOption).filter(_ > 0)
+      .orElse(sparkConf.flatMap(_.getOption("spark.executor.cores")).flatMap(_.toIntOption))
+      .getOrElse(Runtime.getRuntime.availableProcessors())
     ServerLaunch(python, confs.get(ConfPrefix + "localDir"),
       durationMs(confs, "serverStartupTimeout", 60000L),
-      math.min(Int.MaxValue.toLong, durationMs(confs, "bridgeTimeout", 600000L)).toInt)
+      math.min(Int.MaxValue.toLong, durationMs(confs, "bridgeTimeout", 600000L)).toInt,
+      processes)
   }
 
   private def durationMs(confs: Map[String, String], name: String, default: Long): Long =
@@ -361,6 +453,12 @@ object CustomMetrics {
   val snapshotBytes = StateStoreCustomSizeMetric("keyedstateSnapshotBytesUploaded", "keyedstate: snapshot bytes uploaded")
   val filesUploaded = StateStoreCustomSumMetric("keyedstateSnapshotFilesUploaded", "keyedstate: snapshot files uploaded")
   val filesReused = StateStoreCustomSumMetric("keyedstateSnapshotFilesReused", "keyedstate: snapshot files reused")
+  val cacheHits = StateStoreCustomSumMetric("keyedstateCacheHits", "keyedstate: reads answered by the near cache")
+  val cacheAbsent = StateStoreCustomSumMetric("keyedstateCacheAbsent", "keyedstate: reads answered 'absent' locally (complete cache or Bloom filter)")
+  val cacheEvictions = StateStoreCustomSumMetric("keyedstateCacheEvictions", "keyedstate: near-cache evictions")
+  val cacheBytes = StateStoreCustomSizeMetric("keyedstateCacheBytes", "keyedstate: near-cache bytes")
+  val bloomBytes = StateStoreCustomSizeMetric("keyedstateBloomBytes", "keyedstate: Bloom filter bytes")
   val all: Seq[StateStoreCustomMetric] =
-    Seq(commitLatency, loadLatency, changelogBytes, writesShipped, bridgeGets, snapshotBytes, filesUploaded, filesReused)
+    Seq(commitLatency, loadLatency, changelogBytes, writesShipped, bridgeGets, snapshotBytes, filesUploaded,
+      filesReused, cacheHits, cacheAbsent, cacheEvictions, cacheBytes, bloomBytes)
 }

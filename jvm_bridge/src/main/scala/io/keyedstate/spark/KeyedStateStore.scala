@@ -17,7 +17,6 @@ final class KeyedStateStore(provider: KeyedStateProvider, override val version: 
   private val codec = provider.codec
   private var committedVersion = -1L
   private var aborted = false
-  private var bridgeGets = 0L
   private var commitMs = 0L
   private var changelogBytes = 0L
   private var writesShipped = 0L
@@ -36,31 +35,29 @@ final class KeyedStateStore(provider: KeyedStateProvider, override val version: 
 
   override def get(key: UnsafeRow, colFamilyName: String): UnsafeRow = {
     checkCf(colFamilyName)
-    val stored = lookup(codec.encodeKey(key))
+    val stored = lookup(new Bytes(codec.encodeKey(key)))
     if (stored == null) null else codec.decodeValue(stored)
   }
 
-  private def lookup(encoded: Array[Byte]): Array[Byte] = {
-    val pending = buffer.lookup(encoded)
+  /** This version's own write, else the committed value (near cache, else Python). */
+  private def lookup(key: Bytes): Array[Byte] = {
+    val pending = buffer.lookup(key)
     if (pending != null) {
       if (pending eq WriteBuffer.Tombstone) null else pending
-    } else {
-      bridgeGets += 1
-      provider.get(encoded)
-    }
+    } else provider.lookupCommitted(key)
   }
 
   override def put(key: UnsafeRow, value: UnsafeRow, colFamilyName: String): Unit = {
     checkCf(colFamilyName)
     checkWritable()
     require(value != null, "keyedstate: cannot put a null value")
-    buffer.put(codec.encodeKey(key), codec.encodeValue(value))
+    buffer.put(new Bytes(codec.encodeKey(key)), codec.encodeValue(value))
   }
 
   override def remove(key: UnsafeRow, colFamilyName: String): Unit = {
     checkCf(colFamilyName)
     checkWritable()
-    buffer.delete(codec.encodeKey(key))
+    buffer.delete(new Bytes(codec.encodeKey(key)))
   }
 
   override def iterator(colFamilyName: String): StateStoreIterator[UnsafeRowPair] = {
@@ -81,8 +78,11 @@ final class KeyedStateStore(provider: KeyedStateProvider, override val version: 
   private def scan(prefix: Array[Byte]): StateStoreIterator[UnsafeRowPair] = {
     val pending = buffer.snapshot()
     val overwritten = new java.util.HashSet[Bytes](pending.length * 2)
-    pending.foreach { case (k, _) => overwritten.add(new Bytes(k)) }
-    val committed = new Iterator[(Array[Byte], Array[Byte])] {
+    pending.foreach { case (k, _) => overwritten.add(k) }
+    // A complete near cache serves full scans locally; prefix scans (one per key in session
+    // windows) would have to walk the whole cache, so they go to RocksDB's sorted index.
+    val fromCache = prefix.isEmpty && provider.cache.complete && provider.cache.version == version
+    val committed = (if (fromCache) provider.cache.snapshot().iterator else new Iterator[(Array[Byte], Array[Byte])] {
       private var chunk: ScanChunkView = fetch(null)
       private def fetch(after: Array[Byte]) = new ScanChunkView(provider.scanChunk(prefix, after))
       override def hasNext: Boolean = {
@@ -90,8 +90,10 @@ final class KeyedStateStore(provider: KeyedStateProvider, override val version: 
         chunk.hasNext
       }
       override def next(): (Array[Byte], Array[Byte]) = { hasNext; chunk.next() }
-    }.filterNot { case (k, _) => overwritten.contains(new Bytes(k)) }
-    val own = pending.iterator.filter { case (k, v) => !(v eq WriteBuffer.Tombstone) && startsWith(k, prefix) }
+    }).filterNot { case (k, _) => overwritten.contains(new Bytes(k)) }
+    val own = pending.iterator.collect {
+      case (k, v) if !(v eq WriteBuffer.Tombstone) && startsWith(k.bytes, prefix) => (k.bytes, v)
+    }
     val rows = (committed ++ own).map { case (k, v) => new UnsafeRowPair(codec.decodeKey(k), codec.decodeValue(v)) }
     new StateStoreIterator(rows, () => ())
   }
@@ -121,12 +123,18 @@ final class KeyedStateStore(provider: KeyedStateProvider, override val version: 
   override def hasCommitted: Boolean = committedVersion >= 0
 
   override def metrics: StateStoreMetrics = {
+    val counters = provider.cache.takeCounters() // per batch: reset on read
     val custom: Map[StateStoreCustomMetric, Long] = Map(
       CustomMetrics.commitLatency -> commitMs,
       CustomMetrics.loadLatency -> provider.metricLoadMs.getAndSet(0),
       CustomMetrics.changelogBytes -> changelogBytes,
       CustomMetrics.writesShipped -> writesShipped,
-      CustomMetrics.bridgeGets -> bridgeGets,
+      CustomMetrics.bridgeGets -> counters.misses,
+      CustomMetrics.cacheHits -> counters.hits,
+      CustomMetrics.cacheAbsent -> counters.absent,
+      CustomMetrics.cacheEvictions -> counters.evictions,
+      CustomMetrics.cacheBytes -> provider.cache.sizeBytes,
+      CustomMetrics.bloomBytes -> provider.cache.bloomBytes,
       CustomMetrics.snapshotBytes -> provider.metricSnapshotBytes.getAndSet(0),
       CustomMetrics.filesUploaded -> provider.metricFilesUploaded.getAndSet(0),
       CustomMetrics.filesReused -> provider.metricFilesReused.getAndSet(0))

@@ -1,6 +1,5 @@
 package io.keyedstate.spark
 
-import java.io.{ByteArrayOutputStream, DataOutputStream}
 import java.nio.ByteBuffer
 import java.util.{Arrays, HashMap => JHashMap}
 import java.util.zip.CRC32
@@ -25,51 +24,65 @@ final class WriteBuffer {
   private val entries = new JHashMap[Bytes, Array[Byte]]()
   private var bytesHeld = 0L
 
-  def put(key: Array[Byte], value: Array[Byte]): Unit = track(entries.put(new Bytes(key), value), key, value)
-  def delete(key: Array[Byte]): Unit = track(entries.put(new Bytes(key), Tombstone), key, Tombstone)
+  def put(key: Bytes, value: Array[Byte]): Unit = track(entries.put(key, value), key, value)
+  def delete(key: Bytes): Unit = track(entries.put(key, Tombstone), key, Tombstone)
 
-  private def track(previous: Array[Byte], key: Array[Byte], value: Array[Byte]): Unit = {
-    if (previous == null) bytesHeld += key.length + 48 else bytesHeld -= previous.length
+  private def track(previous: Array[Byte], key: Bytes, value: Array[Byte]): Unit = {
+    if (previous == null) bytesHeld += key.bytes.length + 48 else bytesHeld -= previous.length
     bytesHeld += value.length
   }
 
   /** The pending value: null = not written in this version; [[Tombstone]] = deleted. */
-  def lookup(key: Array[Byte]): Array[Byte] = entries.get(new Bytes(key))
+  def lookup(key: Bytes): Array[Byte] = entries.get(key)
   def size: Int = entries.size
-  def isEmpty: Boolean = entries.isEmpty
   def estimatedBytes: Long = bytesHeld
   def clear(): Unit = { entries.clear(); bytesHeld = 0 }
+  def foreach(f: (Bytes, Array[Byte]) => Unit): Unit = entries.forEach((k, v) => f(k, v))
 
   /** A point-in-time copy, so iterators tolerate removes made while they run. */
-  def snapshot(): Array[(Array[Byte], Array[Byte])] = {
-    val out = new Array[(Array[Byte], Array[Byte])](entries.size)
+  def snapshot(): Array[(Bytes, Array[Byte])] = {
+    val out = new Array[(Bytes, Array[Byte])](entries.size)
     var i = 0
-    entries.forEach { (k, v) => out(i) = (k.bytes, v); i += 1 }
+    entries.forEach { (k, v) => out(i) = (k, v); i += 1 }
     out
   }
 
-  /** Encodes the buffered writes as the changelog that produces `version`. */
-  def toChangelog(version: Long, keyGroups: Int): ByteBuffer = {
-    val bytes = new ByteArrayOutputStream(math.min(Int.MaxValue - 64, bytesHeld + 64).toInt)
-    val out = new DataOutputStream(bytes)
-    out.write(Magic)
-    out.writeShort(FormatVersion)
-    out.writeLong(version)
-    out.writeInt(keyGroups)
+  /**
+   * Encodes the buffered writes as the changelog that produces `version`. `classify` gives
+   * each write its op code (what is known of the key's previous existence), or 0 to drop it
+   * (deleting a key known to be absent changes nothing).
+   */
+  def toChangelog(version: Long, keyGroups: Int, classify: (Bytes, Array[Byte]) => Byte): ByteBuffer = {
+    val n = entries.size
+    val keys = new Array[Bytes](n)
+    val values = new Array[Array[Byte]](n)
+    val ops = new Array[Byte](n)
+    var kept = 0
+    var size = HeaderBytes + TrailerBytes
     entries.forEach { (k, v) =>
-      if (v eq Tombstone) {
-        out.writeByte(OpDelete); out.writeInt(k.bytes.length); out.write(k.bytes)
-      } else {
-        out.writeByte(OpPut); out.writeInt(k.bytes.length); out.write(k.bytes)
-        out.writeInt(v.length); out.write(v)
+      val op = classify(k, v)
+      if (op != 0) {
+        keys(kept) = k; values(kept) = v; ops(kept) = op; kept += 1
+        size += 5 + k.bytes.length + (if (v eq Tombstone) 0 else 4 + v.length)
       }
     }
-    out.flush()
+    if (size > Int.MaxValue - 64) {
+      throw new IllegalStateException(s"keyedstate: version $version writes $size bytes; at most 2 GB per commit")
+    }
+    val buf = ByteBuffer.allocate(size.toInt)
+    buf.put(Magic).putShort(FormatVersion.toShort).putLong(version).putInt(keyGroups)
+    var i = 0
+    while (i < kept) {
+      val k = keys(i).bytes
+      buf.put(ops(i)).putInt(k.length).put(k)
+      val v = values(i)
+      if (!(v eq Tombstone)) buf.putInt(v.length).put(v)
+      i += 1
+    }
     val crc = new CRC32()
-    val body = bytes.toByteArray
-    crc.update(body)
-    val buf = ByteBuffer.allocate(body.length + 13)
-    buf.put(body).put(End).putLong(entries.size.toLong).putInt(crc.getValue.toInt).flip()
+    crc.update(buf.array(), 0, buf.position())
+    buf.put(End).putLong(kept.toLong).putInt(crc.getValue.toInt)
+    buf.flip()
     buf
   }
 }
@@ -78,7 +91,13 @@ object WriteBuffer {
   val Tombstone: Array[Byte] = new Array[Byte](0)
   val Magic: Array[Byte] = "KSCHLOG1".getBytes("US-ASCII")
   val FormatVersion = 1
-  val OpPut = 1
-  val OpDelete = 2
+  private val HeaderBytes = 8L + 2 + 8 + 4
+  private val TrailerBytes = 1L + 8 + 4
   val End: Byte = 0xFF.toByte
+  // Record ops (see keyedstate/changelog.py).
+  val OpPut: Byte = 1
+  val OpDelete: Byte = 2
+  val OpPutNew: Byte = 3
+  val OpPutExisting: Byte = 4
+  val OpDeleteExisting: Byte = 5
 }

@@ -1,0 +1,158 @@
+package io.keyedstate.spark
+
+import java.util.concurrent.atomic.AtomicLong
+
+import org.apache.spark.util.sketch.BloomFilter
+
+/**
+ * Near-cache memory shared by every store of this executor JVM. The first provider to start
+ * sets the limit (`nearCacheBytes`; `auto` = 30% of the JVM's max heap).
+ */
+object CacheBudget {
+  private val used = new AtomicLong
+  @volatile private var limit = -1L
+
+  def configure(bytes: Long): Unit = synchronized {
+    if (limit < 0) limit = if (bytes >= 0) bytes else (Runtime.getRuntime.maxMemory * 0.3).toLong
+  }
+  def limitBytes: Long = limit
+  def usedBytes: Long = used.get
+  def add(delta: Long): Long = used.addAndGet(delta)
+  def over: Boolean = used.get > limit
+}
+
+/**
+ * Committed state of one store partition, cached in the JVM so that the operators' per-row
+ * reads (one synchronous get/keyExists per row, ~1-3 us in Spark's own RocksDB provider) do
+ * not cross to Python (16-100 us a round trip).
+ *
+ * Valid for exactly one version (`version`): the provider updates it with each commit it
+ * makes and rebuilds it when it loads another version, so it never serves stale data.
+ * `complete` = every key of the version is here, so a miss means absent. Once the shared
+ * budget forces evictions (LRU), a Bloom filter over every key keeps answering "absent"
+ * without a round trip for most new keys (dedup, first-seen keys). Single-threaded: only the
+ * task thread that owns the partition touches it.
+ */
+final class NearCache(fpp: Double) {
+  import NearCache._
+
+  private val entries = new java.util.LinkedHashMap[Bytes, Array[Byte]](1024, 0.75f, true)
+  private var bytes = 0L
+  private var bloom: BloomFilter = _
+  private var bloomItems = 0L
+  private var bloomCapacity = 0L
+  var complete = false
+  var version = -1L
+
+  // Counters since the last metrics report.
+  private var hits = 0L
+  private var absentAnswers = 0L
+  private var misses = 0L
+  private var evictions = 0L
+
+  /** The counters since the last call, then zero. */
+  def takeCounters(): CacheCounters = {
+    val c = CacheCounters(hits, absentAnswers, misses, evictions)
+    hits = 0; absentAnswers = 0; misses = 0; evictions = 0
+    c
+  }
+
+  def size: Int = entries.size
+  def sizeBytes: Long = bytes
+  def bloomBytes: Long = if (bloom == null) 0L else bloom.bitSize() / 8
+
+  /** The cached value, [[Absent]] when the key is surely not in the version, or null (unknown). */
+  def lookup(key: Bytes): Array[Byte] = {
+    val v = entries.get(key)
+    if (v != null) { hits += 1; v }
+    else if (complete || (bloom != null && !bloom.mightContainBinary(key.bytes))) { absentAnswers += 1; Absent }
+    else { misses += 1; null }
+  }
+
+  /** Like [[lookup]], without counting (for classifying a commit's writes). */
+  def peek(key: Bytes): Array[Byte] = {
+    val v = entries.get(key)
+    if (v != null) v
+    else if (complete || (bloom != null && !bloom.mightContainBinary(key.bytes))) Absent
+    else null
+  }
+
+  /** A committed value, from a commit or a round trip. */
+  def put(key: Bytes, value: Array[Byte]): Unit = {
+    val previous = entries.put(key, value)
+    val delta = if (previous == null) entryBytes(key, value) else (value.length - previous.length).toLong
+    bytes += delta
+    if (bloom != null && previous == null) addToBloom(key.bytes)
+    if (CacheBudget.add(delta) > CacheBudget.limitBytes) evict()
+  }
+
+  def remove(key: Bytes): Unit = {
+    val previous = entries.remove(key)
+    if (previous != null) {
+      val delta = entryBytes(key, previous)
+      bytes -= delta
+      CacheBudget.add(-delta)
+    }
+  }
+
+  /** Drop least recently used entries until the shared budget holds; keep answering absences. */
+  private def evict(): Unit = {
+    if (complete) {
+      // Going partial: every key of the version is here right now, so the filter is exact.
+      startBloom(math.max(MinBloomCapacity, 2L * entries.size))
+      entries.keySet().forEach(k => addToBloom(k.bytes))
+      complete = false
+    }
+    val it = entries.entrySet().iterator()
+    while (CacheBudget.over && it.hasNext) {
+      val e = it.next()
+      val delta = entryBytes(e.getKey, e.getValue)
+      it.remove()
+      bytes -= delta
+      CacheBudget.add(-delta)
+      evictions += 1
+    }
+  }
+
+  def startBloom(capacity: Long): Unit = {
+    bloom = BloomFilter.create(capacity, fpp)
+    bloomItems = 0
+    bloomCapacity = capacity
+  }
+
+  def addToBloom(key: Array[Byte]): Unit = {
+    bloom.putBinary(key)
+    bloomItems += 1
+  }
+
+  /** True when the filter holds more keys than it was sized for (its answers degrade). */
+  def bloomSaturated: Boolean = bloom != null && bloomItems > bloomCapacity
+
+  /** Forget everything (another version is being loaded). */
+  def clear(): Unit = {
+    CacheBudget.add(-bytes)
+    entries.clear()
+    bytes = 0
+    bloom = null
+    complete = false
+    version = -1
+  }
+
+  /** A point-in-time copy of every entry, for iterators (only meaningful when complete). */
+  def snapshot(): Array[(Array[Byte], Array[Byte])] = {
+    val out = new Array[(Array[Byte], Array[Byte])](entries.size)
+    var i = 0
+    entries.forEach { (k, v) => out(i) = (k.bytes, v); i += 1 }
+    out
+  }
+}
+
+final case class CacheCounters(hits: Long, absent: Long, misses: Long, evictions: Long)
+
+object NearCache {
+  /** Marker for "surely absent"; never stored. */
+  val Absent: Array[Byte] = new Array[Byte](0)
+  val MinBloomCapacity = 1L << 20
+  private val EntryOverhead = 96L
+  def entryBytes(key: Bytes, value: Array[Byte]): Long = key.bytes.length + value.length + EntryOverhead
+}
