@@ -16,7 +16,9 @@ import threading
 from pathlib import Path
 from typing import Iterable
 
-from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+import struct
+
+from rocksdict import MemtableFactory, Options, Rdict, WriteBatch, WriteOptions
 
 from . import changelog, snapshots
 
@@ -52,6 +54,11 @@ def _open(path: Path) -> Rdict:
     options = Options(raw_mode=True)
     options.create_if_missing(True)
     options.set_max_background_jobs(2)
+    # A vector memtable takes a whole changelog at ~0.07 us/key instead of ~1 us for the skip
+    # list (RocksDB writes hold the GIL); it must not be read while mutable, so reads flush
+    # first (see _require_db), which with a complete JVM near cache is rare.
+    options.set_memtable_factory(MemtableFactory.vector())
+    options.set_allow_concurrent_memtable_write(False)
     db = Rdict(str(path), options)
     write_options = WriteOptions()
     write_options.disable_wal = True
@@ -78,6 +85,7 @@ class VersionedStore:
         self._pending = 0  # submitted changelogs not yet applied
         self._applied = threading.Condition(self._lock)
         self._failure: str | None = None
+        self._dirty = False  # the mutable memtable holds writes (vector memtables are unreadable)
         workdir.mkdir(parents=True, exist_ok=True)
 
     @property
@@ -189,30 +197,17 @@ class VersionedStore:
                 raise StoreStateError(
                     f"{source} was written with {log_.key_groups} key groups but the store uses "
                     f"{self.key_groups}; the keyGroups conf cannot change for an existing checkpoint")
-            batch = WriteBatch(raw_mode=True)
-            delta = 0
-            unknown_puts: list[bytes] = []
-            unknown_deletes: list[bytes] = []
-            for op, key, value in log_.records():
-                if value is not None:
-                    batch.put(key, value)
-                    if op == changelog.OP_PUT_NEW:
-                        delta += 1
-                    elif op == changelog.OP_PUT:
-                        unknown_puts.append(key)
-                else:
-                    batch.delete(key)
-                    if op == changelog.OP_DELETE_EXISTING:
-                        delta -= 1
-                    elif op == changelog.OP_DELETE:
-                        unknown_deletes.append(key)
+            batch, delta, unknown_puts, unknown_deletes = _decode_into_batch(log_)
             # Only keys whose previous existence the writer did not know cost a read here.
+            if unknown_puts or unknown_deletes:
+                self._flush_if_dirty()
             if unknown_puts:
                 delta += sum(v is None for v in db.get(unknown_puts))
             if unknown_deletes:
                 delta -= sum(v is not None for v in db.get(unknown_deletes))
             if log_.record_count:
                 db.write(batch)
+                self._dirty = True
             self.version = log_.version
             self.num_keys += delta
             if stage_snapshot and self.version % self.snapshot_interval == 0:
@@ -226,6 +221,7 @@ class VersionedStore:
             self._stage()
 
     def _stage(self) -> None:
+        self._flush_if_dirty()  # the checkpoint must hold every write of the version
         directory = self.workdir / "staged" / str(self.version)
         self._staged[self.version] = snapshots.stage(
             self._require_db(), directory, self.version, self.lineage, self.num_keys)
@@ -265,6 +261,7 @@ class VersionedStore:
         if self._db is not None:
             self._db.close()
             self._db = None
+        self._dirty = False
         self.version = -1
 
     def info(self) -> dict:
@@ -274,9 +271,62 @@ class VersionedStore:
                     "memoryBytes": self.memory_bytes()}
 
     def _require_db(self, wait: bool = False) -> Rdict:
+        """The database; with ``wait``, for reading: pending applies done, memtable flushed."""
         if wait:
-            self._wait_applied()
+            with self._lock:
+                self._wait_applied()
+                self._flush_if_dirty()
         db = self._db
         if db is None:
             raise StoreStateError(f"{self.name}: no version is loaded")
         return db
+
+    def _flush_if_dirty(self) -> None:
+        if self._dirty and self._db is not None:
+            self._db.flush()  # releases the GIL while RocksDB sorts and writes the SST
+            self._dirty = False
+
+
+_U32 = struct.Struct(">I").unpack_from
+
+
+def _decode_into_batch(log_: changelog.Changelog) -> tuple[WriteBatch, int, list[bytes], list[bytes]]:
+    """One tight pass over a changelog (the apply hot path, ~0.5 us a record): the write batch,
+    the key-count delta the writer knew, and the keys whose previous existence it did not."""
+    batch = WriteBatch(raw_mode=True)
+    put, delete = batch.put, batch.delete
+    delta = 0
+    unknown_puts: list[bytes] = []
+    unknown_deletes: list[bytes] = []
+    buf = bytes(log_.payload)
+    pos, end = 0, len(buf)
+    while pos < end:
+        op = buf[pos]
+        klen = _U32(buf, pos + 1)[0]
+        pos += 5
+        key = buf[pos:pos + klen]
+        pos += klen
+        if op in _PUTS:
+            vlen = _U32(buf, pos)[0]
+            pos += 4
+            put(key, buf[pos:pos + vlen])
+            pos += vlen
+            if op == _PUT_NEW:
+                delta += 1
+            elif op == _PUT_UNKNOWN:
+                unknown_puts.append(key)
+        elif op in _DELETES:
+            delete(key)
+            if op == _DELETE_EXISTING:
+                delta -= 1
+            elif op == _DELETE_UNKNOWN:
+                unknown_deletes.append(key)
+        else:
+            raise changelog.CorruptChangelogError(f"unknown record op {op} at byte {pos - 5 - klen}")
+    return batch, delta, unknown_puts, unknown_deletes
+
+
+_PUTS = changelog.PUTS
+_DELETES = changelog.DELETES
+_PUT_NEW, _PUT_UNKNOWN = changelog.OP_PUT_NEW, changelog.OP_PUT
+_DELETE_EXISTING, _DELETE_UNKNOWN = changelog.OP_DELETE_EXISTING, changelog.OP_DELETE
