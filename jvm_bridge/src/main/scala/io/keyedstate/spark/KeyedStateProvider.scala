@@ -62,6 +62,7 @@ class KeyedStateProvider extends StateStoreProvider {
   private[spark] val metricFilesUploaded = new AtomicLong
   private[spark] val metricFilesReused = new AtomicLong
   private[spark] val bytesShipped = new AtomicLong
+  @volatile private[spark] var lastCommitPhases = CommitPhases(0, 0, 0, 0)
 
   override def init(
       stateStoreId: StateStoreId,
@@ -265,6 +266,7 @@ class KeyedStateProvider extends StateStoreProvider {
           "(two stores of one partition were open at once)")
     }
     val newVersion = version + 1
+    val t0 = System.nanoTime()
     var unknown = 0
     var delta = 0L
     val changelog = buffer.toChangelog(newVersion, keyGroups, (key, value) => {
@@ -280,8 +282,10 @@ class KeyedStateProvider extends StateStoreProvider {
       }
     })
     val bytes = changelog.remaining().toLong
+    val t1 = System.nanoTime()
     files.ensureDirs()
     files.writeAtomically(files.changelog(newVersion), changelog.duplicate())
+    val t2 = System.nanoTime()
     loadedVersion = -1 // until Python has the version and the cache reflects it
     val cacheVersion = cache.version
     cache.version = -1
@@ -289,10 +293,13 @@ class KeyedStateProvider extends StateStoreProvider {
     val counted = server.withChannel(s"committing version $newVersion of $describe")(_.apply(handle, changelog, behind))
     numKeys = if (behind) numKeys + delta else counted
     if (forceSnapshot) server.control("staging a snapshot")(_.stageSnapshot(handle))
+    val t3 = System.nanoTime()
     buffer.foreach { (key, value) => if (value eq WriteBuffer.Tombstone) cache.remove(key) else cache.put(key, value) }
     cache.version = if (cacheVersion == version) newVersion else -1
     loadedVersion = newVersion
     bytesShipped.addAndGet(bytes)
+    val t4 = System.nanoTime()
+    lastCommitPhases = CommitPhases((t1 - t0) / 1000000, (t2 - t1) / 1000000, (t3 - t2) / 1000000, (t4 - t3) / 1000000)
     (newVersion, bytes)
   }
 
@@ -443,6 +450,10 @@ object KeyedStateProvider {
     "h" -> 3600000L, "d" -> 86400000L)
 }
 
+/** Where a commit's time went, in ms: encoding the changelog, writing it to the checkpoint,
+ *  shipping it to Python, updating the near cache. */
+final case class CommitPhases(encodeMs: Long, writeMs: Long, shipMs: Long, cacheMs: Long)
+
 /** Custom metrics shown in `lastProgress.stateOperators[].customMetrics`. */
 object CustomMetrics {
   val commitLatency = StateStoreCustomTimingMetric("keyedstateCommitLatencyMs", "keyedstate: commit time")
@@ -458,7 +469,12 @@ object CustomMetrics {
   val cacheEvictions = StateStoreCustomSumMetric("keyedstateCacheEvictions", "keyedstate: near-cache evictions")
   val cacheBytes = StateStoreCustomSizeMetric("keyedstateCacheBytes", "keyedstate: near-cache bytes")
   val bloomBytes = StateStoreCustomSizeMetric("keyedstateBloomBytes", "keyedstate: Bloom filter bytes")
+  val commitEncode = StateStoreCustomTimingMetric("keyedstateCommitEncodeMs", "keyedstate: commit, encoding the changelog")
+  val commitWrite = StateStoreCustomTimingMetric("keyedstateCommitWriteMs", "keyedstate: commit, writing the changelog to the checkpoint")
+  val commitShip = StateStoreCustomTimingMetric("keyedstateCommitShipMs", "keyedstate: commit, shipping the changelog to Python")
+  val commitCache = StateStoreCustomTimingMetric("keyedstateCommitCacheMs", "keyedstate: commit, updating the near cache")
   val all: Seq[StateStoreCustomMetric] =
     Seq(commitLatency, loadLatency, changelogBytes, writesShipped, bridgeGets, snapshotBytes, filesUploaded,
-      filesReused, cacheHits, cacheAbsent, cacheEvictions, cacheBytes, bloomBytes)
+      filesReused, cacheHits, cacheAbsent, cacheEvictions, cacheBytes, bloomBytes, commitEncode, commitWrite,
+      commitShip, commitCache)
 }
