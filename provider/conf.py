@@ -143,7 +143,7 @@ KNOBS: tuple[Knob, ...] = (
          "Memory of the JVM near cache, shared by every store of an executor: committed values "
          "of recently used keys, so that per-row reads do not cross to Python. While a "
          "partition's whole state fits, every read is local. 'auto' = 30% of the JVM's max "
-         "heap. Set by the first store an executor opens."),
+         "heap. The stores of one query share one value; the last store opened sets it."),
     Knob("bloomFpp", "0.01", parse_fraction,
          "False-positive rate of the per-store Bloom filter that answers 'absent' without a "
          "round trip once a store's state no longer fits the near cache."),

@@ -5,16 +5,16 @@ import java.util.concurrent.atomic.AtomicLong
 import org.apache.spark.util.sketch.BloomFilter
 
 /**
- * Near-cache memory shared by every store of this executor JVM. The first provider to start
- * sets the limit (`nearCacheBytes`; `auto` = 30% of the JVM's max heap).
+ * Near-cache memory shared by every store of this executor JVM. Each store that opens sets the
+ * limit from its `nearCacheBytes` (`auto` = 30% of the JVM's max heap); the stores of one query
+ * share their confs, so in practice one value applies. Caches evict as they next insert.
  */
 object CacheBudget {
   private val used = new AtomicLong
-  @volatile private var limit = -1L
+  @volatile private var limit = Long.MaxValue
 
-  def configure(bytes: Long): Unit = synchronized {
-    if (limit < 0) limit = if (bytes >= 0) bytes else (Runtime.getRuntime.maxMemory * 0.3).toLong
-  }
+  def configure(bytes: Long): Unit =
+    limit = if (bytes >= 0) bytes else (Runtime.getRuntime.maxMemory * 0.3).toLong
   def limitBytes: Long = limit
   def usedBytes: Long = used.get
   def add(delta: Long): Long = used.addAndGet(delta)

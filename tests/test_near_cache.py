@@ -1,0 +1,114 @@
+"""The JVM near cache stays consistent with the committed versions and within its budget:
+across aborted attempts, re-executed batches (an older version loaded again by the same
+provider), and state that outgrows the budget."""
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.state import GroupStateTimeout
+
+import keyedstate
+
+from stream_utils import HDFS_PROVIDER, PROVIDER_CONF, FileStream, collect_into, session_confs
+
+KS = keyedstate.PROVIDER_CLASS
+PFX = "spark.sql.streaming.stateStore.keyedstate."
+
+
+def count_by_key(df):
+    return df.groupBy("k").agg(F.count("*").alias("n"))
+
+
+def test_state_larger_than_the_cache_budget_stays_exact_and_within_budget(spark, tmp_path):
+    budget = 256 * 1024
+    stream = FileStream(spark, tmp_path, "k STRING")
+    out: dict = {}
+    expected = Counter()
+    with session_confs(spark, {PROVIDER_CONF: KS, PFX + "nearCacheBytes": str(budget)}):
+        query = stream.start(count_by_key, collect_into(out))
+        try:
+            for batch in range(6):
+                # ~2000 distinct keys of ~60 bytes: far more than the budget holds.
+                rows = [{"k": f"{'x' * 40}-{(batch * 700 + i) % 2500:05d}"} for i in range(1500)]
+                expected.update(r["k"] for r in rows)
+                stream.add(rows)
+                query.processAllAvailable()
+            progress = query.recentProgress
+        finally:
+            query.stop()
+    assert {k: v[1] for k, v in out.items()} == dict(expected)
+    metrics = [op["customMetrics"] for p in progress for op in p["stateOperators"]]
+    assert all(m["keyedstateCacheBytes"] <= budget for m in metrics)
+    assert sum(m["keyedstateCacheEvictions"] for m in metrics) > 0
+    assert sum(m["keyedstateBridgeGets"] for m in metrics) > 0      # misses went to Python
+    assert sum(m["keyedstateCacheAbsent"] for m in metrics) > 0     # new keys answered by the Bloom filter
+    assert max(m["keyedstateBloomBytes"] for m in metrics) > 0
+
+
+def test_batch_executed_twice_reloads_the_older_version(spark, tmp_path):
+    """foreachBatch that runs the batch's plan twice makes the same provider serve version v
+    again after it committed v+1: the second run must see v, not its own v+1."""
+    stream = FileStream(spark, tmp_path, "k STRING")
+    runs: list = []
+
+    def sink(batch, batch_id):
+        first = sorted(map(tuple, batch.collect()))
+        second = sorted(map(tuple, batch.collect()))
+        runs.append((batch_id, first, second))
+
+    expected = Counter()
+    with session_confs(spark, {PROVIDER_CONF: KS}):
+        query = stream.start(count_by_key, sink)
+        try:
+            for batch in range(4):
+                rows = [{"k": f"k{(batch + i) % 6}"} for i in range(9)]
+                stream.add(rows)
+                query.processAllAvailable()
+                expected.update(r["k"] for r in rows)
+                batch_id, first, second = runs[-1]
+                assert first == second, f"batch {batch_id} changed when re-executed"
+                assert first == sorted((k, expected[k]) for k in {r["k"] for r in rows})
+        finally:
+            query.stop()
+
+
+def _totals_failing_once(marker: str | None):
+    def update(key, frames, state):
+        count = state.get[0] if state.exists else 0
+        for frame in frames:
+            count += len(frame)
+        state.update((count,))
+        if marker and key[0] == "k3" and count > 4 and not os.path.exists(marker):
+            Path(marker).touch()
+            raise RuntimeError("injected task failure after a state update")
+        yield pd.DataFrame({"k": [key[0]], "count": [count]})
+
+    return lambda df: df.groupBy("k").applyInPandasWithState(
+        update, "k string, count long", "count long", "update", GroupStateTimeout.NoTimeout)
+
+
+def _run_totals(spark, root, provider, marker):
+    stream = FileStream(spark, root, "k STRING")
+    out = []
+    sink = lambda batch, batch_id: out.extend((batch_id, *r) for r in sorted(map(tuple, batch.collect())))  # noqa: E731
+    with session_confs(spark, {PROVIDER_CONF: provider}):
+        query = stream.start(_totals_failing_once(marker), sink)
+        try:
+            for batch in range(4):
+                stream.add([{"k": f"k{(batch * 2 + i) % 5}"} for i in range(7)])
+                query.processAllAvailable()
+        finally:
+            query.stop()
+    return out
+
+
+def test_aborted_attempt_leaves_no_trace_in_the_cache(spark, tmp_path):
+    reference = _run_totals(spark, tmp_path / "ref", HDFS_PROVIDER, None)
+    marker = tmp_path / "failed-once"
+    ours = _run_totals(spark, tmp_path / "ours", KS, str(marker))
+    assert marker.exists(), "the injected failure never happened"
+    assert ours == reference
