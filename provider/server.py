@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -231,6 +232,16 @@ class _NoDelayGateway(JavaGateway):
                                       callback_server_parameters=callback_server_parameters)
 
 
+def _socket_path(workdir: Path) -> Path:
+    """The data socket, in the private work dir unless that path is too long for AF_UNIX
+    (108 bytes); then in a fresh private directory under /tmp."""
+    path = workdir / "data.sock"
+    if len(str(path).encode()) < 100:
+        return path
+    short = Path(tempfile.mkdtemp(prefix="ks-"))  # mode 0700
+    return short / "data.sock"
+
+
 def main() -> None:
     logging.basicConfig(level=os.environ.get("KEYEDSTATE_LOG_LEVEL", "INFO"), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -241,7 +252,7 @@ def main() -> None:
     (workdir / "pid").write_text(str(os.getpid()))
 
     registry = StoreRegistry(workdir)
-    data = DataServer(registry, workdir / "data.sock")
+    data = DataServer(registry, _socket_path(workdir))
     data.start()
     api = StateServerApi(registry, data.path)
     gateway = _NoDelayGateway(

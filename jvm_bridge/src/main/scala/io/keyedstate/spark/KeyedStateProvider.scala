@@ -62,7 +62,7 @@ class KeyedStateProvider extends StateStoreProvider {
   private[spark] val metricFilesUploaded = new AtomicLong
   private[spark] val metricFilesReused = new AtomicLong
   private[spark] val bytesShipped = new AtomicLong
-  @volatile private[spark] var lastCommitPhases = CommitPhases(0, 0, 0, 0)
+  @volatile private[spark] var lastCommitPhases = CommitPhases(0, 0, 0)
 
   override def init(
       stateStoreId: StateStoreId,
@@ -266,41 +266,41 @@ class KeyedStateProvider extends StateStoreProvider {
           "(two stores of one partition were open at once)")
     }
     val newVersion = version + 1
-    val t0 = System.nanoTime()
-    var unknown = 0
-    var delta = 0L
-    val changelog = buffer.toChangelog(newVersion, keyGroups, (key, value) => {
-      val prior = cache.peek(key)
-      if (value eq WriteBuffer.Tombstone) {
-        if (prior == null) { unknown += 1; WriteBuffer.OpDelete }
-        else if (prior eq NearCache.Absent) 0.toByte
-        else { delta -= 1; WriteBuffer.OpDeleteExisting }
-      } else {
-        if (prior == null) { unknown += 1; WriteBuffer.OpPut }
-        else if (prior eq NearCache.Absent) { delta += 1; WriteBuffer.OpPutNew }
-        else WriteBuffer.OpPutExisting
-      }
-    })
-    val bytes = changelog.remaining().toLong
-    val t1 = System.nanoTime()
-    files.ensureDirs()
-    files.writeAtomically(files.changelog(newVersion), changelog.duplicate())
-    val t2 = System.nanoTime()
-    loadedVersion = -1 // until Python has the version and the cache reflects it
-    val cacheVersion = cache.version
-    cache.version = -1
-    val behind = writeBehind && unknown == 0 && !forceSnapshot
-    val counted = server.withChannel(s"committing version $newVersion of $describe")(_.apply(handle, changelog, behind))
-    numKeys = if (behind) numKeys + delta else counted
-    if (forceSnapshot) server.control("staging a snapshot")(_.stageSnapshot(handle))
-    val t3 = System.nanoTime()
-    buffer.foreach { (key, value) => if (value eq WriteBuffer.Tombstone) cache.remove(key) else cache.put(key, value) }
-    cache.version = if (cacheVersion == version) newVersion else -1
-    loadedVersion = newVersion
-    bytesShipped.addAndGet(bytes)
-    val t4 = System.nanoTime()
-    lastCommitPhases = CommitPhases((t1 - t0) / 1000000, (t2 - t1) / 1000000, (t3 - t2) / 1000000, (t4 - t3) / 1000000)
-    (newVersion, bytes)
+    try {
+      val t0 = System.nanoTime()
+      var unknown = 0
+      var delta = 0L
+      // One pass: the near cache takes each write and classifies it for the changelog.
+      val changelog = buffer.toChangelog(newVersion, keyGroups, (key, value) => {
+        val op = cache.commitWrite(key, value)
+        op match {
+          case WriteBuffer.OpPutNew => delta += 1
+          case WriteBuffer.OpDeleteExisting => delta -= 1
+          case WriteBuffer.OpPut | WriteBuffer.OpDelete => unknown += 1
+          case _ =>
+        }
+        op
+      })
+      cache.version = -1 // until the version is durable and shipped
+      loadedVersion = -1
+      val bytes = changelog.remaining().toLong
+      val t1 = System.nanoTime()
+      files.ensureDirs()
+      files.writeAtomically(files.changelog(newVersion), changelog.duplicate())
+      val t2 = System.nanoTime()
+      val behind = writeBehind && unknown == 0 && !forceSnapshot
+      val counted = server.withChannel(s"committing version $newVersion of $describe")(_.apply(handle, changelog, behind))
+      numKeys = if (behind) numKeys + delta else counted
+      if (forceSnapshot) server.control("staging a snapshot")(_.stageSnapshot(handle))
+      val t3 = System.nanoTime()
+      cache.version = newVersion
+      loadedVersion = newVersion
+      bytesShipped.addAndGet(bytes)
+      lastCommitPhases = CommitPhases((t1 - t0) / 1000000, (t2 - t1) / 1000000, (t3 - t2) / 1000000)
+      (newVersion, bytes)
+    } catch {
+      case NonFatal(e) => invalidate(); throw e
+    }
   }
 
   /** The committed value of `key` in the loaded version: near cache, else one round trip. */
@@ -450,9 +450,9 @@ object KeyedStateProvider {
     "h" -> 3600000L, "d" -> 86400000L)
 }
 
-/** Where a commit's time went, in ms: encoding the changelog, writing it to the checkpoint,
- *  shipping it to Python, updating the near cache. */
-final case class CommitPhases(encodeMs: Long, writeMs: Long, shipMs: Long, cacheMs: Long)
+/** Where a commit's time went, in ms: encoding the changelog (and updating the near cache),
+ *  writing it to the checkpoint, shipping it to Python. */
+final case class CommitPhases(encodeMs: Long, writeMs: Long, shipMs: Long)
 
 /** Custom metrics shown in `lastProgress.stateOperators[].customMetrics`. */
 object CustomMetrics {
@@ -469,12 +469,11 @@ object CustomMetrics {
   val cacheEvictions = StateStoreCustomSumMetric("keyedstateCacheEvictions", "keyedstate: near-cache evictions")
   val cacheBytes = StateStoreCustomSizeMetric("keyedstateCacheBytes", "keyedstate: near-cache bytes")
   val bloomBytes = StateStoreCustomSizeMetric("keyedstateBloomBytes", "keyedstate: Bloom filter bytes")
-  val commitEncode = StateStoreCustomTimingMetric("keyedstateCommitEncodeMs", "keyedstate: commit, encoding the changelog")
+  val commitEncode = StateStoreCustomTimingMetric("keyedstateCommitEncodeMs", "keyedstate: commit, encoding the changelog and updating the near cache")
   val commitWrite = StateStoreCustomTimingMetric("keyedstateCommitWriteMs", "keyedstate: commit, writing the changelog to the checkpoint")
   val commitShip = StateStoreCustomTimingMetric("keyedstateCommitShipMs", "keyedstate: commit, shipping the changelog to Python")
-  val commitCache = StateStoreCustomTimingMetric("keyedstateCommitCacheMs", "keyedstate: commit, updating the near cache")
   val all: Seq[StateStoreCustomMetric] =
     Seq(commitLatency, loadLatency, changelogBytes, writesShipped, bridgeGets, snapshotBytes, filesUploaded,
       filesReused, cacheHits, cacheAbsent, cacheEvictions, cacheBytes, bloomBytes, commitEncode, commitWrite,
-      commitShip, commitCache)
+      commitShip)
 }

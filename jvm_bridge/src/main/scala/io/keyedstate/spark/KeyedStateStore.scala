@@ -124,12 +124,11 @@ final class KeyedStateStore(provider: KeyedStateProvider, override val version: 
 
   override def metrics: StateStoreMetrics = {
     val counters = provider.cache.takeCounters() // per batch: reset on read
-    val phases = if (hasCommitted) provider.lastCommitPhases else CommitPhases(0, 0, 0, 0)
+    val phases = if (hasCommitted) provider.lastCommitPhases else CommitPhases(0, 0, 0)
     val custom: Map[StateStoreCustomMetric, Long] = Map(
       CustomMetrics.commitEncode -> phases.encodeMs,
       CustomMetrics.commitWrite -> phases.writeMs,
       CustomMetrics.commitShip -> phases.shipMs,
-      CustomMetrics.commitCache -> phases.cacheMs,
       CustomMetrics.commitLatency -> commitMs,
       CustomMetrics.loadLatency -> provider.metricLoadMs.getAndSet(0),
       CustomMetrics.changelogBytes -> changelogBytes,

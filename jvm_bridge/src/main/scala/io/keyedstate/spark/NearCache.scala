@@ -69,31 +69,42 @@ final class NearCache(fpp: Double) {
     else { misses += 1; null }
   }
 
-  /** Like [[lookup]], without counting (for classifying a commit's writes). */
-  def peek(key: Bytes): Array[Byte] = {
-    val v = entries.get(key)
-    if (v != null) v
-    else if (complete || (bloom != null && !bloom.mightContainBinary(key.bytes))) Absent
-    else null
-  }
-
-  /** A committed value, from a commit or a round trip. */
-  def put(key: Bytes, value: Array[Byte]): Unit = {
+  /** A committed value, from a commit or a round trip; returns the previous cached value. */
+  def put(key: Bytes, value: Array[Byte]): Array[Byte] = {
     val previous = entries.put(key, value)
     val delta = if (previous == null) entryBytes(key, value) else (value.length - previous.length).toLong
     bytes += delta
     if (bloom != null && previous == null) addToBloom(key.bytes)
     if (CacheBudget.add(delta) > CacheBudget.limitBytes) evict()
+    previous
   }
 
-  def remove(key: Bytes): Unit = {
+  def remove(key: Bytes): Array[Byte] = {
     val previous = entries.remove(key)
     if (previous != null) {
       val delta = entryBytes(key, previous)
       bytes -= delta
       CacheBudget.add(-delta)
     }
+    previous
   }
+
+  /**
+   * Takes one committed write and says what was known of the key before it, as a changelog op
+   * (see WriteBuffer): one map operation per write, on the commit's hot path.
+   */
+  def commitWrite(key: Bytes, value: Array[Byte]): Byte =
+    if (value eq WriteBuffer.Tombstone) {
+      val knownAbsent = complete || (bloom != null && !bloom.mightContainBinary(key.bytes))
+      if (remove(key) != null) WriteBuffer.OpDeleteExisting
+      else if (knownAbsent) 0.toByte // deleting an absent key changes nothing: not logged
+      else WriteBuffer.OpDelete
+    } else {
+      val knownAbsent = complete || (bloom != null && !bloom.mightContainBinary(key.bytes))
+      if (put(key, value) != null) WriteBuffer.OpPutExisting
+      else if (knownAbsent) WriteBuffer.OpPutNew
+      else WriteBuffer.OpPut
+    }
 
   /** Drop least recently used entries until the shared budget holds; keep answering absences. */
   private def evict(): Unit = {
