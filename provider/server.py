@@ -201,6 +201,9 @@ class StateServerApi:
     def storeInfo(self, handle: int) -> str:  # noqa: N802
         return json.dumps(self.registry.get(handle).info())
 
+    def memoryBytes(self, handle: int) -> str:  # noqa: N802 (a string: py4j boxes small ints as Integer)
+        return str(self.registry.get(handle).memory_bytes())
+
     def closeStore(self, handle: int) -> None:  # noqa: N802
         self.registry.close(handle)
 

@@ -243,12 +243,16 @@ class VersionedStore:
 
     # -- lifecycle -----------------------------------------------------------------------------
     def memory_bytes(self) -> int:
-        if self._db is None:
+        """RocksDB's memtables and table readers; lock-free, so a metrics call never waits
+        for a write-behind apply."""
+        db = self._db
+        if db is None:
             return 0
-        total = 0
-        for prop in ("rocksdb.cur-size-all-mem-tables", "rocksdb.estimate-table-readers-mem"):
-            total += self._db.property_int_value(prop) or 0
-        return total
+        try:
+            return sum(db.property_int_value(prop) or 0
+                       for prop in ("rocksdb.cur-size-all-mem-tables", "rocksdb.estimate-table-readers-mem"))
+        except Exception:  # closed concurrently by a reload
+            return 0
 
     def close(self) -> None:
         with self._lock:

@@ -17,7 +17,10 @@ trait PythonStateServer {
   /** Staged local snapshots waiting for upload, as JSON. */
   def stagedSnapshots(handle: Int): String
   def dropStaged(handle: Int, version: Long): Unit
+  /** Version and exact key count, once pending write-behind applies are done (JSON). */
   def storeInfo(handle: Int): String
+  /** RocksDB memory of the store, without waiting for pending applies. */
+  def memoryBytes(handle: Int): String
   def closeStore(handle: Int): Unit
   def dataSocketPath(): String
 }

@@ -50,11 +50,13 @@ class KeyedStateProvider extends StateStoreProvider {
   private[spark] var cache: NearCache = _
   private var loadedVersion: Long = -1
   private[spark] var numKeys: Long = 0
-  private var lineage: String = ""
   // Snapshot files this provider uploaded or loaded, per RocksDB lineage: (name, size) -> path.
   private var uploaded: Map[(String, Long), String] = Map.empty
   private var uploadedLineage: String = ""
-  private val maintenanceMutex = new Object
+  // Lock order: the provider's monitor may be taken while holding neither of these; these two
+  // never wait for the provider's monitor (maintenance reads what it needs from it first).
+  private val maintenanceMutex = new Object // snapshot upload vs cleanup
+  private val lineageLock = new Object      // `lineage`, `uploaded`, `uploadedLineage`
   @volatile private var closed = false
 
   private[spark] val metricLoadMs = new AtomicLong
@@ -244,8 +246,7 @@ class KeyedStateProvider extends StateStoreProvider {
 
   private def newLineage(files: Seq[SnapshotFile]): String = {
     val id = UUID.randomUUID().toString
-    maintenanceMutex.synchronized {
-      lineage = id
+    lineageLock.synchronized {
       uploadedLineage = id
       uploaded = files.map(f => (f.name, f.size) -> f.path).toMap
     }
@@ -325,8 +326,7 @@ class KeyedStateProvider extends StateStoreProvider {
 
   private[spark] def memoryUsedBytes(): Long = synchronized {
     if (server == null || !server.isAlive) 0L
-    else try Json.readTree(server.control("reading store info")(_.storeInfo(handle))).get("memoryBytes").asLong()
-    catch { case NonFatal(_) => 0L }
+    else try server.control("reading store memory")(_.memoryBytes(handle)).toLong catch { case NonFatal(_) => 0L }
   }
 
   private[spark] def scanChunk(prefix: Array[Byte], startAfter: Array[Byte]) =
@@ -347,19 +347,25 @@ class KeyedStateProvider extends StateStoreProvider {
   private[spark] def id: StateStoreId = storeId
 
   /** Uploads staged snapshots: only files not uploaded before, then the manifest. */
-  override def doSnapshotMaintenance(): Unit = maintenanceMutex.synchronized {
+  override def doSnapshotMaintenance(): Unit = {
     val (live, h) = synchronized { (server, handle) }
     if (closed || live == null || !live.isAlive) return
+    maintenanceMutex.synchronized(uploadStaged(live, h))
+  }
+
+  private def uploadStaged(live: StateServerProcess, h: Int): Unit = {
     val staged = Json.readTree(live.control("listing staged snapshots")(_.stagedSnapshots(h)))
     staged.elements().asScala.foreach { snap =>
       val version = snap.get("version").asLong()
-      val sameLineage = snap.get("lineage").asText() == uploadedLineage
+      val (sameLineage, known) = lineageLock.synchronized {
+        (snap.get("lineage").asText() == uploadedLineage, uploaded)
+      }
       try {
         val dir = Paths.get(snap.get("dir").asText())
         val entries = snap.get("files").elements().asScala.map { f =>
           val name = f.get("name").asText()
           val size = f.get("size").asLong()
-          val reusable = if (sameLineage && name.endsWith(".sst")) uploaded.get((name, size)) else None
+          val reusable = if (sameLineage && name.endsWith(".sst")) known.get((name, size)) else None
           val path = reusable.getOrElse {
             val (rel, target) = files.newSnapshotFilePath(name)
             files.upload(dir.resolve(name), target)
@@ -371,9 +377,13 @@ class KeyedStateProvider extends StateStoreProvider {
           SnapshotFile(name, path, size)
         }.toSeq
         files.writeManifest(SnapshotManifest(version, keyGroups, snap.get("numKeys").asLong(), entries))
-        if (sameLineage) uploaded ++= entries.filter(_.name.endsWith(".sst")).map(f => (f.name, f.size) -> f.path)
+        lineageLock.synchronized {
+          if (snap.get("lineage").asText() == uploadedLineage) {
+            uploaded ++= entries.filter(_.name.endsWith(".sst")).map(f => (f.name, f.size) -> f.path)
+          }
+        }
         log.info(s"keyedstate: uploaded snapshot of version $version of $describe " +
-          s"(${entries.size} files, ${entries.count(e => !uploaded.get((e.name, e.size)).contains(e.path))} new)")
+          s"(${entries.size} files, ${entries.count(e => !known.get((e.name, e.size)).contains(e.path))} new)")
       } catch {
         case NonFatal(e) => log.warn(s"keyedstate: snapshot upload of version $version of $describe failed; will retry later", e)
           return
