@@ -5,8 +5,6 @@ import os
 
 import pytest
 
-from harness import REFERENCE_PROVIDER
-
 CANDIDATE_ENV = "KEYEDSTATE_TEST_PROVIDER"
 
 
@@ -49,8 +47,3 @@ def candidate_provider() -> str:
     import keyedstate
 
     return os.environ.get(CANDIDATE_ENV) or keyedstate.PROVIDER_CLASS
-
-
-@pytest.fixture(scope="session")
-def reference_provider() -> str:
-    return REFERENCE_PROVIDER

@@ -17,16 +17,16 @@ KS = keyedstate.PROVIDER_CLASS
 BATCHES = [[{"k": f"k{(b * 3 + i) % 10}", "v": b * 100 + i} for i in range(12)] for b in range(4)]
 
 
-def running_totals(kill_marker: str | None):
+def running_totals(kill_marker: str | None, victims: list[int]):
     """applyInPandasWithState keeping a per-key running (count, sum); optionally SIGKILLs the
-    state server once, from inside the stateful task, while its store is open."""
+    state servers in ``victims`` once, from inside the stateful task, while its store is open."""
 
     def update(key, frames, state):
         count, total = state.get if state.exists else (0, 0)
         for frame in frames:
             if kill_marker and (frame["v"] == 205).any() and not os.path.exists(kill_marker):
                 Path(kill_marker).touch()
-                for pid in state_server_pids():
+                for pid in victims:
                     os.kill(pid, signal.SIGKILL)
             count += len(frame)
             total += int(frame["v"].sum())
@@ -41,12 +41,20 @@ def running_totals(kill_marker: str | None):
     return build
 
 
+def our_state_servers(spark) -> set[int]:
+    """State servers started by this test session's JVM (not other processes' on the machine)."""
+    jvm_pid = spark.sparkContext._jvm.ProcessHandle.current().pid()
+    return {pid for pid in state_server_pids()
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1] == str(jvm_pid)}
+
+
 def run(spark, root: Path, kill_marker: str | None) -> list:
+    victims = sorted(our_state_servers(spark)) if kill_marker else []
     stream = FileStream(spark, root, "k STRING, v LONG")
     out = []
     sink = lambda batch, batch_id: out.extend((batch_id, *r) for r in sorted(map(tuple, batch.collect())))  # noqa: E731
     with session_confs(spark, {PROVIDER_CONF: KS}):
-        query = stream.start(running_totals(kill_marker), sink)
+        query = stream.start(running_totals(kill_marker, victims), sink)
         try:
             for rows in BATCHES:
                 stream.add(rows)
@@ -58,11 +66,11 @@ def run(spark, root: Path, kill_marker: str | None) -> list:
 
 def test_sigkill_of_state_server_mid_batch_recovers_exactly(spark, tmp_path):
     reference = run(spark, tmp_path / "reference", kill_marker=None)
-    before = set(state_server_pids())
+    before = our_state_servers(spark)
     assert before, "a state server should be running"
     marker = tmp_path / "killed"
     recovered = run(spark, tmp_path / "killed-run", kill_marker=str(marker))
     assert marker.exists(), "the server was never killed: the test did not test anything"
-    after = set(state_server_pids())
+    after = our_state_servers(spark)
     assert after and not (after & before), "a new state server should have replaced the killed one"
     assert recovered == reference
