@@ -1,0 +1,104 @@
+"""``python3 -m benchmarks``: run the selected workload x provider pairs, then write the report.
+
+    python3 -m benchmarks                                   # everything, full scale
+    python3 -m benchmarks --only W1,W2 --providers keyedstate,rocksdb --rows 200000 --batches 3
+    python3 -m benchmarks --only W5 --providers keyedstate --merge \\
+        --conf keyedstate:spark.sql.streaming.stateStore.keyedstate.nearCacheBytes=512m
+    python3 -m benchmarks --report-only                     # re-render RESULTS.md and plots/
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+from datetime import datetime, timezone
+
+from . import report
+from .workloads import BENCH_DIR, PROVIDERS, REPO_DIR, WORK_DIR, WORKLOADS
+
+RESULTS_JSON = WORK_DIR / "results.json"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(prog="python3 -m benchmarks", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", help=f"workloads, comma-separated ({','.join(WORKLOADS)}); default all")
+    ap.add_argument("--providers", help=f"providers, comma-separated ({','.join(PROVIDERS)}); default all")
+    ap.add_argument("--rows", type=int, help="rows per batch for every selected workload (W3: per side); "
+                    "default per workload (W1/W2/W5 1M, W3/W4 200k)")
+    ap.add_argument("--batches", type=int, default=5, help="measured batches per run (default 5)")
+    ap.add_argument("--warmup", type=int, help="warm-up batches (default per workload: 1, W3 4)")
+    ap.add_argument("--conf", action="append", default=[], metavar="[PROVIDER:]KEY=VALUE",
+                    help="extra Spark conf for one provider (or all); repeatable")
+    ap.add_argument("--near-cache", default="auto",
+                    help="keyedstate nearCacheBytes for W5: auto (10%% of the state, set only if "
+                         "keyedstate knows the knob), off, or a size such as 512m")
+    ap.add_argument("--timeout", type=float, default=300.0,
+                    help="seconds per run, JVM start included (default 300); the run is stopped "
+                         "and reported as a timeout with the batches it finished")
+    ap.add_argument("--keep-checkpoints", action="store_true",
+                    help="keep each run's scratch dir ($TMPDIR/ksb-<workload>-<provider>-*: checkpoint, tmp)")
+    ap.add_argument("--wait-idle", type=float, default=0.0, metavar="S",
+                    help="before each run, wait up to S seconds until other processes use <10%% "
+                         "of the CPUs (runs that start or run contended are flagged either way)")
+    ap.add_argument("--json", default=str(RESULTS_JSON), help="pytest-benchmark JSON output")
+    ap.add_argument("--merge", action="store_true",
+                    help="report these runs together with earlier ones from benchmarks/.work/runs/ "
+                         "(the newest run of each workload x provider wins)")
+    ap.add_argument("--report-only", action="store_true", help="do not run, only re-render the report")
+    ap.add_argument("--no-report", action="store_true")
+    ap.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
+    args = ap.parse_args(argv)
+    command = shlex.join(["python3", "-m", "benchmarks", *argv])
+    meta_path = WORK_DIR / "meta.json"
+    WORK_DIR.mkdir(parents=True, exist_ok=True)
+
+    rc = 0
+    if not args.report_only:
+        import pytest
+        pytest_args = [str(BENCH_DIR / "test_providers.py"), "-p", "no:cacheprovider", "-q", "-s",
+                       f"--benchmark-json={args.json}", "--benchmark-columns=min,rounds",
+                       f"--bench-batches={args.batches}", f"--bench-timeout={args.timeout}",
+                       f"--bench-near-cache={args.near_cache}"]
+        if args.only:
+            pytest_args.append(f"--bench-only={args.only}")
+        if args.providers:
+            pytest_args.append(f"--bench-providers={args.providers}")
+        if args.rows:
+            pytest_args.append(f"--bench-rows={args.rows}")
+        if args.warmup is not None:
+            pytest_args.append(f"--bench-warmup={args.warmup}")
+        if args.wait_idle:
+            pytest_args.append(f"--bench-wait-idle={args.wait_idle}")
+        if args.keep_checkpoints:
+            pytest_args.append("--bench-keep-checkpoints")
+        pytest_args += [f"--bench-conf={c}" for c in args.conf] + args.pytest_args
+        os.environ["KEYEDSTATE_BENCH_COMMAND"] = command
+        started = time.time()
+        os.chdir(REPO_DIR)
+        rc = int(pytest.main(pytest_args))
+        meta_path.write_text(json.dumps({
+            "command": command, "results": args.json, "merge": args.merge,
+            "started_at": datetime.fromtimestamp(started, timezone.utc).isoformat(timespec="seconds"),
+            "duration_s": round(time.time() - started, 1), "pytest_exit_code": rc}, indent=1))
+    if args.no_report:
+        return rc
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    sources = [str(WORK_DIR / "runs")] if (meta.get("merge") or args.merge) else []
+    results = meta.get("results", args.json)
+    if os.path.exists(results):
+        sources.append(results)
+    if not sources:
+        print(f"no results found ({results})", file=sys.stderr)
+        return rc or 1
+    report.main([*sources, "--command", meta.get("command", command),
+                 "--duration", str(meta.get("duration_s", ""))])
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""pytest options for the benchmarks (only loaded when pytest is pointed at benchmarks/)."""
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+
+from .workloads import PROVIDERS, WORKLOADS
+
+
+def _csv(value: str | None, known, what: str) -> list[str]:
+    if not value:
+        return list(known)
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [v for v in items if v not in known]
+    if unknown:
+        raise ValueError(f"unknown {what}: {', '.join(unknown)} (known: {', '.join(known)})")
+    return items
+
+
+def pytest_addoption(parser):
+    g = parser.getgroup("keyedstate benchmarks")
+    g.addoption("--bench-only", help=f"comma-separated workloads ({','.join(WORKLOADS)}); default all")
+    g.addoption("--bench-providers", help=f"comma-separated providers ({','.join(PROVIDERS)}); default all")
+    g.addoption("--bench-rows", type=int, help="rows per batch for every workload (default: per workload)")
+    g.addoption("--bench-batches", type=int, default=5, help="measured batches per run (default 5)")
+    g.addoption("--bench-warmup", type=int, help="warm-up batches (default: per workload)")
+    g.addoption("--bench-conf", action="append", default=[],
+                help="extra conf, [provider:]key=value; repeatable")
+    g.addoption("--bench-near-cache", default="auto",
+                help="keyedstate nearCacheBytes for W5: auto (10%% of state), off, or a size")
+    g.addoption("--bench-timeout", type=float, default=300.0, help="seconds per run (default 300)")
+    g.addoption("--bench-keep-checkpoints", action="store_true")
+    g.addoption("--bench-wait-idle", type=float, default=0.0,
+                help="before each run, wait up to this many seconds for the CPUs to be idle")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "keyedstate_bench: a workload x provider benchmark run")
+
+
+def pytest_generate_tests(metafunc):
+    if "pair" not in metafunc.fixturenames:
+        return
+    opt = metafunc.config.getoption
+    workloads = _csv(opt("--bench-only"), WORKLOADS, "workloads")
+    providers = _csv(opt("--bench-providers"), PROVIDERS, "providers")
+    pairs = [(w, p) for w in workloads for p in providers]
+    metafunc.parametrize("pair", pairs, ids=[f"{w}-{p}" for w, p in pairs])
+
+
+def bench_command() -> str:
+    return os.environ.get("KEYEDSTATE_BENCH_COMMAND") or shlex.join([os.path.basename(sys.executable), "-m", "pytest", *sys.argv[1:]])

@@ -1,0 +1,43 @@
+"""Child process: run one (workload, provider) pair and write its JSON result.
+
+Normally started by :func:`benchmarks.workloads.run_pair`; runnable by hand for debugging::
+
+    python3 -m benchmarks.run_one --workload W1 --provider hdfs --rows 100000 --batches 3 \\
+        --out /tmp/w1.json --run-dir /tmp/w1
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .workloads import PROVIDERS, WORKLOADS, RunSpec, run_in_process
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python3 -m benchmarks.run_one")
+    ap.add_argument("--workload", required=True, choices=sorted(WORKLOADS))
+    ap.add_argument("--provider", required=True, choices=list(PROVIDERS))
+    ap.add_argument("--rows", type=int)
+    ap.add_argument("--batches", type=int, default=5)
+    ap.add_argument("--warmup", type=int)
+    ap.add_argument("--conf", action="append", default=[])
+    ap.add_argument("--near-cache", default="auto")
+    ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--run-dir", required=True, type=Path)
+    args = ap.parse_args(argv)
+    spec = RunSpec(workload=args.workload, provider=args.provider, rows=args.rows,
+                   batches=args.batches, warmup=args.warmup, confs=args.conf,
+                   near_cache=args.near_cache, timeout=args.timeout)
+    args.run_dir.mkdir(parents=True, exist_ok=True)
+    result = run_in_process(spec, args.out, args.run_dir)
+    s = result.get("summary", {})
+    print(json.dumps({"status": result["status"], "median_batch_ms": s.get("median_batch_ms"),
+                      "error": result.get("error")}), flush=True)
+    return 0 if result["status"] == "ok" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""One pytest-benchmark entry per workload x provider; each runs in its own subprocess + JVM.
+
+Not part of the test suite (``python3 -m pytest tests``). Run through ``python3 -m benchmarks``
+or directly::
+
+    python3 -m pytest benchmarks --benchmark-json=benchmarks/.work/results.json \\
+        --bench-only W1 --bench-providers hdfs,keyedstate --bench-rows 100000
+"""
+from __future__ import annotations
+
+import pytest
+
+from .conftest import bench_command
+from .workloads import RunSpec, run_pair
+
+
+@pytest.mark.keyedstate_bench
+def test_provider(benchmark, pair, request):
+    workload, provider = pair
+    opt = request.config.getoption
+    spec = RunSpec(workload=workload, provider=provider, rows=opt("--bench-rows"),
+                   batches=opt("--bench-batches"), warmup=opt("--bench-warmup"),
+                   confs=list(opt("--bench-conf")), near_cache=opt("--bench-near-cache"),
+                   timeout=opt("--bench-timeout"), keep_checkpoint=opt("--bench-keep-checkpoints"),
+                   wait_idle=opt("--bench-wait-idle"))
+    benchmark.group = workload
+    result = benchmark.pedantic(run_pair, args=(spec,), rounds=1, iterations=1)
+    benchmark.extra_info.update({
+        "workload": workload, "provider": provider, "status": result.get("status"),
+        "command": bench_command(), "summary": result.get("summary"), "result": result,
+    })
+    s = result.get("summary") or {}
+    print(f"\n{workload} {provider}: {result.get('status')} median batch {s.get('median_batch_ms')} ms "
+          f"over {s.get('measured_batches')} batches, commit p50 {s.get('commit_p50_ms')} ms")
+    if result.get("status") != "ok":
+        pytest.fail(f"{workload}/{provider}: {result.get('status')}: {result.get('error')} "
+                    f"(log: {result.get('log')})", pytrace=False)
