@@ -37,7 +37,7 @@ setup(
     extras_require={
         "test": ["pytest>=8", "pytest-benchmark>=4", "pytest-timeout>=2", "hypothesis>=6",
                  "pandas>=2", "pyarrow>=15"],
-        "bench": ["pytest-benchmark>=4", "matplotlib>=3.8", "pandas>=2", "pyarrow>=15", "psutil>=5"],
+        "bench": ["pytest-benchmark>=4", "matplotlib>=3.8", "pandas>=2", "pyarrow>=15"],
     },
     entry_points={"console_scripts": ["keyedstate=keyedstate.cli:main"]},
     cmdclass={"build_py": BuildPyWithShimSources},

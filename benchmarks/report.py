@@ -350,6 +350,11 @@ def render(results: dict[tuple[str, str], dict], out: Path, plots_dir: Path,
         for name in made.get(wl, []):
             lines.append(f"![{wl} {name}](plots/{name})")
         lines.append("")
+    # The hand-written reading of the numbers (targets, where the time goes, what would close a
+    # gap) lives beside the generator, so re-rendering keeps it.
+    analysis = BENCH_DIR / "ANALYSIS.md"
+    if analysis.exists():
+        lines += [analysis.read_text().rstrip(), ""]
     text = "\n".join(lines).rstrip() + "\n"
     out.write_text(text)
     return text

@@ -120,8 +120,8 @@ def test_stored_key_groups_match_sparks_partitioning_hash(spark, tmp_path):
     assert all(p == g % partitions for p, g in found)
 
 
-def _three_batches(spark, stream, confs):
-    with session_confs(spark, {PROVIDER_CONF: KS, **confs}):
+def _three_batches(spark, stream, confs, provider=KS):
+    with session_confs(spark, {PROVIDER_CONF: provider, **confs}):
         query = stream.start(count_by_key, collect_into({}))
         try:
             for batch in range(3):
@@ -168,14 +168,7 @@ def test_checkpoint_of_another_provider_is_refused(spark, tmp_path):
     ours = FileStream(spark, tmp_path / "ours", "k STRING")
     _three_batches(spark, ours, {})
     theirs = FileStream(spark, tmp_path / "theirs", "k STRING")
-    with session_confs(spark, {PROVIDER_CONF: HDFS_PROVIDER}):
-        query = theirs.start(count_by_key, collect_into({}))
-        try:
-            for batch in range(3):
-                theirs.add([{"k": f"k{i}"} for i in range(batch, batch + 20)])
-                query.processAllAvailable()
-        finally:
-            query.stop()
+    _three_batches(spark, theirs, {}, provider=HDFS_PROVIDER)
     # Swap in the other provider's partition files (as a mis-copied checkpoint would).
     for p in (0, 1):
         shutil.rmtree(ours.partition_dir(partition=p))
