@@ -46,7 +46,9 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
   def changelog(version: Long): Path = new Path(dir, s"$version$ChangelogSuffix")
   def manifest(version: Long): Path = new Path(dir, s"$version$ManifestSuffix")
 
-  def ensureDirs(): Unit = fs.mkdirs(filesDir)
+  @volatile private var dirsExist = false
+  /** Creates the partition directory (Spark's state reader discovers partitions by listing). */
+  def ensureDirs(): Unit = if (!dirsExist) { fs.mkdirs(filesDir); dirsExist = true }
 
   def writeAtomically(path: Path, data: ByteBuffer): Unit = {
     val temp = new Path(path.getParent, s".${path.getName}.${UUID.randomUUID()}.tmp")

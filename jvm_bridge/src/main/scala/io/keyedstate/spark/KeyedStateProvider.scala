@@ -10,7 +10,6 @@ import scala.util.control.NonFatal
 import com.fasterxml.jackson.databind.ObjectMapper
 import org.apache.hadoop.conf.Configuration
 import org.apache.spark.SparkEnv
-import org.apache.spark.sql.catalyst.expressions.UnsafeRow
 import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.types.StructType
 import org.slf4j.LoggerFactory
@@ -63,7 +62,6 @@ class KeyedStateProvider extends StateStoreProvider {
   private[spark] val metricSnapshotBytes = new AtomicLong
   private[spark] val metricFilesUploaded = new AtomicLong
   private[spark] val metricFilesReused = new AtomicLong
-  private[spark] val bytesShipped = new AtomicLong
   @volatile private[spark] var lastCommitPhases = CommitPhases(0, 0, 0)
 
   override def init(
@@ -296,7 +294,6 @@ class KeyedStateProvider extends StateStoreProvider {
       val t3 = System.nanoTime()
       cache.version = newVersion
       loadedVersion = newVersion
-      bytesShipped.addAndGet(bytes)
       lastCommitPhases = CommitPhases((t1 - t0) / 1000000, (t2 - t1) / 1000000, (t3 - t2) / 1000000)
       (newVersion, bytes)
     } catch {
@@ -332,8 +329,6 @@ class KeyedStateProvider extends StateStoreProvider {
   private[spark] def scanChunk(prefix: Array[Byte], startAfter: Array[Byte]) =
     try server.withChannel(s"scanning $describe")(_.scan(handle, prefix, startAfter, scanChunkBytes))
     catch { case NonFatal(e) => invalidate(); throw e }
-
-  private[spark] def decodeKey(bytes: Array[Byte]): UnsafeRow = codec.decodeKey(bytes)
 
   private var codecHolder: KeyCodec = _
   /** Per provider; only the task thread uses it. */
