@@ -108,7 +108,7 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
     } catch {
       case e: CheckpointFileException => throw e
       case NonFatal(e) => throw new CheckpointFileException(
-        s"keyedstate: snapshot manifest $path is corrupt or truncated (${e.getMessage})", e)
+        s"keyedstate: snapshot manifest $path is truncated or corrupt (${e.getMessage})", e)
     }
   }
 
