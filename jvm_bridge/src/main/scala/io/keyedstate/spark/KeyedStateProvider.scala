@@ -257,7 +257,8 @@ class KeyedStateProvider extends StateStoreProvider {
    * applied behind when the near cache knew every key's previous existence (so the key count
    * is exact without waiting), and the near cache takes the writes.
    */
-  private[spark] def commitVersion(version: Long, buffer: WriteBuffer, forceSnapshot: Boolean): (Long, Long) = synchronized {
+  private[spark] def commitVersion(version: Long, buffer: WriteBuffer, forceSnapshot: Boolean,
+      fetched: java.util.Map[Bytes, java.lang.Boolean]): (Long, Long) = synchronized {
     requireOpen()
     if (loadedVersion != version || cache.version != version) {
       throw new IllegalStateException(
@@ -269,9 +270,10 @@ class KeyedStateProvider extends StateStoreProvider {
       val t0 = System.nanoTime()
       var unknown = 0
       var delta = 0L
-      // One pass: the near cache takes each write and classifies it for the changelog.
+      // One pass: the near cache takes each write and classifies it for the changelog; what the
+      // version's own round trips learnt (`fetched`: key -> existed) settles what it cannot.
       val changelog = buffer.toChangelog(newVersion, keyGroups, (key, value) => {
-        val op = cache.commitWrite(key, value)
+        val op = WriteBuffer.settle(cache.commitWrite(key, value), fetched.get(key))
         op match {
           case WriteBuffer.OpPutNew => delta += 1
           case WriteBuffer.OpDeleteExisting => delta -= 1
@@ -301,17 +303,21 @@ class KeyedStateProvider extends StateStoreProvider {
     }
   }
 
-  /** The committed value of `key` in the loaded version: near cache, else one round trip. */
-  private[spark] def lookupCommitted(key: Bytes): Array[Byte] = {
+  /**
+   * The committed value of `key` in the loaded version: near cache, else one round trip, whose
+   * answer (exists or not) is also recorded in `fetched` for the commit to use.
+   */
+  private[spark] def lookupCommitted(key: Bytes, fetched: java.util.Map[Bytes, java.lang.Boolean]): Array[Byte] = {
     val cached = cache.lookup(key)
     if (cached eq NearCache.Absent) null
     else if (cached != null) cached
     else {
-      val fetched = try server.withChannel(s"reading $describe")(_.get(handle, key.bytes)) catch {
+      val value = try server.withChannel(s"reading $describe")(_.get(handle, key.bytes)) catch {
         case NonFatal(e) => invalidate(); throw e
       }
-      if (fetched != null) cache.put(key, fetched)
-      fetched
+      if (value != null) cache.put(key, value)
+      fetched.put(key, value != null)
+      value
     }
   }
 

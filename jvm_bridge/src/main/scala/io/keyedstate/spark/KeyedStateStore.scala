@@ -14,6 +14,10 @@ final class KeyedStateStore(provider: KeyedStateProvider, override val version: 
     forceSnapshot: Boolean) extends StateStore {
 
   private val buffer = new WriteBuffer
+  // What this version's round trips to Python said about keys the near cache could not answer
+  // (key -> existed): lets the commit log every write as new/existing even after the LRU
+  // evicted the key, so it can apply behind. Version-local, like the buffer.
+  private val fetched = new java.util.HashMap[Bytes, java.lang.Boolean]()
   private val codec = provider.codec
   private var committedVersion = -1L
   private var aborted = false
@@ -44,7 +48,7 @@ final class KeyedStateStore(provider: KeyedStateProvider, override val version: 
     val pending = buffer.lookup(key)
     if (pending != null) {
       if (pending eq WriteBuffer.Tombstone) null else pending
-    } else provider.lookupCommitted(key)
+    } else provider.lookupCommitted(key, fetched)
   }
 
   override def put(key: UnsafeRow, value: UnsafeRow, colFamilyName: String): Unit = {
@@ -105,9 +109,10 @@ final class KeyedStateStore(provider: KeyedStateProvider, override val version: 
     checkWritable()
     val started = System.nanoTime()
     writesShipped = buffer.size
-    val (newVersion, bytes) = provider.commitVersion(version, buffer, forceSnapshot)
+    val (newVersion, bytes) = provider.commitVersion(version, buffer, forceSnapshot, fetched)
     changelogBytes = bytes
     buffer.clear()
+    fetched.clear()
     committedVersion = newVersion
     commitMs = (System.nanoTime() - started) / 1000000
     StateStore.reportCommitToCoordinator(newVersion, id, provider.hadoopConfiguration)
@@ -116,6 +121,7 @@ final class KeyedStateStore(provider: KeyedStateProvider, override val version: 
 
   override def abort(): Unit = {
     buffer.clear()
+    fetched.clear()
     if (committedVersion < 0) aborted = true
   }
 

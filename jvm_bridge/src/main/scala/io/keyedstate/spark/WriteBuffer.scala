@@ -100,4 +100,11 @@ object WriteBuffer {
   val OpPutNew: Byte = 3
   val OpPutExisting: Byte = 4
   val OpDeleteExisting: Byte = 5
+
+  /** Refines an op whose key's previous existence was unknown with what a read learnt (or null). */
+  def settle(op: Byte, existed: java.lang.Boolean): Byte =
+    if (existed == null) op
+    else if (op == OpPut) { if (existed) OpPutExisting else OpPutNew }
+    else if (op == OpDelete) { if (existed) OpDeleteExisting else 0.toByte }
+    else op
 }
