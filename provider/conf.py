@@ -75,6 +75,30 @@ def parse_cache_bytes(raw: str) -> int:
 parse_cache_bytes.allowed = "'auto' or a byte size such as 512m or 2g"  # type: ignore[attr-defined]
 
 
+def parse_ttl(raw: str) -> float:
+    """A time to live in seconds; 0 turns TTL off."""
+    if raw.strip() == "0":
+        return 0.0
+    try:
+        return parse_duration(raw)
+    except ValueError:
+        raise ValueError(parse_ttl.allowed) from None
+
+
+parse_ttl.allowed = "0 (off) or a positive duration such as 30s, 15m, 24h or 7d"  # type: ignore[attr-defined]
+
+
+def _parse_choice(*choices: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        value = raw.strip()
+        if value not in choices:
+            raise ValueError(parse.allowed)  # type: ignore[attr-defined]
+        return value
+
+    parse.allowed = " or ".join(choices)  # type: ignore[attr-defined]
+    return parse
+
+
 def parse_bool(raw: str) -> bool:
     value = raw.strip().lower()
     if value not in ("true", "false"):
@@ -168,25 +192,57 @@ KNOBS: tuple[Knob, ...] = (
     Knob("bridgeTimeout", "10m", parse_duration,
          "Longest a single call to the Python state server may take before the task fails.",
          jvm=True),
+    Knob("ttl", "0", parse_ttl,
+         "Time to live of every state entry of every stateful operator of the query (Flink's "
+         "StateTtlConfig): an entry not written (see ttl.updateType) for this long expires. "
+         "Time is processing time: the micro-batch's timestamp from the offset log, so a "
+         "re-executed batch sees the same time. 0 = off. Per-operator overrides: "
+         f"`{PREFIX}ttl.<operatorId>` and `{PREFIX}ttl.<operatorId>.<storeName>` (operator ids "
+         "and store names as in the state-metadata source; 0 turns TTL off for that operator). "
+         "Entries written while TTL was off never expire until written again."),
+    Knob("ttl.updateType", "OnCreateAndWrite", _parse_choice("OnCreateAndWrite", "OnReadAndWrite"),
+         "What refreshes an entry's TTL: writes only, or also point reads (get). Iterators and "
+         "scans never refresh it (Spark's operators scan all state for watermarks and timeouts)."),
+    Knob("ttl.visibility", "NeverReturnExpired",
+         _parse_choice("NeverReturnExpired", "ReturnExpiredIfNotCleanedUp"),
+         "Whether an expired entry that cleanup has not removed yet is still returned."),
+    Knob("ttl.cleanupKeysPerCommit", "10000", _parse_int(0, 1 << 30),
+         "Incremental cleanup: entries examined per commit (a cursor walks the store, deleting "
+         "expired entries through the changelog). 0 = no incremental cleanup."),
+    Knob("ttl.cleanupKeysPerSnapshot", "1000000", _parse_int(0, 1 << 30),
+         "Entries examined by the commit that creates a snapshot (every snapshotInterval "
+         "versions), so that snapshots carry little expired state."),
 )
+
+TTL_OVERRIDE = re.compile(r"ttl\.(\d+)(?:\.([A-Za-z0-9_-]+))?")
+"""``ttl.<operatorId>`` or ``ttl.<operatorId>.<storeName>``: a per-operator TTL."""
 
 BY_NAME: dict[str, Knob] = {knob.name: knob for knob in KNOBS}
 
 
 def parse(confs: Mapping[str, str]) -> dict[str, Any]:
-    """Validate keyedstate confs (full keys) and return every knob's typed value by name.
+    """Validate keyedstate confs (full keys) and return every knob's typed value by name, plus
+    ``ttlOverrides``: ``{"<operatorId>[.<storeName>]": seconds}``.
 
     Unknown keys under the prefix are errors, so a typo cannot silently fall back to a default.
     """
     values: dict[str, Any] = {}
+    overrides: dict[str, float] = {}
     for key, raw in confs.items():
         if not key.startswith(PREFIX):
             continue
         name = key[len(PREFIX):]
         knob = BY_NAME.get(name)
+        if knob is None and TTL_OVERRIDE.fullmatch(name):
+            try:
+                overrides[name[len("ttl."):]] = parse_ttl(str(raw))
+            except ValueError as exc:
+                raise ConfError(f"Invalid value '{raw}' for conf '{key}': expected {exc}") from None
+            continue
         if knob is None:
             known = ", ".join(sorted(k.key for k in KNOBS))
-            raise ConfError(f"Unknown keyedstate conf '{key}'. Known confs: {known}")
+            raise ConfError(f"Unknown keyedstate conf '{key}'. Known confs: {known}, "
+                            f"{PREFIX}ttl.<operatorId>, {PREFIX}ttl.<operatorId>.<storeName>")
         try:
             values[name] = knob.parse(str(raw))
         except ValueError as exc:
@@ -194,6 +250,7 @@ def parse(confs: Mapping[str, str]) -> dict[str, Any]:
     for knob in KNOBS:
         if knob.name not in values:
             values[knob.name] = None if knob.default is None else knob.parse(knob.default)
+    values["ttlOverrides"] = overrides
     return values
 
 
@@ -215,6 +272,9 @@ def reference_markdown() -> str:
     for knob in KNOBS:
         default = "(unset)" if knob.default is None else f"`{knob.default}`"
         lines.append(f"| `{knob.key}` | {default} | {knob.allowed} | {knob.doc} |")
+    lines.append(f"| `{PREFIX}ttl.<operatorId>[.<storeName>]` | (unset) | {parse_ttl.allowed} | "
+                 "TTL of one stateful operator (or one of its stores), overriding `ttl`. An "
+                 "operator id the query does not have fails the query at start. |")
     lines += [
         "",
         "Spark's own confs that keyedstate honours: `spark.sql.streaming.minBatchesToRetain` "

@@ -15,6 +15,7 @@ import struct
 
 OP_GET = 1        # body: key                         -> OK value | NOT_FOUND
 OP_SCAN = 2       # body: u32 plen prefix u8 has_after [u32 alen after] u32 max_bytes u8 flags
+                  #   u32 max_entries (0 = no limit)
                   #   (flags bit 0: keys only)        -> OK u8 has_more u32 n (u32 klen k u32 vlen v)*
 OP_APPLY = 3      # body: u8 mode changelog           -> OK u64 num_keys (0 when applied behind)
 OP_MULTI_GET = 4  # body: u32 n (u32 klen k)*         -> OK (u8 found [u32 vlen v])*

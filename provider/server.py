@@ -135,7 +135,9 @@ class DataServer:
             else:
                 pos += 1
             max_bytes, flags = p.U32.unpack_from(body, pos)[0], body[pos + 4]
-            entries, more = store.scan(prefix, start_after, max_bytes, keys_only=bool(flags & 1))
+            max_entries = p.U32.unpack_from(body, pos + 5)[0]
+            entries, more = store.scan(prefix, start_after, max_bytes, keys_only=bool(flags & 1),
+                                       max_entries=max_entries)
             parts = [p.U8.pack(1 if more else 0), p.U32.pack(len(entries))]
             for key, value in entries:
                 parts += (p.U32.pack(len(key)), key, p.U32.pack(len(value)), value)

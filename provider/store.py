@@ -24,6 +24,9 @@ from . import changelog, snapshots
 
 log = logging.getLogger(__name__)
 
+COMPACT_AFTER_DELETES = 1000
+"""Deletes since the last compaction (and >= 1/4 of the keys) that make a snapshot compact first."""
+
 
 class StoreStateError(RuntimeError):
     """A request does not fit the version the store holds (e.g. applying v+2 onto v)."""
@@ -86,6 +89,7 @@ class VersionedStore:
         self._applied = threading.Condition(self._lock)
         self._failure: str | None = None
         self._dirty = False  # the mutable memtable holds writes (vector memtables are unreadable)
+        self._deletes_since_compaction = 0
         workdir.mkdir(parents=True, exist_ok=True)
 
     @property
@@ -125,9 +129,10 @@ class VersionedStore:
         return self._require_db(wait=True).get(keys) if keys else []
 
     def scan(self, prefix: bytes, start_after: bytes | None, max_bytes: int,
-             keys_only: bool = False) -> tuple[list[tuple[bytes, bytes]], bool]:
-        """Up to ``max_bytes`` of entries with ``prefix`` after ``start_after``, and whether more
-        remain; with ``keys_only`` the values are empty (for building the JVM's Bloom filter)."""
+             keys_only: bool = False, max_entries: int = 0) -> tuple[list[tuple[bytes, bytes]], bool]:
+        """Up to ``max_bytes`` (and ``max_entries``, if not 0) of entries with ``prefix`` after
+        ``start_after``, and whether more remain; with ``keys_only`` the values are empty (for
+        building the JVM's Bloom filter)."""
         it = self._require_db(wait=True).iter()
         if start_after is not None:
             it.seek(start_after)
@@ -145,7 +150,7 @@ class VersionedStore:
             out.append((key, value))
             size += len(key) + len(value) + 8
             it.next()
-            if size >= max_bytes:
+            if size >= max_bytes or len(out) == max_entries:
                 return out, it.valid() and it.key().startswith(prefix)
         return out, False
 
@@ -197,7 +202,8 @@ class VersionedStore:
                 raise StoreStateError(
                     f"{source} was written with {log_.key_groups} key groups but the store uses "
                     f"{self.key_groups}; the keyGroups conf cannot change for an existing checkpoint")
-            batch, delta, unknown_puts, unknown_deletes = _decode_into_batch(log_)
+            batch, delta, unknown_puts, unknown_deletes, deletes = _decode_into_batch(log_)
+            self._deletes_since_compaction += deletes
             # Only keys whose previous existence the writer did not know cost a read here.
             if unknown_puts or unknown_deletes:
                 self._flush_if_dirty()
@@ -222,6 +228,11 @@ class VersionedStore:
 
     def _stage(self) -> None:
         self._flush_if_dirty()  # the checkpoint must hold every write of the version
+        # After mass deletes (TTL cleanup, watermark eviction) the SSTs still hold the deleted
+        # entries and their tombstones; compact first so the snapshot, and the disk, shrink.
+        if self._deletes_since_compaction > max(COMPACT_AFTER_DELETES, self.num_keys // 4):
+            self._require_db().compact_range(None, None)
+            self._deletes_since_compaction = 0
         directory = self.workdir / "staged" / str(self.version)
         self._staged[self.version] = snapshots.stage(
             self._require_db(), directory, self.version, self.lineage, self.num_keys)
@@ -294,12 +305,13 @@ class VersionedStore:
 _U32 = struct.Struct(">I").unpack_from
 
 
-def _decode_into_batch(log_: changelog.Changelog) -> tuple[WriteBatch, int, list[bytes], list[bytes]]:
+def _decode_into_batch(log_: changelog.Changelog) -> tuple[WriteBatch, int, list[bytes], list[bytes], int]:
     """One tight pass over a changelog (the apply hot path, ~0.5 us a record): the write batch,
-    the key-count delta the writer knew, and the keys whose previous existence it did not."""
+    the key-count delta the writer knew, the keys whose previous existence it did not, and
+    the number of deletes."""
     batch = WriteBatch(raw_mode=True)
     put, delete = batch.put, batch.delete
-    delta = 0
+    delta = deletes = 0
     unknown_puts: list[bytes] = []
     unknown_deletes: list[bytes] = []
     buf = bytes(log_.payload)
@@ -321,13 +333,14 @@ def _decode_into_batch(log_: changelog.Changelog) -> tuple[WriteBatch, int, list
                 unknown_puts.append(key)
         elif op in _DELETES:
             delete(key)
+            deletes += 1
             if op == _DELETE_EXISTING:
                 delta -= 1
             elif op == _DELETE_UNKNOWN:
                 unknown_deletes.append(key)
         else:
             raise changelog.CorruptChangelogError(f"unknown record op {op} at byte {pos - 5 - klen}")
-    return batch, delta, unknown_puts, unknown_deletes
+    return batch, delta, unknown_puts, unknown_deletes, deletes
 
 
 _PUTS = changelog.PUTS

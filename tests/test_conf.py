@@ -50,3 +50,19 @@ def test_reference_is_generated_from_the_registry():
         "conf/REFERENCE.md is stale: run `keyedstate conf-reference --write conf/REFERENCE.md`")
     for knob in conf.KNOBS:
         assert knob.key in (ROOT / "conf" / "spark-defaults.conf.template").read_text()
+
+
+def test_ttl_overrides_are_parsed_per_operator_and_store():
+    values = conf.parse({conf.PREFIX + "ttl": "24h", conf.PREFIX + "ttl.1": "15m",
+                         conf.PREFIX + "ttl.0.left-keyToNumValues": "0"})
+    assert values["ttl"] == 86400.0
+    assert values["ttlOverrides"] == {"1": 900.0, "0.left-keyToNumValues": 0.0}
+    assert conf.parse({})["ttl"] == 0.0 and conf.parse({})["ttlOverrides"] == {}
+
+
+@pytest.mark.parametrize("key", ["ttl.", "ttl.x", "ttl.1.", "testing.clockFile"])
+def test_malformed_ttl_keys_and_the_test_clock_are_not_confs(key):
+    # The TTL test clock is a JVM system property of the test JVM only: no Spark conf enables it.
+    with pytest.raises(conf.ConfError) as err:
+        conf.parse({conf.PREFIX + key: "1h"})
+    assert "Unknown keyedstate conf" in str(err.value) and "ttl.<operatorId>" in str(err.value)

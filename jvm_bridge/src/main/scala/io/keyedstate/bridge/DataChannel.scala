@@ -27,14 +27,15 @@ final class DataChannel(path: Path) extends Closeable {
     if (status == StatusNotFound) null else body.array()
   }
 
-  /** A chunk of entries whose key starts with `prefix`, after `startAfter` (null = from start). */
+  /** A chunk of entries whose key starts with `prefix`, after `startAfter` (null = from start),
+   *  of at most `maxBytes` and (unless 0) `maxEntries`. */
   def scan(handle: Int, prefix: Array[Byte], startAfter: Array[Byte], maxBytes: Int,
-      keysOnly: Boolean = false): ScanChunk = {
+      keysOnly: Boolean = false, maxEntries: Int = 0): ScanChunk = {
     val afterLen = if (startAfter == null) 0 else 4 + startAfter.length
-    val req = ByteBuffer.allocate(4 + prefix.length + 1 + afterLen + 5)
+    val req = ByteBuffer.allocate(4 + prefix.length + 1 + afterLen + 9)
     req.putInt(prefix.length).put(prefix)
     if (startAfter == null) req.put(0.toByte) else req.put(1.toByte).putInt(startAfter.length).put(startAfter)
-    req.putInt(maxBytes).put((if (keysOnly) 1 else 0).toByte).flip()
+    req.putInt(maxBytes).put((if (keysOnly) 1 else 0).toByte).putInt(maxEntries).flip()
     val (_, body) = call(OpScan, handle, req)
     val hasMore = body.get() != 0
     val n = body.getInt()

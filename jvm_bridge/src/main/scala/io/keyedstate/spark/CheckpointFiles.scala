@@ -20,7 +20,8 @@ class CheckpointFileException(message: String, cause: Throwable = null)
 final case class SnapshotFile(name: String, path: String, size: Long)
 
 /** Which files make up the RocksDB snapshot of one version. */
-final case class SnapshotManifest(version: Long, keyGroups: Int, numKeys: Long, files: Seq[SnapshotFile])
+final case class SnapshotManifest(version: Long, keyGroups: Int, numKeys: Long, files: Seq[SnapshotFile],
+    ttl: Option[java.util.Map[String, AnyRef]] = None)
 
 final case class Listing(changelogs: SortedSet[Long], snapshots: SortedSet[Long], foreign: Seq[String]) {
   def latest: Option[Long] = (changelogs ++ snapshots).lastOption
@@ -117,7 +118,7 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
     val tree = Map[String, AnyRef](
       "format" -> ManifestFormat, "formatVersion" -> Int.box(ManifestFormatVersion),
       "version" -> Long.box(m.version), "keyGroups" -> Int.box(m.keyGroups),
-      "numKeys" -> Long.box(m.numKeys), "files" -> files).asJava
+      "numKeys" -> Long.box(m.numKeys), "files" -> files).++(m.ttl.map("ttl" -> _)).asJava
     writeAtomically(manifest(m.version), ByteBuffer.wrap(Json.writerWithDefaultPrettyPrinter().writeValueAsBytes(tree)))
   }
 

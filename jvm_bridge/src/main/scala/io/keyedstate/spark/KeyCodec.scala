@@ -12,7 +12,8 @@ import org.apache.spark.unsafe.Platform
  *
  * key   = u32 key group | UnsafeRow bytes                                  (no prefix scan)
  * key   = u32 key group | u32 prefix length | prefix row | full key row     (prefix scan)
- * value = u8 format (1 = plain; 2 reserved for a u64 TTL timestamp) | UnsafeRow bytes
+ * value = u8 1 | UnsafeRow bytes                                           (plain)
+ * value = u8 2 | u64 time of last write, epoch ms | UnsafeRow bytes        (with TTL)
  *
  * The key group is pmod(Murmur3Hash(partition key columns, 42), keyGroups): the hash Spark's
  * HashPartitioning uses to route the key, so a partition owns whole key groups whenever the
@@ -100,18 +101,64 @@ final class KeyCodec(keySchema: StructType, valueSchema: StructType, spec: KeySt
     out
   }
 
+  /** A value stamped with the time of its write, for TTL. */
+  def encodeValue(value: UnsafeRow, writtenAtMs: Long): Array[Byte] = {
+    val out = new Array[Byte](9 + value.getSizeInBytes)
+    out(0) = KeyCodec.TimedValue
+    putLong(out, 1, writtenAtMs)
+    copyRow(value, out, 9)
+    out
+  }
+
   def decodeValue(stored: Array[Byte]): UnsafeRow = {
-    if (stored(0) != KeyCodec.PlainValue) {
-      throw new IllegalStateException(s"keyedstate: unknown value format ${stored(0)} in store $storeName")
+    val offset = stored(0) match {
+      case KeyCodec.PlainValue => 1
+      case KeyCodec.TimedValue => 9
+      case other => throw new IllegalStateException(s"keyedstate: unknown value format $other in store $storeName")
     }
     val row = new UnsafeRow(valueFields)
-    row.pointTo(stored, Platform.BYTE_ARRAY_OFFSET + 1, stored.length - 1)
+    row.pointTo(stored, Platform.BYTE_ARRAY_OFFSET + offset, stored.length - offset)
     row
+  }
+
+  /** Whether a stored value was last written at or before `expireBefore` (plain values never expire). */
+  def isExpired(stored: Array[Byte], expireBefore: Long): Boolean =
+    stored(0) == KeyCodec.TimedValue && KeyCodec.writtenAt(stored) <= expireBefore
+
+  /** The same stored value with a new write time (OnReadAndWrite refreshes on read). */
+  def restamp(stored: Array[Byte], writtenAtMs: Long): Array[Byte] =
+    if (stored(0) != KeyCodec.TimedValue) stored
+    else {
+      val out = stored.clone()
+      putLong(out, 1, writtenAtMs)
+      out
+    }
+
+  private lazy val joinKeyOfIndexKey = UnsafeProjection.create(
+    keySchema.take(keyFields - 1).zipWithIndex.map { case (f, i) => BoundReference(i, f.dataType, f.nullable) }.toSeq)
+
+  /**
+   * For a join's keyWithIndexToValue store: the stored key of the join key's count in the
+   * sibling keyToNumValues store (same key group: both hash the join key), and the index.
+   */
+  def countKeyAndIndex(stored: Array[Byte]): (Array[Byte], Long) = {
+    require(prefixColumns == 0 && partitionKeyColumns == keyFields - 1, s"store $storeName is not a join index store")
+    val row = decodeKey(stored)
+    val joinKey = joinKeyOfIndexKey(row)
+    val out = new Array[Byte](4 + joinKey.getSizeInBytes)
+    System.arraycopy(stored, 0, out, 0, 4)
+    copyRow(joinKey, out, 4)
+    (out, row.getLong(keyFields - 1))
   }
 
   private def copyRow(row: UnsafeRow, out: Array[Byte], offset: Int): Unit =
     Platform.copyMemory(row.getBaseObject, row.getBaseOffset, out,
       Platform.BYTE_ARRAY_OFFSET + offset, row.getSizeInBytes)
+
+  private def putLong(out: Array[Byte], offset: Int, v: Long): Unit = {
+    putInt(out, offset, (v >>> 32).toInt)
+    putInt(out, offset + 4, v.toInt)
+  }
 
   private def putInt(out: Array[Byte], offset: Int, v: Int): Unit = {
     out(offset) = (v >>> 24).toByte
@@ -123,4 +170,12 @@ final class KeyCodec(keySchema: StructType, valueSchema: StructType, spec: KeySt
 
 object KeyCodec {
   val PlainValue: Byte = 1
+  val TimedValue: Byte = 2
+
+  def writtenAt(stored: Array[Byte]): Long = {
+    var v = 0L
+    var i = 1
+    while (i < 9) { v = (v << 8) | (stored(i) & 0xFF); i += 1 }
+    v
+  }
 }

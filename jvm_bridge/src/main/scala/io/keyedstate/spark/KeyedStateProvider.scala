@@ -45,6 +45,9 @@ class KeyedStateProvider extends StateStoreProvider {
   private var handle: Int = -1
   private[spark] var keyGroups: Int = _
   private[spark] var scanChunkBytes: Int = _
+  private var snapshotInterval: Int = _
+  @volatile private[spark] var ttl: TtlPolicy = _
+  private var ttlCursor: Array[Byte] = null // where incremental TTL cleanup resumes
   private var writeBehind = true
   private[spark] var cache: NearCache = _
   private var loadedVersion: Long = -1
@@ -95,6 +98,7 @@ class KeyedStateProvider extends StateStoreProvider {
     this.launch = serverLaunch(confs)
     this.files = new CheckpointFiles(stateStoreId.storeCheckpointLocation(), hadoopConf)
     synchronized { ensureOpen() } // validates the confs now: a bad value fails the first task
+    KeyedStateProvider.live.put(stateStoreId, this)
   }
 
   override def stateStoreId: StateStoreId = storeId
@@ -112,6 +116,9 @@ class KeyedStateProvider extends StateStoreProvider {
       handle = settings.get("handle").asInt()
       keyGroups = settings.get("keyGroups").asInt()
       scanChunkBytes = settings.get("scanChunkBytes").asInt()
+      snapshotInterval = settings.get("snapshotInterval").asInt()
+      TtlPolicy.validateOverrides(settings, storeId, hadoopConf)
+      ttl = TtlPolicy.resolve(settings, storeId)
       writeBehind = settings.get("writeBehind").asBoolean()
       CacheBudget.configure(settings.get("nearCacheBytes").asLong())
       if (cache != null) cache.clear()
@@ -125,7 +132,8 @@ class KeyedStateProvider extends StateStoreProvider {
       loadEmpty: Boolean): StateStore = synchronized {
     requireOpen()
     load(version, loadEmpty)
-    new KeyedStateStore(this, version, forceSnapshotOnCommit)
+    val now = if (ttl.enabled) TtlClock.now(storeId, version, hadoopConf) else 0L
+    new KeyedStateStore(this, version, forceSnapshotOnCommit, now)
   }
 
   override def getReadStore(version: Long, uniqueId: Option[String]): ReadStateStore =
@@ -258,7 +266,7 @@ class KeyedStateProvider extends StateStoreProvider {
    * is exact without waiting), and the near cache takes the writes.
    */
   private[spark] def commitVersion(version: Long, buffer: WriteBuffer, forceSnapshot: Boolean,
-      fetched: java.util.Map[Bytes, java.lang.Boolean]): (Long, Long) = synchronized {
+      fetched: java.util.Map[Bytes, java.lang.Boolean], nowMs: Long): CommitResult = synchronized {
     requireOpen()
     if (loadedVersion != version || cache.version != version) {
       throw new IllegalStateException(
@@ -267,6 +275,8 @@ class KeyedStateProvider extends StateStoreProvider {
     }
     val newVersion = version + 1
     try {
+      val (cleaned, cleanupMs) =
+        if (ttl.enabled) cleanupExpired(newVersion, buffer, fetched, nowMs, forceSnapshot) else (0L, 0L)
       val t0 = System.nanoTime()
       var unknown = 0
       var delta = 0L
@@ -297,10 +307,70 @@ class KeyedStateProvider extends StateStoreProvider {
       cache.version = newVersion
       loadedVersion = newVersion
       lastCommitPhases = CommitPhases((t1 - t0) / 1000000, (t2 - t1) / 1000000, (t3 - t2) / 1000000)
-      (newVersion, bytes)
+      CommitResult(newVersion, bytes, cleaned, cleanupMs)
     } catch {
       case NonFatal(e) => invalidate(); throw e
     }
+  }
+
+  /**
+   * Incremental TTL cleanup, part of the commit: walks a bounded number of committed entries
+   * from where the last commit stopped (more when this commit creates a snapshot) and deletes
+   * the expired ones through this version's changelog, so that every replica and every reload
+   * agrees on the state. For a join's index store, "expired" means: the join key's count in
+   * the sibling count store (committed just before, in the same task) no longer covers it.
+   * Returns (entries deleted, ms).
+   */
+  private def cleanupExpired(newVersion: Long, buffer: WriteBuffer, fetched: java.util.Map[Bytes, java.lang.Boolean],
+      nowMs: Long, forceSnapshot: Boolean): (Long, Long) = {
+    val budget = if (forceSnapshot || newVersion % snapshotInterval == 0) ttl.cleanupPerSnapshot else ttl.cleanupPerCommit
+    if (budget <= 0) return (0L, 0L)
+    val started = System.nanoTime()
+    val expireBefore = nowMs - ttl.ttlMs
+    val isGarbage: (Array[Byte], Array[Byte]) => Boolean = ttl.countStore match {
+      case None => (_, value) => codec.isExpired(value, expireBefore)
+      case Some(countStoreName) =>
+        val sibling = KeyedStateProvider.live.get(storeId.copy(storeName = countStoreName))
+        if (sibling == null) return (0L, 0L)
+        (key, _) => {
+          val (countKey, index) = codec.countKeyAndIndex(key)
+          sibling.committedValue(new Bytes(countKey), newVersion) match {
+            case None => return (0L, 0L) // the count store is not at this version: skip this time
+            case Some(null) => true
+            case Some(count) => sibling.codec.isExpired(count, expireBefore) || sibling.codec.decodeValue(count).getLong(0) <= index
+          }
+        }
+    }
+    var examined = 0
+    var cleaned = 0L
+    var more = true
+    while (more && examined < budget) {
+      val chunk = server.withChannel(s"TTL cleanup of $describe")(
+        _.scan(handle, Array.emptyByteArray, ttlCursor, scanChunkBytes, maxEntries = budget - examined))
+      var i = 0
+      while (i < chunk.keys.length) {
+        val key = new Bytes(chunk.keys(i))
+        if (isGarbage(chunk.keys(i), chunk.values(i)) && buffer.lookup(key) == null) {
+          buffer.delete(key)
+          fetched.put(key, java.lang.Boolean.TRUE)
+          cleaned += 1
+        }
+        i += 1
+      }
+      examined += chunk.keys.length
+      more = chunk.hasMore
+      ttlCursor = if (more && chunk.keys.nonEmpty) chunk.keys.last else null // wrap around at the end
+    }
+    (cleaned, (System.nanoTime() - started) / 1000000)
+  }
+
+  /**
+   * The committed value of `key` if this provider holds `version` (Some(null) = absent), for a
+   * sibling store's cleanup; None when it holds another version.
+   */
+  private[spark] def committedValue(key: Bytes, version: Long): Option[Array[Byte]] = synchronized {
+    if (closed || loadedVersion != version || cache.version != version) None
+    else Some(lookupCommitted(key, new java.util.HashMap[Bytes, java.lang.Boolean]()))
   }
 
   /**
@@ -377,7 +447,8 @@ class KeyedStateProvider extends StateStoreProvider {
           if (reusable.isDefined) metricFilesReused.incrementAndGet()
           SnapshotFile(name, path, size)
         }.toSeq
-        files.writeManifest(SnapshotManifest(version, keyGroups, snap.get("numKeys").asLong(), entries))
+        files.writeManifest(SnapshotManifest(version, keyGroups, snap.get("numKeys").asLong(), entries,
+          if (ttl != null && ttl.enabled) Some(ttl.describe) else None))
         lineageLock.synchronized {
           if (snap.get("lineage").asText() == uploadedLineage) {
             uploaded ++= entries.filter(_.name.endsWith(".sst")).map(f => (f.name, f.size) -> f.path)
@@ -406,6 +477,7 @@ class KeyedStateProvider extends StateStoreProvider {
   override def close(): Unit = synchronized {
     if (closed) return
     closed = true
+    KeyedStateProvider.live.remove(storeId, this)
     if (cache != null) cache.clear()
     if (server != null && server.isAlive && handle >= 0) {
       try server.control("closing a store")(_.closeStore(handle))
@@ -420,6 +492,8 @@ class KeyedStateProvider extends StateStoreProvider {
 object KeyedStateProvider {
   private val log = LoggerFactory.getLogger(classOf[KeyedStateProvider])
   private[spark] val Json = new ObjectMapper()
+  /** Open providers of this JVM, so that a join's index store can consult its count store. */
+  private[spark] val live = new java.util.concurrent.ConcurrentHashMap[StateStoreId, KeyedStateProvider]()
   val ConfPrefix = "spark.sql.streaming.stateStore.keyedstate."
 
   /** The knobs the JVM needs before the Python server exists (Python validates them too). */
@@ -465,6 +539,9 @@ object KeyedStateProvider {
  *  writing it to the checkpoint, shipping it to Python. */
 final case class CommitPhases(encodeMs: Long, writeMs: Long, shipMs: Long)
 
+/** What a commit produced: the new version, its changelog size, and its TTL cleanup. */
+final case class CommitResult(version: Long, changelogBytes: Long, ttlCleanedUp: Long, ttlCleanupMs: Long)
+
 /** Custom metrics shown in `lastProgress.stateOperators[].customMetrics`. */
 object CustomMetrics {
   val commitLatency = StateStoreCustomTimingMetric("keyedstateCommitLatencyMs", "keyedstate: commit time")
@@ -483,8 +560,11 @@ object CustomMetrics {
   val commitEncode = StateStoreCustomTimingMetric("keyedstateCommitEncodeMs", "keyedstate: commit, encoding the changelog and updating the near cache")
   val commitWrite = StateStoreCustomTimingMetric("keyedstateCommitWriteMs", "keyedstate: commit, writing the changelog to the checkpoint")
   val commitShip = StateStoreCustomTimingMetric("keyedstateCommitShipMs", "keyedstate: commit, shipping the changelog to Python")
+  val ttlExpired = StateStoreCustomSumMetric("keyedstateTtlExpired", "keyedstate: expired entries hidden from reads and scans")
+  val ttlCleanedUp = StateStoreCustomSumMetric("keyedstateTtlCleanedUp", "keyedstate: expired entries deleted by cleanup")
+  val ttlCleanupMs = StateStoreCustomTimingMetric("keyedstateTtlCleanupMs", "keyedstate: commit, TTL cleanup time")
   val all: Seq[StateStoreCustomMetric] =
     Seq(commitLatency, loadLatency, changelogBytes, writesShipped, bridgeGets, snapshotBytes, filesUploaded,
       filesReused, cacheHits, cacheAbsent, cacheEvictions, cacheBytes, bloomBytes, commitEncode, commitWrite,
-      commitShip)
+      commitShip, ttlExpired, ttlCleanedUp, ttlCleanupMs)
 }

@@ -11,7 +11,7 @@ import org.apache.spark.sql.types.StructType
  * aggregation's read-then-write on the same version).
  */
 final class KeyedStateStore(provider: KeyedStateProvider, override val version: Long,
-    forceSnapshot: Boolean) extends StateStore {
+    forceSnapshot: Boolean, nowMs: Long) extends StateStore {
 
   private val buffer = new WriteBuffer
   // What this version's round trips to Python said about keys the near cache could not answer
@@ -19,6 +19,11 @@ final class KeyedStateStore(provider: KeyedStateProvider, override val version: 
   // evicted the key, so it can apply behind. Version-local, like the buffer.
   private val fetched = new java.util.HashMap[Bytes, java.lang.Boolean]()
   private val codec = provider.codec
+  // TTL: one "now" per version (see TtlClock); entries written at or before expireBefore expired.
+  private val ttl = provider.ttl
+  private val expireBefore = if (ttl.perEntry) nowMs - ttl.ttlMs else Long.MinValue
+  private var expiredHidden = 0L
+  private var commitResult = CommitResult(0, 0, 0, 0)
   private var committedVersion = -1L
   private var aborted = false
   private var commitMs = 0L
@@ -39,9 +44,25 @@ final class KeyedStateStore(provider: KeyedStateProvider, override val version: 
 
   override def get(key: UnsafeRow, colFamilyName: String): UnsafeRow = {
     checkCf(colFamilyName)
-    val stored = lookup(new Bytes(codec.encodeKey(key)))
-    if (stored == null) null else codec.decodeValue(stored)
+    val encoded = new Bytes(codec.encodeKey(key))
+    val stored = lookup(encoded)
+    if (stored == null) null
+    else if (expired(stored)) {
+      expiredHidden += 1
+      if (ttl.returnExpired) codec.decodeValue(stored) else null
+    } else {
+      if (ttl.perEntry && ttl.updateOnRead && committedVersion < 0 && !aborted &&
+          stored(0) == KeyCodec.TimedValue && KeyCodec.writtenAt(stored) != nowMs) {
+        buffer.put(encoded, codec.restamp(stored, nowMs)) // a read refreshes the entry's TTL
+      }
+      codec.decodeValue(stored)
+    }
   }
+
+  private def expired(stored: Array[Byte]): Boolean = ttl.perEntry && codec.isExpired(stored, expireBefore)
+
+  private def encodeValue(value: UnsafeRow): Array[Byte] =
+    if (ttl.perEntry) codec.encodeValue(value, nowMs) else codec.encodeValue(value)
 
   /** This version's own write, else the committed value (near cache, else Python). */
   private def lookup(key: Bytes): Array[Byte] = {
@@ -55,7 +76,7 @@ final class KeyedStateStore(provider: KeyedStateProvider, override val version: 
     checkCf(colFamilyName)
     checkWritable()
     require(value != null, "keyedstate: cannot put a null value")
-    buffer.put(new Bytes(codec.encodeKey(key)), codec.encodeValue(value))
+    buffer.put(new Bytes(codec.encodeKey(key)), encodeValue(value))
   }
 
   override def remove(key: UnsafeRow, colFamilyName: String): Unit = {
@@ -98,7 +119,11 @@ final class KeyedStateStore(provider: KeyedStateProvider, override val version: 
     val own = pending.iterator.collect {
       case (k, v) if !(v eq WriteBuffer.Tombstone) && startsWith(k.bytes, prefix) => (k.bytes, v)
     }
-    val rows = (committed ++ own).map { case (k, v) => new UnsafeRowPair(codec.decodeKey(k), codec.decodeValue(v)) }
+    // Scans never refresh a TTL: Spark's operators scan all state for watermarks and timeouts.
+    val visible = if (!ttl.perEntry || ttl.returnExpired) committed ++ own else (committed ++ own).filter {
+      case (_, v) => if (expired(v)) { expiredHidden += 1; false } else true
+    }
+    val rows = visible.map { case (k, v) => new UnsafeRowPair(codec.decodeKey(k), codec.decodeValue(v)) }
     new StateStoreIterator(rows, () => ())
   }
 
@@ -109,8 +134,9 @@ final class KeyedStateStore(provider: KeyedStateProvider, override val version: 
     checkWritable()
     val started = System.nanoTime()
     writesShipped = buffer.size
-    val (newVersion, bytes) = provider.commitVersion(version, buffer, forceSnapshot, fetched)
-    changelogBytes = bytes
+    commitResult = provider.commitVersion(version, buffer, forceSnapshot, fetched, nowMs)
+    val newVersion = commitResult.version
+    changelogBytes = commitResult.changelogBytes
     buffer.clear()
     fetched.clear()
     committedVersion = newVersion
@@ -147,7 +173,10 @@ final class KeyedStateStore(provider: KeyedStateProvider, override val version: 
       CustomMetrics.bloomBytes -> provider.cache.bloomBytes,
       CustomMetrics.snapshotBytes -> provider.metricSnapshotBytes.getAndSet(0),
       CustomMetrics.filesUploaded -> provider.metricFilesUploaded.getAndSet(0),
-      CustomMetrics.filesReused -> provider.metricFilesReused.getAndSet(0))
+      CustomMetrics.filesReused -> provider.metricFilesReused.getAndSet(0),
+      CustomMetrics.ttlExpired -> expiredHidden,
+      CustomMetrics.ttlCleanedUp -> commitResult.ttlCleanedUp,
+      CustomMetrics.ttlCleanupMs -> commitResult.ttlCleanupMs)
     StateStoreMetrics(provider.numKeys, buffer.estimatedBytes + provider.memoryUsedBytes(), custom)
   }
 

@@ -1,0 +1,242 @@
+"""TTL-aware state: every operator a provider serves, with a scripted input and a test clock.
+
+Each test drives a query one micro-batch at a time, setting keyedstate's clock (``ttl_clock``,
+see conftest.py) before each batch, and compares what the query emits with results worked out
+by hand from the TTL rules (Flink's StateTtlConfig semantics, documented in the README).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+import pytest
+from pyspark.sql import functions as F
+
+import keyedstate
+
+from stream_utils import PROVIDER_CONF, FileStream, session_confs, wait_for
+
+KS = keyedstate.PROVIDER_CLASS
+PFX = "spark.sql.streaming.stateStore.keyedstate."
+
+
+class Steps:
+    """Runs a query step by step: set the clock, add one input file, process it."""
+
+    def __init__(self, spark, root: Path, schema: str, build: Callable, mode: str, confs: dict,
+                 clock) -> None:
+        self.spark, self.build, self.mode, self.confs, self.clock = spark, build, mode, confs, clock
+        self.stream = FileStream(spark, root, schema)
+        self.start_ms = clock.now_ms
+        self.emitted: list = []
+        self.query = None
+        self.last_batch = -1
+
+    def _sink(self, batch, batch_id):
+        self.emitted.extend(tuple(r) for r in batch.collect())
+
+    def start(self) -> None:
+        with session_confs(self.spark, {PROVIDER_CONF: KS, **self.confs}):
+            self.query = self.stream.start(self.build, self._sink, self.mode)
+
+    def stop(self) -> None:
+        self.query.stop()
+
+    def step(self, at_seconds: float, rows: list[dict]) -> tuple[list, list[dict]]:
+        """The rows emitted and the progress reports of the batches that processed ``rows``."""
+        self.clock.set(self.start_ms + int(at_seconds * 1000))
+        self.emitted = []
+        self.stream.add(rows)
+        self.query.processAllAvailable()
+        progress = [p for p in self.query.recentProgress if p["batchId"] > self.last_batch]
+        self.last_batch = max([self.last_batch] + [p["batchId"] for p in progress])
+        return sorted(self.emitted), progress
+
+
+def state_rows(progress: list[dict]) -> int:
+    return progress[-1]["stateOperators"][0]["numRowsTotal"]
+
+
+def metric(progress: list[dict], name: str) -> int:
+    return sum(p["stateOperators"][0]["customMetrics"].get(name, 0) for p in progress)
+
+
+@pytest.mark.parametrize("settings,third_batch,rows_after", [
+    # a and b were written at t=0, c at t=5; at t=12 a and b are expired: a passes again (and
+    # is rewritten), b is cleaned up, c stays: 2 rows.
+    ({}, [("a",)], 2),
+    # Reads refresh: a and b were read at t=9, so at t=12 nothing has expired.
+    ({"ttl.updateType": "OnReadAndWrite"}, [], 3),
+    # Without cleanup, expired entries stay visible until removed.
+    ({"ttl.visibility": "ReturnExpiredIfNotCleanedUp", "ttl.cleanupKeysPerCommit": "0",
+      "ttl.cleanupKeysPerSnapshot": "0"}, [], 3),
+], ids=["default", "OnReadAndWrite", "ReturnExpiredIfNotCleanedUp"])
+def test_dropDuplicates_passes_a_key_again_after_its_ttl_across_a_restart(
+        spark, tmp_path, ttl_clock, settings, third_batch, rows_after):
+    confs = {PFX + "ttl": "10s", **{PFX + k: v for k, v in settings.items()}}
+    run = Steps(spark, tmp_path, "id STRING", lambda df: df.dropDuplicates(["id"]), "append",
+                confs, ttl_clock)
+    run.start()
+    try:
+        assert run.step(0, [{"id": "a"}, {"id": "b"}])[0] == [("a",), ("b",)]
+        assert run.step(5, [{"id": "a"}, {"id": "c"}])[0] == [("c",)]
+    finally:
+        run.stop()
+    # The restart must keep each entry's write time: a and b do not get a fresh TTL here.
+    run.start()
+    try:
+        out, progress = run.step(9, [{"id": "a"}, {"id": "b"}])
+        assert out == [] and state_rows(progress) == 3
+        out, progress = run.step(12, [{"id": "a"}, {"id": "c"}])
+        assert out == third_batch
+        assert state_rows(progress) == rows_after
+        if not settings:
+            assert metric(progress, "keyedstateTtlExpired") >= 1  # a's read found it expired
+            assert metric(progress, "keyedstateTtlCleanedUp") == 1  # b
+    finally:
+        run.stop()
+
+
+def test_aggregation_restarts_an_idle_group_and_state_shrinks_on_disk(spark, tmp_path, ttl_clock):
+    confs = {PFX + "ttl": "10s", PFX + "snapshotInterval": "1"}
+    run = Steps(spark, tmp_path, "k STRING",
+                lambda df: df.groupBy("k").agg(F.count("*").alias("n")), "update", confs, ttl_clock)
+    many = [{"k": f"bulk-{i}"} for i in range(3000)]
+    run.start()
+    try:
+        out, progress = run.step(0, [{"k": "k1"}, {"k": "k1"}, {"k": "k2"}] + many)
+        assert ("k1", 2) in out and ("k2", 1) in out and state_rows(progress) == 3002
+        assert run.step(5, [{"k": "k1"}])[0] == [("k1", 3)]
+        # k1 was last written at t=5, k2 and the bulk keys at t=0: all idle for >= 10 s.
+        out, progress = run.step(16, [{"k": "k1"}, {"k": "k2"}])
+        assert out == [("k1", 1), ("k2", 1)]
+        assert state_rows(progress) == 2
+        assert metric(progress, "keyedstateTtlCleanedUp") == 3000
+        # Version 1 held 3002 entries, version 3 two: its snapshot must be far smaller.
+        for partition in (0, 1):
+            wait_for(lambda: _sst_bytes(run, partition, 1) is not None and
+                     _sst_bytes(run, partition, 3) is not None, what="snapshots of versions 1 and 3")
+            assert _sst_bytes(run, partition, 3) < _sst_bytes(run, partition, 1) / 3
+    finally:
+        run.stop()
+
+
+def _sst_bytes(run: Steps, partition: int, version: int) -> int | None:
+    """Bytes of RocksDB table files in the snapshot of ``version`` (None: not uploaded yet)."""
+    path = run.stream.partition_dir(partition=partition) / f"{version}.ks-snapshot"
+    if not path.exists():
+        return None
+    manifest = json.loads(path.read_text())
+    assert manifest["ttl"]["ttlMs"] == 10000
+    return sum(f["size"] for f in manifest["files"] if f["name"].endswith(".sst"))
+
+
+def _join(df):
+    left = df.filter("side = 'L'").select("k", F.col("v").alias("lv"))
+    right = df.filter("side = 'R'").select("k", F.col("v").alias("rv"))
+    return left.join(right, "k")
+
+
+def test_join_rows_expire_with_their_key_and_stores_stay_consistent(spark, tmp_path, ttl_clock):
+    run = Steps(spark, tmp_path, "side STRING, k STRING, v STRING", _join, "append",
+                {PFX + "ttl": "10s"}, ttl_clock)
+    run.start()
+    try:
+        assert run.step(0, [{"side": "L", "k": "k1", "v": "L1"}, {"side": "L", "k": "k1", "v": "L1b"},
+                            {"side": "L", "k": "k2", "v": "L9"}])[0] == []
+        assert run.step(5, [{"side": "R", "k": "k1", "v": "R1"}])[0] == [("k1", "L1", "R1"), ("k1", "L1b", "R1")]
+    finally:
+        run.stop()
+    run.start()
+    try:
+        # At t=20 every buffered row is older than 10 s: only the two new rows meet.
+        out, progress = run.step(20, [{"side": "L", "k": "k1", "v": "L2"}, {"side": "R", "k": "k1", "v": "R2"}])
+        assert out == [("k1", "L2", "R2")]
+        # Without TTL the same batch would also join L1, L1b with R2 and L2 with R1.
+        assert metric(progress, "keyedstateTtlCleanedUp") >= 2
+    finally:
+        run.stop()
+
+    def store(name: str) -> list:
+        return spark.read.format("statestore").option("storeName", name).load(run.stream.checkpoint).collect()
+    # k1's count was reset to 1 and index 1 (L1b) removed with it; k2 (count and row) cleaned up.
+    assert len(store("left-keyToNumValues")) == 1
+    assert len(store("left-keyWithIndexToValue")) == 1
+    assert len(store("right-keyToNumValues")) == 1
+    assert len(store("right-keyWithIndexToValue")) == 1
+
+
+def test_applyInPandasWithState_group_restarts_after_ttl(spark, tmp_path, ttl_clock):
+    import pandas as pd
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    def count_rows(key, frames, state):
+        total = state.get[0] if state.exists else 0
+        for frame in frames:
+            total += len(frame)
+        state.update((total,))
+        yield pd.DataFrame({"k": [key[0]], "n": [total]})
+
+    def build(df):
+        return df.groupBy("k").applyInPandasWithState(
+            count_rows, "k string, n long", "n long", "Update", GroupStateTimeout.NoTimeout)
+
+    run = Steps(spark, tmp_path, "k STRING", build, "update", {PFX + "ttl": "10s"}, ttl_clock)
+    run.start()
+    try:
+        assert run.step(0, [{"k": "g1"}, {"k": "g2"}])[0] == [("g1", 1), ("g2", 1)]
+        assert run.step(5, [{"k": "g1"}])[0] == [("g1", 2)]
+        out, progress = run.step(20, [{"k": "g1"}])
+        assert out == [("g1", 1)]  # idle since t=5: a fresh group
+        assert state_rows(progress) == 1  # g2 cleaned up
+    finally:
+        run.stop()
+
+
+@pytest.mark.parametrize("ttl,expected", [("0", [("a", 1), ("b", 1)]), ("10s", [("b", 1)])])
+def test_session_window_state_that_expires_closes_without_output(spark, tmp_path, ttl_clock, ttl, expected):
+    def build(df):
+        return (df.withWatermark("ts", "0 seconds")
+                .groupBy(F.session_window("ts", "60 seconds"), "u").agg(F.count("*").alias("n"))
+                .select("u", "n"))
+
+    run = Steps(spark, tmp_path, "u STRING, ts TIMESTAMP", build, "append", {PFX + "ttl": ttl}, ttl_clock)
+    run.start()
+    emitted = []
+    try:
+        emitted += run.step(0, [{"u": "a", "ts": "2024-01-01T00:00:00"}])[0]
+        # The watermark passes a's session (00:00-00:01) with this batch; at t=20 it is expired.
+        emitted += run.step(20, [{"u": "b", "ts": "2024-01-01T01:00:00"}])[0]
+        # b (written at t=20) is still alive when the watermark passes it, at t=21 or t=22.
+        emitted += run.step(21, [{"u": "c", "ts": "2024-01-01T02:00:00"}])[0]
+        emitted += run.step(22, [{"u": "d", "ts": "2024-01-01T03:00:00"}])[0]
+    finally:
+        run.stop()
+    assert sorted(e for e in emitted if e[0] in ("a", "b")) == expected
+
+
+@pytest.mark.parametrize("key,value,expect", [
+    ("ttl", "-5s", "0 (off) or a positive duration"),
+    ("ttl", "forever", "0 (off) or a positive duration"),
+    ("ttl.updateType", "OnRead", "OnCreateAndWrite or OnReadAndWrite"),
+    ("ttl.visibility", "Sometimes", "NeverReturnExpired or ReturnExpiredIfNotCleanedUp"),
+    ("ttl.7", "1h", "this query has no stateful operator 7"),
+    ("ttl.0.nosuchstore", "1h", "operator 0 has no store 'nosuchstore'"),
+])
+def test_invalid_ttl_conf_fails_at_query_start_naming_key_and_allowed_values(spark, tmp_path, key, value, expect):
+    stream = FileStream(spark, tmp_path, "k STRING")
+    stream.add([{"k": "a"}])
+    with session_confs(spark, {PROVIDER_CONF: KS, PFX + key: value}):
+        query = stream.start(lambda df: df.groupBy("k").count(), lambda batch, batch_id: batch.collect())
+        try:
+            with pytest.raises(Exception) as err:
+                query.processAllAvailable()
+        finally:
+            query.stop()
+    message = str(err.value)
+    assert PFX + key in message and expect in message
+    if key.startswith("ttl.7") or key.startswith("ttl.0."):
+        assert "0 (stateStoreSave: default)" in message  # the operators it could have named
+    # Nothing was committed: the query failed before its first batch.
+    assert not (Path(stream.checkpoint) / "commits" / "0").exists()
