@@ -59,7 +59,16 @@ PROVIDERS: dict[str, dict[str, str]] = {
     "rocksdb_changelog": {PROVIDER_CLASS_CONF: _ROCKSDB,
                           STATE_PREFIX + "rocksdb.changelogCheckpointing.enabled": "true"},
     "keyedstate": {},  # keyedstate.configure() adds the jar and the provider class
+    # The same with state TTL on (24h: nothing expires during a run, so the work is the same
+    # as without TTL plus timestamps, expiry checks and incremental cleanup scans).
+    "keyedstate_ttl": {KS_PREFIX + "ttl": "24h"},
 }
+TTL_WORKLOADS = ("W1", "W2")
+"""Workloads that run keyedstate_ttl by default (the TTL issue's W1/W2 overhead target)."""
+
+
+def is_keyedstate(provider: str) -> bool:
+    return provider.startswith("keyedstate")
 
 # Same for every provider and workload.
 BASE_CONFS: dict[str, str] = {
@@ -409,7 +418,7 @@ def session_confs(spec: RunSpec, params: Params, notes: list[str]) -> dict[str, 
     if not wl.no_data_batches:
         confs["spark.sql.streaming.noDataMicroBatches.enabled"] = "false"
     confs.update(PROVIDERS[spec.provider])
-    if spec.provider == "keyedstate" and wl.near_cache_default and spec.near_cache != "off":
+    if is_keyedstate(spec.provider) and wl.near_cache_default and spec.near_cache != "off":
         from keyedstate import conf as ks_conf
         size = (str(int(params.keys * STATE_BYTES_PER_ENTRY * 0.10)) if spec.near_cache == "auto"
                 else spec.near_cache)
@@ -432,11 +441,11 @@ def build_session(spec: RunSpec, confs: dict[str, str], run_dir: Path):
                .config("spark.driver.extraJavaOptions", f"-Djava.io.tmpdir={tmp}"))
     ks_options = {}
     for key, value in confs.items():
-        if spec.provider == "keyedstate" and key.startswith(KS_PREFIX):
+        if is_keyedstate(spec.provider) and key.startswith(KS_PREFIX):
             ks_options[key[len(KS_PREFIX):]] = value  # validated by configure()
         else:
             builder = builder.config(key, value)
-    if spec.provider == "keyedstate":
+    if is_keyedstate(spec.provider):
         import keyedstate
         builder = keyedstate.configure(builder, **ks_options)
     spark = builder.getOrCreate()

@@ -24,7 +24,7 @@ from py4j.java_gateway import (CallbackServer, CallbackServerParameters, Gateway
                                GatewayParameters, JavaGateway)
 
 from . import conf, protocol as p
-from .store import Applier, VersionedStore
+from .store import Applier, TtlScan, VersionedStore
 
 log = logging.getLogger("keyedstate.server")
 
@@ -63,7 +63,7 @@ class StoreRegistry:
 
 
 class DataServer:
-    """Serves GET/SCAN/APPLY frames on a Unix domain socket, one thread per connection."""
+    """Serves GET/SCAN/APPLY/... frames on a Unix domain socket, one thread per connection."""
 
     def __init__(self, registry: StoreRegistry, path: Path) -> None:
         self.registry = registry
@@ -144,10 +144,21 @@ class DataServer:
             return p.STATUS_OK, b"".join(parts)
         if op == p.OP_APPLY:
             source = f"changelog of {store.name}"
+            ttl, start = None, 2
+            if body[1]:
+                ttl = TtlScan(*p.TTL_SCAN.unpack_from(body, 2))
+                start += p.TTL_SCAN.size
+            data = memoryview(body)[start:]  # body is ours alone: no copy
             if body[0] == p.APPLY_BEHIND:
-                store.submit(memoryview(body)[1:], source)  # body is ours alone: no copy
+                store.submit(data, source, ttl)
                 return p.STATUS_OK, p.U64.pack(0)
-            return p.STATUS_OK, p.U64.pack(store.apply(memoryview(body)[1:], source))
+            return p.STATUS_OK, p.U64.pack(store.apply(data, source, ttl))
+        if op == p.OP_TTL_CANDIDATES:
+            version, scan_ms, keys = store.take_ttl_candidates()
+            parts = [p.TTL_HEAD.pack(version, scan_ms, len(keys))]
+            for key in keys:
+                parts += (p.U32.pack(len(key)), key)
+            return p.STATUS_OK, b"".join(parts)
         raise ValueError(f"unknown data op {op}")
 
 

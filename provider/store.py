@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Iterable
 
 import struct
+import time
+from dataclasses import dataclass
 
 from rocksdict import MemtableFactory, Options, Rdict, WriteBatch, WriteOptions
 
@@ -26,6 +28,17 @@ log = logging.getLogger(__name__)
 
 COMPACT_AFTER_DELETES = 1000
 """Deletes since the last compaction (and >= 1/4 of the keys) that make a snapshot compact first."""
+
+
+@dataclass(frozen=True)
+class TtlScan:
+    """What the JVM asks after an apply: find entries written at or before ``expire_before``
+    (epoch ms), examining ``budget`` entries (``snapshot_budget`` when the next version will be
+    snapshotted, so that its snapshot carries little expired state)."""
+
+    expire_before: int
+    budget: int
+    snapshot_budget: int
 
 
 class StoreStateError(RuntimeError):
@@ -44,13 +57,13 @@ class Applier:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._run, name="keyedstate-applier", daemon=True).start()
 
-    def submit(self, store: "VersionedStore", data: bytes, source: str) -> None:
-        self._queue.put((store, data, source))
+    def submit(self, store: "VersionedStore", data: bytes, source: str, ttl: "TtlScan | None") -> None:
+        self._queue.put((store, data, source, ttl))
 
     def _run(self) -> None:
         while True:
-            store, data, source = self._queue.get()
-            store._apply_submitted(data, source)
+            store, data, source, ttl = self._queue.get()
+            store._apply_submitted(data, source, ttl)
 
 
 def _open(path: Path) -> Rdict:
@@ -90,6 +103,10 @@ class VersionedStore:
         self._failure: str | None = None
         self._dirty = False  # the mutable memtable holds writes (vector memtables are unreadable)
         self._deletes_since_compaction = 0
+        # Incremental TTL cleanup: where the next scan resumes, and what the last one found
+        # (the version it scanned, ms, keys) for the JVM to delete through its next changelog.
+        self._ttl_cursor: bytes | None = None
+        self._ttl_found: tuple[int, int, list[bytes]] = (-1, 0, [])
         workdir.mkdir(parents=True, exist_ok=True)
 
     @property
@@ -110,6 +127,7 @@ class VersionedStore:
                 shutil.rmtree(self._db_dir)
             self._db = _open(self._db_dir)
             self.version, self.num_keys, self.lineage = version, num_keys, lineage
+            self._ttl_cursor, self._ttl_found = None, (-1, 0, [])
 
     def replay(self, changelogs: Iterable[tuple[int, str, str]]) -> None:
         """Apply downloaded changelogs ``(version, local path, checkpoint path)`` in order."""
@@ -154,29 +172,33 @@ class VersionedStore:
                 return out, it.valid() and it.key().startswith(prefix)
         return out, False
 
-    def apply(self, data: bytes, source: str) -> int:
+    def apply(self, data: bytes, source: str, ttl: TtlScan | None = None) -> int:
         """Apply a committed version's changelog now; returns the new exact key count."""
         with self._lock:
             self._wait_applied()
             self._apply(changelog.decode(data, source), source, stage_snapshot=True)
+            if ttl is not None:
+                self._scan_expired(ttl)
             return self.num_keys
 
-    def submit(self, data: bytes, source: str) -> None:
+    def submit(self, data: bytes, source: str, ttl: TtlScan | None = None) -> None:
         """Queue a committed version's changelog for the background applier (write-behind)."""
         if self._applier is None:
-            self.apply(data, source)
+            self.apply(data, source, ttl)
             return
         with self._lock:
             if self._failure:
                 raise StoreStateError(self._failure)
             self._pending += 1
-        self._applier.submit(self, data, source)
+        self._applier.submit(self, data, source, ttl)
 
-    def _apply_submitted(self, data: bytes, source: str) -> None:
+    def _apply_submitted(self, data: bytes, source: str, ttl: TtlScan | None) -> None:
         with self._lock:
             try:
                 if self._failure is None:
                     self._apply(changelog.decode(data, source), source, stage_snapshot=True)
+                    if ttl is not None:
+                        self._scan_expired(ttl)
             except Exception as exc:  # surfaced by the store's next operation
                 log.exception("background apply of %s failed", source)
                 self._failure = f"{self.name}: applying {source} failed: {type(exc).__name__}: {exc}"
@@ -219,6 +241,44 @@ class VersionedStore:
             if stage_snapshot and self.version % self.snapshot_interval == 0:
                 self._stage()
 
+    # -- TTL cleanup ---------------------------------------------------------------------------
+    def _scan_expired(self, ttl: TtlScan) -> None:
+        """Walk up to a budget of entries from the cursor and remember the expired ones.
+
+        Runs right after an apply (in the background with write-behind), off the task's
+        critical path. The JVM deletes what was found through its next changelog, so cleanup
+        is part of the checkpoint, and it takes the keys only if it commits on top of exactly
+        the version scanned here: nothing can have changed them since.
+        """
+        started = time.perf_counter()
+        next_is_snapshot = (self.version + 1) % self.snapshot_interval == 0
+        budget = ttl.snapshot_budget if next_is_snapshot else ttl.budget
+        found: list[bytes] = []
+        if budget > 0:
+            self._flush_if_dirty()
+            it = self._require_db().iter()
+            if self._ttl_cursor is None:
+                it.seek_to_first()
+            else:
+                it.seek(self._ttl_cursor)
+            expire_before = ttl.expire_before
+            examined = 0
+            while examined < budget and it.valid():
+                value = it.value()
+                if value[0] == _TIMED_VALUE and int.from_bytes(value[1:9], "big") <= expire_before:
+                    found.append(it.key())
+                examined += 1
+                it.next()
+            self._ttl_cursor = it.key() if it.valid() else None  # None: wrap around
+        self._ttl_found = (self.version, int((time.perf_counter() - started) * 1000), found)
+
+    def take_ttl_candidates(self) -> tuple[int, int, list[bytes]]:
+        """(version scanned, scan ms, expired keys) of the last scan; each result is given once."""
+        with self._lock:
+            self._wait_applied()
+            found, self._ttl_found = self._ttl_found, (-1, 0, [])
+            return found
+
     # -- snapshots -----------------------------------------------------------------------------
     def stage_snapshot(self) -> None:
         """Checkpoint the current version locally; the shim uploads it during maintenance."""
@@ -233,6 +293,10 @@ class VersionedStore:
         if self._deletes_since_compaction > max(COMPACT_AFTER_DELETES, self.num_keys // 4):
             self._require_db().compact_range(None, None)
             self._deletes_since_compaction = 0
+        # Incremental TTL cleanup: where the next scan resumes, and what the last one found
+        # (the version it scanned, ms, keys) for the JVM to delete through its next changelog.
+        self._ttl_cursor: bytes | None = None
+        self._ttl_found: tuple[int, int, list[bytes]] = (-1, 0, [])
         directory = self.workdir / "staged" / str(self.version)
         self._staged[self.version] = snapshots.stage(
             self._require_db(), directory, self.version, self.lineage, self.num_keys)
@@ -343,6 +407,7 @@ def _decode_into_batch(log_: changelog.Changelog) -> tuple[WriteBatch, int, list
     return batch, delta, unknown_puts, unknown_deletes, deletes
 
 
+_TIMED_VALUE = 2  # value format byte of entries with a write time (KeyCodec.scala)
 _PUTS = changelog.PUTS
 _DELETES = changelog.DELETES
 _PUT_NEW, _PUT_UNKNOWN = changelog.OP_PUT_NEW, changelog.OP_PUT

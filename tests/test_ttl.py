@@ -64,7 +64,8 @@ def metric(progress: list[dict], name: str) -> int:
 
 @pytest.mark.parametrize("settings,third_batch,rows_after", [
     # a and b were written at t=0, c at t=5; at t=12 a and b are expired: a passes again (and
-    # is rewritten), b is cleaned up, c stays: 2 rows.
+    # is rewritten); b is found by the cleanup scan after that commit and deleted by the next
+    # one: a and c remain (plus d, which arrives then).
     ({}, [("a",)], 2),
     # Reads refresh: a and b were read at t=9, so at t=12 nothing has expired.
     ({"ttl.updateType": "OnReadAndWrite"}, [], 3),
@@ -90,9 +91,12 @@ def test_dropDuplicates_passes_a_key_again_after_its_ttl_across_a_restart(
         assert out == [] and state_rows(progress) == 3
         out, progress = run.step(12, [{"id": "a"}, {"id": "c"}])
         assert out == third_batch
-        assert state_rows(progress) == rows_after
         if not settings:
             assert metric(progress, "keyedstateTtlExpired") >= 1  # a's read found it expired
+        out, progress = run.step(13, [{"id": "d"}])
+        assert out == [("d",)]
+        assert state_rows(progress) == rows_after + 1  # d
+        if not settings:
             assert metric(progress, "keyedstateTtlCleanedUp") == 1  # b
     finally:
         run.stop()
@@ -111,13 +115,16 @@ def test_aggregation_restarts_an_idle_group_and_state_shrinks_on_disk(spark, tmp
         # k1 was last written at t=5, k2 and the bulk keys at t=0: all idle for >= 10 s.
         out, progress = run.step(16, [{"k": "k1"}, {"k": "k2"}])
         assert out == [("k1", 1), ("k2", 1)]
+        # The scan after that commit found the 3000 idle bulk keys; this commit deletes them.
+        out, progress = run.step(17, [{"k": "k1"}])
+        assert out == [("k1", 2)]
         assert state_rows(progress) == 2
         assert metric(progress, "keyedstateTtlCleanedUp") == 3000
-        # Version 1 held 3002 entries, version 3 two: its snapshot must be far smaller.
+        # Version 1 held 3002 entries, version 4 two: its snapshot must be far smaller.
         for partition in (0, 1):
             wait_for(lambda: _sst_bytes(run, partition, 1) is not None and
-                     _sst_bytes(run, partition, 3) is not None, what="snapshots of versions 1 and 3")
-            assert _sst_bytes(run, partition, 3) < _sst_bytes(run, partition, 1) / 3
+                     _sst_bytes(run, partition, 4) is not None, what="snapshots of versions 1 and 4")
+            assert _sst_bytes(run, partition, 4) < _sst_bytes(run, partition, 1) / 3
     finally:
         run.stop()
 
@@ -154,15 +161,19 @@ def test_join_rows_expire_with_their_key_and_stores_stay_consistent(spark, tmp_p
         out, progress = run.step(20, [{"side": "L", "k": "k1", "v": "L2"}, {"side": "R", "k": "k1", "v": "R2"}])
         assert out == [("k1", "L2", "R2")]
         # Without TTL the same batch would also join L1, L1b with R2 and L2 with R1.
-        assert metric(progress, "keyedstateTtlCleanedUp") >= 2
+        out, progress = run.step(21, [{"side": "L", "k": "k3", "v": "L3"}])
+        assert out == []
+        # Cleanup: k2's count and row, and k1's index 1 (L1b), which k1's new count (1) no longer
+        # covers. Spark reports a join's custom metrics from its keyWithIndexToValue stores only.
+        assert metric(progress, "keyedstateTtlCleanedUp") == 2
     finally:
         run.stop()
 
     def store(name: str) -> list:
         return spark.read.format("statestore").option("storeName", name).load(run.stream.checkpoint).collect()
-    # k1's count was reset to 1 and index 1 (L1b) removed with it; k2 (count and row) cleaned up.
-    assert len(store("left-keyToNumValues")) == 1
-    assert len(store("left-keyWithIndexToValue")) == 1
+    # Left: k1 (reset to 1 row, L2) and k3; right: k1 (R2). No count points at a missing row.
+    assert len(store("left-keyToNumValues")) == 2
+    assert sorted((r.key.index, r.value.lv) for r in store("left-keyWithIndexToValue")) == [(0, "L2"), (0, "L3")]
     assert len(store("right-keyToNumValues")) == 1
     assert len(store("right-keyWithIndexToValue")) == 1
 
@@ -189,6 +200,8 @@ def test_applyInPandasWithState_group_restarts_after_ttl(spark, tmp_path, ttl_cl
         assert run.step(5, [{"k": "g1"}])[0] == [("g1", 2)]
         out, progress = run.step(20, [{"k": "g1"}])
         assert out == [("g1", 1)]  # idle since t=5: a fresh group
+        out, progress = run.step(21, [{"k": "g1"}])
+        assert out == [("g1", 2)]
         assert state_rows(progress) == 1  # g2 cleaned up
     finally:
         run.stop()

@@ -54,9 +54,24 @@ final class DataChannel(path: Path) extends Closeable {
    * Ships a committed version's changelog. `behind` = queue it and return at once (write-behind;
    * returns 0); otherwise apply it first and return the store's exact key count.
    */
-  def apply(handle: Int, changelog: ByteBuffer, behind: Boolean): Long = {
-    val mode = ByteBuffer.wrap(Array[Byte](if (behind) ApplyBehind else ApplyNow))
-    call(OpApply, handle, mode, changelog)._2.getLong()
+  def apply(handle: Int, changelog: ByteBuffer, behind: Boolean, ttlScan: Option[TtlScan] = None): Long = {
+    val head = ByteBuffer.allocate(2 + 16)
+    head.put(if (behind) ApplyBehind else ApplyNow)
+    ttlScan match {
+      case Some(t) => head.put(1.toByte).putLong(t.expireBefore).putInt(t.budget).putInt(t.snapshotBudget)
+      case None => head.put(0.toByte)
+    }
+    head.flip()
+    call(OpApply, handle, head, changelog)._2.getLong()
+  }
+
+  /** What the TTL scan after the last apply found: the version it scanned, its ms, expired keys. */
+  def ttlCandidates(handle: Int): TtlCandidates = {
+    val (_, body) = call(OpTtlCandidates, handle)
+    val version = body.getLong()
+    val scanMs = body.getInt()
+    val keys = Array.fill(body.getInt()) { val k = new Array[Byte](body.getInt()); body.get(k); k }
+    TtlCandidates(version, scanMs, keys)
   }
 
   private def call(op: Byte, handle: Int, body: ByteBuffer*): (Byte, ByteBuffer) = {
@@ -89,10 +104,16 @@ final class DataChannel(path: Path) extends Closeable {
 
 final case class ScanChunk(keys: Array[Array[Byte]], values: Array[Array[Byte]], hasMore: Boolean)
 
+/** Asks the server to look for entries written at or before `expireBefore` after an apply. */
+final case class TtlScan(expireBefore: Long, budget: Int, snapshotBudget: Int)
+
+final case class TtlCandidates(version: Long, scanMs: Int, keys: Array[Array[Byte]])
+
 object DataChannel {
   val OpGet: Byte = 1
   val OpScan: Byte = 2
   val OpApply: Byte = 3
+  val OpTtlCandidates: Byte = 5
   val ApplyNow: Byte = 0
   val ApplyBehind: Byte = 1
   val StatusOk: Byte = 0

@@ -14,7 +14,7 @@ import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.types.StructType
 import org.slf4j.LoggerFactory
 
-import io.keyedstate.bridge.{ServerLaunch, StateServerProcess}
+import io.keyedstate.bridge.{ServerLaunch, StateServerProcess, TtlScan}
 
 /**
  * keyedstate's StateStoreProvider: Spark's contract only. Storage lives in the Python state
@@ -45,9 +45,7 @@ class KeyedStateProvider extends StateStoreProvider {
   private var handle: Int = -1
   private[spark] var keyGroups: Int = _
   private[spark] var scanChunkBytes: Int = _
-  private var snapshotInterval: Int = _
   @volatile private[spark] var ttl: TtlPolicy = _
-  private var ttlCursor: Array[Byte] = null // where incremental TTL cleanup resumes
   private var writeBehind = true
   private[spark] var cache: NearCache = _
   private var loadedVersion: Long = -1
@@ -116,7 +114,6 @@ class KeyedStateProvider extends StateStoreProvider {
       handle = settings.get("handle").asInt()
       keyGroups = settings.get("keyGroups").asInt()
       scanChunkBytes = settings.get("scanChunkBytes").asInt()
-      snapshotInterval = settings.get("snapshotInterval").asInt()
       TtlPolicy.validateOverrides(settings, storeId, hadoopConf)
       ttl = TtlPolicy.resolve(settings, storeId)
       writeBehind = settings.get("writeBehind").asBoolean()
@@ -276,7 +273,7 @@ class KeyedStateProvider extends StateStoreProvider {
     val newVersion = version + 1
     try {
       val (cleaned, cleanupMs) =
-        if (ttl.enabled) cleanupExpired(newVersion, buffer, fetched, nowMs, forceSnapshot) else (0L, 0L)
+        if (ttl.enabled) cleanupExpired(version, newVersion, buffer, fetched, nowMs) else (0L, 0L)
       val t0 = System.nanoTime()
       var unknown = 0
       var delta = 0L
@@ -300,7 +297,8 @@ class KeyedStateProvider extends StateStoreProvider {
       files.writeAtomically(files.changelog(newVersion), changelog.duplicate())
       val t2 = System.nanoTime()
       val behind = writeBehind && unknown == 0 && !forceSnapshot
-      val counted = server.withChannel(s"committing version $newVersion of $describe")(_.apply(handle, changelog, behind))
+      val scan = if (ttl.enabled) Some(TtlScan(nowMs - ttl.ttlMs, ttl.cleanupPerCommit, ttl.cleanupPerSnapshot)) else None
+      val counted = server.withChannel(s"committing version $newVersion of $describe")(_.apply(handle, changelog, behind, scan))
       numKeys = if (behind) numKeys + delta else counted
       if (forceSnapshot) server.control("staging a snapshot")(_.stageSnapshot(handle))
       val t3 = System.nanoTime()
@@ -314,54 +312,46 @@ class KeyedStateProvider extends StateStoreProvider {
   }
 
   /**
-   * Incremental TTL cleanup, part of the commit: walks a bounded number of committed entries
-   * from where the last commit stopped (more when this commit creates a snapshot) and deletes
-   * the expired ones through this version's changelog, so that every replica and every reload
-   * agrees on the state. For a join's index store, "expired" means: the join key's count in
-   * the sibling count store (committed just before, in the same task) no longer covers it.
-   * Returns (entries deleted, ms).
+   * Incremental TTL cleanup, part of the commit. After each apply the Python server walks a
+   * bounded number of entries (in the background, see store.py) and remembers the expired
+   * ones; this commit deletes them through its changelog, so every reload and every executor
+   * agrees on the state. It takes them only when it commits on top of exactly the version that
+   * was scanned (nothing can have changed them since, except this version's own writes). For
+   * a join's index store the rows found are only candidates: a row is garbage when the join
+   * key's count, in the sibling count store committed just before in the same task, is gone,
+   * expired or no longer covers the row's index. Returns (entries deleted, ms).
    */
-  private def cleanupExpired(newVersion: Long, buffer: WriteBuffer, fetched: java.util.Map[Bytes, java.lang.Boolean],
-      nowMs: Long, forceSnapshot: Boolean): (Long, Long) = {
-    val budget = if (forceSnapshot || newVersion % snapshotInterval == 0) ttl.cleanupPerSnapshot else ttl.cleanupPerCommit
-    if (budget <= 0) return (0L, 0L)
+  private def cleanupExpired(version: Long, newVersion: Long, buffer: WriteBuffer,
+      fetched: java.util.Map[Bytes, java.lang.Boolean], nowMs: Long): (Long, Long) = {
     val started = System.nanoTime()
+    val found = server.withChannel(s"fetching TTL cleanup candidates of $describe")(_.ttlCandidates(handle))
+    if (found.version != version || found.keys.isEmpty) return (0L, found.scanMs.toLong)
     val expireBefore = nowMs - ttl.ttlMs
-    val isGarbage: (Array[Byte], Array[Byte]) => Boolean = ttl.countStore match {
-      case None => (_, value) => codec.isExpired(value, expireBefore)
+    val isGarbage: Array[Byte] => Boolean = ttl.countStore match {
+      case None => _ => true
       case Some(countStoreName) =>
         val sibling = KeyedStateProvider.live.get(storeId.copy(storeName = countStoreName))
-        if (sibling == null) return (0L, 0L)
-        (key, _) => {
+        if (sibling == null) return (0L, found.scanMs.toLong)
+        key => {
           val (countKey, index) = codec.countKeyAndIndex(key)
           sibling.committedValue(new Bytes(countKey), newVersion) match {
-            case None => return (0L, 0L) // the count store is not at this version: skip this time
+            case None => return (0L, found.scanMs.toLong) // the count store is elsewhere: next time
             case Some(null) => true
-            case Some(count) => sibling.codec.isExpired(count, expireBefore) || sibling.codec.decodeValue(count).getLong(0) <= index
+            case Some(count) =>
+              sibling.codec.isExpired(count, expireBefore) || sibling.codec.decodeValue(count).getLong(0) <= index
           }
         }
     }
-    var examined = 0
     var cleaned = 0L
-    var more = true
-    while (more && examined < budget) {
-      val chunk = server.withChannel(s"TTL cleanup of $describe")(
-        _.scan(handle, Array.emptyByteArray, ttlCursor, scanChunkBytes, maxEntries = budget - examined))
-      var i = 0
-      while (i < chunk.keys.length) {
-        val key = new Bytes(chunk.keys(i))
-        if (isGarbage(chunk.keys(i), chunk.values(i)) && buffer.lookup(key) == null) {
-          buffer.delete(key)
-          fetched.put(key, java.lang.Boolean.TRUE)
-          cleaned += 1
-        }
-        i += 1
+    found.keys.foreach { k =>
+      val key = new Bytes(k)
+      if (buffer.lookup(key) == null && isGarbage(k)) {
+        buffer.delete(key)
+        fetched.put(key, java.lang.Boolean.TRUE) // it exists: the commit counts the delete exactly
+        cleaned += 1
       }
-      examined += chunk.keys.length
-      more = chunk.hasMore
-      ttlCursor = if (more && chunk.keys.nonEmpty) chunk.keys.last else null // wrap around at the end
     }
-    (cleaned, (System.nanoTime() - started) / 1000000)
+    (cleaned, found.scanMs + (System.nanoTime() - started) / 1000000)
   }
 
   /**

@@ -61,8 +61,10 @@ final class KeyedStateStore(provider: KeyedStateProvider, override val version: 
 
   private def expired(stored: Array[Byte]): Boolean = ttl.perEntry && codec.isExpired(stored, expireBefore)
 
+  // Join index rows carry a write time too: it tells cleanup which rows may have outlived
+  // their count (a row is never older than its count's last write).
   private def encodeValue(value: UnsafeRow): Array[Byte] =
-    if (ttl.perEntry) codec.encodeValue(value, nowMs) else codec.encodeValue(value)
+    if (ttl.enabled) codec.encodeValue(value, nowMs) else codec.encodeValue(value)
 
   /** This version's own write, else the committed value (near cache, else Python). */
   private def lookup(key: Bytes): Array[Byte] = {
