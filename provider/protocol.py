@@ -17,7 +17,7 @@ OP_GET = 1        # body: key                         -> OK value | NOT_FOUND
 OP_SCAN = 2       # body: u32 plen prefix u8 has_after [u32 alen after] u32 max_bytes u8 flags
                   #   u32 max_entries (0 = no limit)
                   #   (flags bit 0: keys only)        -> OK u8 has_more u32 n (u32 klen k u32 vlen v)*
-OP_APPLY = 3      # body: u8 mode u8 has_ttl [i64 expire_before u32 budget u32 snapshot_budget]
+OP_APPLY = 3      # body: u8 mode u8 has_ttl [i64 expire_before u32 interval u32 budget]
                   #   changelog                       -> OK u64 num_keys (0 when applied behind)
 OP_MULTI_GET = 4  # body: u32 n (u32 klen k)*         -> OK (u8 found [u32 vlen v])*
 OP_TTL_CANDIDATES = 5  # body: (none)                 -> OK i64 version u32 scan_ms u32 n (u32 klen k)*
@@ -32,7 +32,7 @@ STATUS_ERROR = 2
 U8 = struct.Struct(">B")
 U32 = struct.Struct(">I")
 U64 = struct.Struct(">Q")
-TTL_SCAN = struct.Struct(">qII")  # expire_before (epoch ms), budget, snapshot_budget
+TTL_SCAN = struct.Struct(">qII")  # expire_before (epoch ms), interval (versions), budget (entries)
 TTL_HEAD = struct.Struct(">qII")  # version scanned (-1: none), scan ms, number of keys
 REQUEST_HEAD = struct.Struct(">IBI")  # length, op, handle
 RESPONSE_HEAD = struct.Struct(">IB")  # length, status

@@ -32,13 +32,12 @@ COMPACT_AFTER_DELETES = 1000
 
 @dataclass(frozen=True)
 class TtlScan:
-    """What the JVM asks after an apply: find entries written at or before ``expire_before``
-    (epoch ms), examining ``budget`` entries (``snapshot_budget`` when the next version will be
-    snapshotted, so that its snapshot carries little expired state)."""
+    """What the JVM asks with an apply: every ``interval`` versions, find entries written at or
+    before ``expire_before`` (epoch ms), examining up to ``budget`` entries."""
 
     expire_before: int
+    interval: int
     budget: int
-    snapshot_budget: int
 
 
 class StoreStateError(RuntimeError):
@@ -177,7 +176,7 @@ class VersionedStore:
         with self._lock:
             self._wait_applied()
             self._apply(changelog.decode(data, source), source, stage_snapshot=True)
-            if ttl is not None:
+            if ttl is not None and ttl.interval and self.version % ttl.interval == 0:
                 self._scan_expired(ttl)
             return self.num_keys
 
@@ -197,7 +196,7 @@ class VersionedStore:
             try:
                 if self._failure is None:
                     self._apply(changelog.decode(data, source), source, stage_snapshot=True)
-                    if ttl is not None:
+                    if ttl is not None and ttl.interval and self.version % ttl.interval == 0:
                         self._scan_expired(ttl)
             except Exception as exc:  # surfaced by the store's next operation
                 log.exception("background apply of %s failed", source)
@@ -251,11 +250,10 @@ class VersionedStore:
         the version scanned here: nothing can have changed them since.
         """
         started = time.perf_counter()
-        next_is_snapshot = (self.version + 1) % self.snapshot_interval == 0
-        budget = ttl.snapshot_budget if next_is_snapshot else ttl.budget
+        budget = ttl.budget
         found: list[bytes] = []
         if budget > 0:
-            self._flush_if_dirty()
+            self._flush_if_dirty()  # free when a snapshot was just staged
             it = self._require_db().iter()
             if self._ttl_cursor is None:
                 it.seek_to_first()

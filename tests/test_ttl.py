@@ -19,6 +19,8 @@ from stream_utils import PROVIDER_CONF, FileStream, session_confs, wait_for
 
 KS = keyedstate.PROVIDER_CLASS
 PFX = "spark.sql.streaming.stateStore.keyedstate."
+# Cleanup scans every version (default: every 10), so each test sees it within a batch or two.
+EVERY_VERSION = {PFX + "ttl.cleanupInterval": "1"}
 
 
 class Steps:
@@ -70,12 +72,11 @@ def metric(progress: list[dict], name: str) -> int:
     # Reads refresh: a and b were read at t=9, so at t=12 nothing has expired.
     ({"ttl.updateType": "OnReadAndWrite"}, [], 3),
     # Without cleanup, expired entries stay visible until removed.
-    ({"ttl.visibility": "ReturnExpiredIfNotCleanedUp", "ttl.cleanupKeysPerCommit": "0",
-      "ttl.cleanupKeysPerSnapshot": "0"}, [], 3),
+    ({"ttl.visibility": "ReturnExpiredIfNotCleanedUp", "ttl.cleanupInterval": "0"}, [], 3),
 ], ids=["default", "OnReadAndWrite", "ReturnExpiredIfNotCleanedUp"])
 def test_dropDuplicates_passes_a_key_again_after_its_ttl_across_a_restart(
         spark, tmp_path, ttl_clock, settings, third_batch, rows_after):
-    confs = {PFX + "ttl": "10s", **{PFX + k: v for k, v in settings.items()}}
+    confs = {**EVERY_VERSION, PFX + "ttl": "10s", **{PFX + k: v for k, v in settings.items()}}
     run = Steps(spark, tmp_path, "id STRING", lambda df: df.dropDuplicates(["id"]), "append",
                 confs, ttl_clock)
     run.start()
@@ -103,7 +104,7 @@ def test_dropDuplicates_passes_a_key_again_after_its_ttl_across_a_restart(
 
 
 def test_aggregation_restarts_an_idle_group_and_state_shrinks_on_disk(spark, tmp_path, ttl_clock):
-    confs = {PFX + "ttl": "10s", PFX + "snapshotInterval": "1"}
+    confs = {**EVERY_VERSION, PFX + "ttl": "10s", PFX + "snapshotInterval": "1"}
     run = Steps(spark, tmp_path, "k STRING",
                 lambda df: df.groupBy("k").agg(F.count("*").alias("n")), "update", confs, ttl_clock)
     many = [{"k": f"bulk-{i}"} for i in range(3000)]
@@ -147,7 +148,7 @@ def _join(df):
 
 def test_join_rows_expire_with_their_key_and_stores_stay_consistent(spark, tmp_path, ttl_clock):
     run = Steps(spark, tmp_path, "side STRING, k STRING, v STRING", _join, "append",
-                {PFX + "ttl": "10s"}, ttl_clock)
+                {**EVERY_VERSION, PFX + "ttl": "10s"}, ttl_clock)
     run.start()
     try:
         assert run.step(0, [{"side": "L", "k": "k1", "v": "L1"}, {"side": "L", "k": "k1", "v": "L1b"},
@@ -173,7 +174,7 @@ def test_join_rows_expire_with_their_key_and_stores_stay_consistent(spark, tmp_p
         return spark.read.format("statestore").option("storeName", name).load(run.stream.checkpoint).collect()
     # Left: k1 (reset to 1 row, L2) and k3; right: k1 (R2). No count points at a missing row.
     assert len(store("left-keyToNumValues")) == 2
-    assert sorted((r.key.index, r.value.lv) for r in store("left-keyWithIndexToValue")) == [(0, "L2"), (0, "L3")]
+    assert sorted((r.key["index"], r.value["lv"]) for r in store("left-keyWithIndexToValue")) == [(0, "L2"), (0, "L3")]
     assert len(store("right-keyToNumValues")) == 1
     assert len(store("right-keyWithIndexToValue")) == 1
 
@@ -193,7 +194,7 @@ def test_applyInPandasWithState_group_restarts_after_ttl(spark, tmp_path, ttl_cl
         return df.groupBy("k").applyInPandasWithState(
             count_rows, "k string, n long", "n long", "Update", GroupStateTimeout.NoTimeout)
 
-    run = Steps(spark, tmp_path, "k STRING", build, "update", {PFX + "ttl": "10s"}, ttl_clock)
+    run = Steps(spark, tmp_path, "k STRING", build, "update", {**EVERY_VERSION, PFX + "ttl": "10s"}, ttl_clock)
     run.start()
     try:
         assert run.step(0, [{"k": "g1"}, {"k": "g2"}])[0] == [("g1", 1), ("g2", 1)]

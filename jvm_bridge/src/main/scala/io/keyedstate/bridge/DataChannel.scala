@@ -58,7 +58,7 @@ final class DataChannel(path: Path) extends Closeable {
     val head = ByteBuffer.allocate(2 + 16)
     head.put(if (behind) ApplyBehind else ApplyNow)
     ttlScan match {
-      case Some(t) => head.put(1.toByte).putLong(t.expireBefore).putInt(t.budget).putInt(t.snapshotBudget)
+      case Some(t) => head.put(1.toByte).putLong(t.expireBefore).putInt(t.interval).putInt(t.budget)
       case None => head.put(0.toByte)
     }
     head.flip()
@@ -104,8 +104,9 @@ final class DataChannel(path: Path) extends Closeable {
 
 final case class ScanChunk(keys: Array[Array[Byte]], values: Array[Array[Byte]], hasMore: Boolean)
 
-/** Asks the server to look for entries written at or before `expireBefore` after an apply. */
-final case class TtlScan(expireBefore: Long, budget: Int, snapshotBudget: Int)
+/** Asks the server, every `interval` versions, to look for up to `budget` entries written at
+ *  or before `expireBefore` after applying the version. */
+final case class TtlScan(expireBefore: Long, interval: Int, budget: Int)
 
 final case class TtlCandidates(version: Long, scanMs: Int, keys: Array[Array[Byte]])
 

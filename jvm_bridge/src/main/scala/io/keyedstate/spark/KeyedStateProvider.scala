@@ -297,7 +297,7 @@ class KeyedStateProvider extends StateStoreProvider {
       files.writeAtomically(files.changelog(newVersion), changelog.duplicate())
       val t2 = System.nanoTime()
       val behind = writeBehind && unknown == 0 && !forceSnapshot
-      val scan = if (ttl.enabled) Some(TtlScan(nowMs - ttl.ttlMs, ttl.cleanupPerCommit, ttl.cleanupPerSnapshot)) else None
+      val scan = if (ttl.enabled) Some(TtlScan(nowMs - ttl.ttlMs, ttl.cleanupInterval, ttl.cleanupKeysPerScan)) else None
       val counted = server.withChannel(s"committing version $newVersion of $describe")(_.apply(handle, changelog, behind, scan))
       numKeys = if (behind) numKeys + delta else counted
       if (forceSnapshot) server.control("staging a snapshot")(_.stageSnapshot(handle))
@@ -312,8 +312,9 @@ class KeyedStateProvider extends StateStoreProvider {
   }
 
   /**
-   * Incremental TTL cleanup, part of the commit. After each apply the Python server walks a
-   * bounded number of entries (in the background, see store.py) and remembers the expired
+   * Incremental TTL cleanup, part of the commit. Every ttl.cleanupInterval versions, after
+   * the apply, the Python server walks a bounded number of entries (in the background, see
+   * store.py) and remembers the expired
    * ones; this commit deletes them through its changelog, so every reload and every executor
    * agrees on the state. It takes them only when it commits on top of exactly the version that
    * was scanned (nothing can have changed them since, except this version's own writes). For

@@ -29,8 +29,8 @@ final case class TtlPolicy(
     updateOnRead: Boolean,
     returnExpired: Boolean,
     countStore: Option[String],
-    cleanupPerCommit: Int,
-    cleanupPerSnapshot: Int) {
+    cleanupInterval: Int,
+    cleanupKeysPerScan: Int) {
   def enabled: Boolean = ttlMs > 0
   /** Entries carry their own timestamp and expire one by one. */
   def perEntry: Boolean = enabled && countStore.isEmpty
@@ -64,8 +64,8 @@ object TtlPolicy {
       updateOnRead = settings.get("ttl.updateType").asText() == "OnReadAndWrite",
       returnExpired = settings.get("ttl.visibility").asText() == "ReturnExpiredIfNotCleanedUp",
       countStore = countStore,
-      cleanupPerCommit = settings.get("ttl.cleanupKeysPerCommit").asInt(),
-      cleanupPerSnapshot = settings.get("ttl.cleanupKeysPerSnapshot").asInt())
+      cleanupInterval = settings.get("ttl.cleanupInterval").asInt(),
+      cleanupKeysPerScan = settings.get("ttl.cleanupKeysPerScan").asInt())
   }
 
   private val validated = ConcurrentHashMap.newKeySet[String]()
