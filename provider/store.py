@@ -106,6 +106,7 @@ class VersionedStore:
         # (the version it scanned, ms, keys) for the JVM to delete through its next changelog.
         self._ttl_cursor: bytes | None = None
         self._ttl_found: tuple[int, int, list[bytes]] = (-1, 0, [])
+        self._ttl_lock = threading.Lock()  # hands _ttl_found over without waiting for applies
         workdir.mkdir(parents=True, exist_ok=True)
 
     @property
@@ -126,7 +127,9 @@ class VersionedStore:
                 shutil.rmtree(self._db_dir)
             self._db = _open(self._db_dir)
             self.version, self.num_keys, self.lineage = version, num_keys, lineage
-            self._ttl_cursor, self._ttl_found = None, (-1, 0, [])
+            self._ttl_cursor = None
+            with self._ttl_lock:
+                self._ttl_found = (-1, 0, [])
 
     def replay(self, changelogs: Iterable[tuple[int, str, str]]) -> None:
         """Apply downloaded changelogs ``(version, local path, checkpoint path)`` in order."""
@@ -268,12 +271,16 @@ class VersionedStore:
                 examined += 1
                 it.next()
             self._ttl_cursor = it.key() if it.valid() else None  # None: wrap around
-        self._ttl_found = (self.version, int((time.perf_counter() - started) * 1000), found)
+        with self._ttl_lock:
+            self._ttl_found = (self.version, int((time.perf_counter() - started) * 1000), found)
 
     def take_ttl_candidates(self) -> tuple[int, int, list[bytes]]:
-        """(version scanned, scan ms, expired keys) of the last scan; each result is given once."""
-        with self._lock:
-            self._wait_applied()
+        """(version scanned, scan ms, expired keys) of the last finished scan, each result once.
+
+        Never waits for a pending apply or scan: a commit must not stall on background cleanup.
+        A result older than the version the JVM commits on is revalidated there.
+        """
+        with self._ttl_lock:
             found, self._ttl_found = self._ttl_found, (-1, 0, [])
             return found
 
@@ -295,6 +302,7 @@ class VersionedStore:
         # (the version it scanned, ms, keys) for the JVM to delete through its next changelog.
         self._ttl_cursor: bytes | None = None
         self._ttl_found: tuple[int, int, list[bytes]] = (-1, 0, [])
+        self._ttl_lock = threading.Lock()  # hands _ttl_found over without waiting for applies
         directory = self.workdir / "staged" / str(self.version)
         self._staged[self.version] = snapshots.stage(
             self._require_db(), directory, self.version, self.lineage, self.num_keys)

@@ -27,6 +27,18 @@ final class DataChannel(path: Path) extends Closeable {
     if (status == StatusNotFound) null else body.array()
   }
 
+  /** Looks several keys up in one round trip; null where absent. */
+  def multiGet(handle: Int, keys: Array[Array[Byte]]): Array[Array[Byte]] = {
+    val req = ByteBuffer.allocate(4 + keys.map(4 + _.length).sum)
+    req.putInt(keys.length)
+    keys.foreach(k => req.putInt(k.length).put(k))
+    req.flip()
+    val (_, body) = call(OpMultiGet, handle, req)
+    Array.fill(keys.length) {
+      if (body.get() == 0) null else { val v = new Array[Byte](body.getInt()); body.get(v); v }
+    }
+  }
+
   /** A chunk of entries whose key starts with `prefix`, after `startAfter` (null = from start),
    *  of at most `maxBytes` and (unless 0) `maxEntries`. */
   def scan(handle: Int, prefix: Array[Byte], startAfter: Array[Byte], maxBytes: Int,
@@ -114,6 +126,7 @@ object DataChannel {
   val OpGet: Byte = 1
   val OpScan: Byte = 2
   val OpApply: Byte = 3
+  val OpMultiGet: Byte = 4
   val OpTtlCandidates: Byte = 5
   val ApplyNow: Byte = 0
   val ApplyBehind: Byte = 1

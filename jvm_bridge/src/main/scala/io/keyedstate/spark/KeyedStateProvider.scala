@@ -314,11 +314,12 @@ class KeyedStateProvider extends StateStoreProvider {
   /**
    * Incremental TTL cleanup, part of the commit. Every ttl.cleanupInterval versions, after
    * the apply, the Python server walks a bounded number of entries (in the background, see
-   * store.py) and remembers the expired
-   * ones; this commit deletes them through its changelog, so every reload and every executor
-   * agrees on the state. It takes them only when it commits on top of exactly the version that
-   * was scanned (nothing can have changed them since, except this version's own writes). For
-   * a join's index store the rows found are only candidates: a row is garbage when the join
+   * store.py) and remembers the expired ones; a later commit deletes them through its
+   * changelog, so every reload and every executor agrees on the state. The commit never waits
+   * for a scan: it takes the last finished one. Keys scanned in exactly the version it commits
+   * on cannot have changed except through this version's own writes; keys from an older scan
+   * are checked again against the committed values (near cache, else one multi-get). For a
+   * join's index store the rows found are only candidates: a row is garbage when the join
    * key's count, in the sibling count store committed just before in the same task, is gone,
    * expired or no longer covers the row's index. Returns (entries deleted, ms).
    */
@@ -326,8 +327,14 @@ class KeyedStateProvider extends StateStoreProvider {
       fetched: java.util.Map[Bytes, java.lang.Boolean], nowMs: Long): (Long, Long) = {
     val started = System.nanoTime()
     val found = server.withChannel(s"fetching TTL cleanup candidates of $describe")(_.ttlCandidates(handle))
-    if (found.version != version || found.keys.isEmpty) return (0L, found.scanMs.toLong)
+    if (found.version < 0 || found.version > version || found.keys.isEmpty) return (0L, found.scanMs.toLong)
     val expireBefore = nowMs - ttl.ttlMs
+    val keys = found.keys.map(new Bytes(_)).filter(buffer.lookup(_) == null)
+    // Still there, and (per-entry TTL) still expired, in the version this commit builds on?
+    val current: Array[Array[Byte]] =
+      if (found.version == version) null else lookupCommittedMany(keys, fetched)
+    def stillExpired(i: Int): Boolean = current == null ||
+      (current(i) != null && (!ttl.perEntry || codec.isExpired(current(i), expireBefore)))
     val isGarbage: Array[Byte] => Boolean = ttl.countStore match {
       case None => _ => true
       case Some(countStoreName) =>
@@ -344,15 +351,41 @@ class KeyedStateProvider extends StateStoreProvider {
         }
     }
     var cleaned = 0L
-    found.keys.foreach { k =>
-      val key = new Bytes(k)
-      if (buffer.lookup(key) == null && isGarbage(k)) {
-        buffer.delete(key)
-        fetched.put(key, java.lang.Boolean.TRUE) // it exists: the commit counts the delete exactly
+    var i = 0
+    while (i < keys.length) {
+      if (stillExpired(i) && isGarbage(keys(i).bytes)) {
+        buffer.delete(keys(i))
+        fetched.put(keys(i), java.lang.Boolean.TRUE) // it exists: the commit counts the delete exactly
         cleaned += 1
       }
+      i += 1
     }
     (cleaned, found.scanMs + (System.nanoTime() - started) / 1000000)
+  }
+
+  /** [[lookupCommitted]] for many keys: near cache, then one round trip for the rest. */
+  private def lookupCommittedMany(keys: Array[Bytes], fetched: java.util.Map[Bytes, java.lang.Boolean]): Array[Array[Byte]] = {
+    val out = new Array[Array[Byte]](keys.length)
+    val missing = scala.collection.mutable.ArrayBuffer.empty[Int]
+    var i = 0
+    while (i < keys.length) {
+      val cached = cache.lookup(keys(i))
+      if (cached eq NearCache.Absent) out(i) = null
+      else if (cached != null) out(i) = cached
+      else missing += i
+      i += 1
+    }
+    if (missing.nonEmpty) {
+      val values = try server.withChannel(s"reading $describe")(_.multiGet(handle, missing.map(keys(_).bytes).toArray))
+      catch { case NonFatal(e) => invalidate(); throw e }
+      missing.indices.foreach { j =>
+        val k = keys(missing(j))
+        out(missing(j)) = values(j)
+        if (values(j) != null) cache.put(k, values(j))
+        fetched.put(k, values(j) != null)
+      }
+    }
+    out
   }
 
   /**
