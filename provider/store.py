@@ -9,12 +9,13 @@ interprets them beyond prefixes.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import shutil
 import threading
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import struct
 import time
@@ -95,10 +96,12 @@ class VersionedStore:
         self.lineage = ""
         self._db: Rdict | None = None
         self._staged: dict[int, snapshots.StagedSnapshot] = {}
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # the database and the version it holds
         self._applier = applier
+        # Write-behind bookkeeping has its own lock, so that queueing a commit never waits for
+        # the applier (which holds _lock while it applies, snapshots or scans).
+        self._state = threading.Condition()
         self._pending = 0  # submitted changelogs not yet applied
-        self._applied = threading.Condition(self._lock)
         self._failure: str | None = None
         self._dirty = False  # the mutable memtable holds writes (vector memtables are unreadable)
         self._deletes_since_compaction = 0
@@ -116,9 +119,9 @@ class VersionedStore:
     # -- loading -------------------------------------------------------------------------------
     def restore(self, version: int, snapshot_dir: str | None, lineage: str, num_keys: int) -> None:
         """Reset to ``version``: the downloaded snapshot in ``snapshot_dir``, or empty (v0)."""
-        with self._lock:
-            self._wait_applied(raise_failure=False)
-            self._failure = None
+        with self._settled(raise_failure=False):
+            with self._state:
+                self._failure = None
             self._close_db()
             self._drop_all_staged()
             if snapshot_dir:
@@ -176,8 +179,7 @@ class VersionedStore:
 
     def apply(self, data: bytes, source: str, ttl: TtlScan | None = None) -> int:
         """Apply a committed version's changelog now; returns the new exact key count."""
-        with self._lock:
-            self._wait_applied()
+        with self._settled():
             self._apply(changelog.decode(data, source), source, stage_snapshot=True)
             if ttl is not None and ttl.interval and self.version % ttl.interval == 0:
                 self._scan_expired(ttl)
@@ -188,7 +190,7 @@ class VersionedStore:
         if self._applier is None:
             self.apply(data, source, ttl)
             return
-        with self._lock:
+        with self._state:
             if self._failure:
                 raise StoreStateError(self._failure)
             self._pending += 1
@@ -203,17 +205,36 @@ class VersionedStore:
                         self._scan_expired(ttl)
             except Exception as exc:  # surfaced by the store's next operation
                 log.exception("background apply of %s failed", source)
-                self._failure = f"{self.name}: applying {source} failed: {type(exc).__name__}: {exc}"
+                with self._state:
+                    self._failure = f"{self.name}: applying {source} failed: {type(exc).__name__}: {exc}"
             finally:
-                self._pending -= 1
-                self._applied.notify_all()
+                with self._state:
+                    self._pending -= 1
+                    self._state.notify_all()
 
     def _wait_applied(self, raise_failure: bool = True) -> None:
-        with self._lock:
+        """Wait until no submitted changelog is pending. Must not hold _lock (the applier needs it)."""
+        with self._state:
             while self._pending:
-                self._applied.wait()
+                self._state.wait()
             if raise_failure and self._failure:
                 raise StoreStateError(self._failure)
+
+    @contextlib.contextmanager
+    def _settled(self, raise_failure: bool = True) -> Iterator[None]:
+        """Hold _lock with nothing pending: the database holds the latest committed version and
+        stays there until released (a commit queued meanwhile waits for the lock)."""
+        while True:
+            self._wait_applied(raise_failure)
+            self._lock.acquire()
+            with self._state:
+                if not self._pending:
+                    break
+            self._lock.release()
+        try:
+            yield
+        finally:
+            self._lock.release()
 
     def _apply(self, log_: changelog.Changelog, source: str, stage_snapshot: bool) -> None:
         with self._lock:
@@ -287,8 +308,7 @@ class VersionedStore:
     # -- snapshots -----------------------------------------------------------------------------
     def stage_snapshot(self) -> None:
         """Checkpoint the current version locally; the shim uploads it during maintenance."""
-        with self._lock:
-            self._wait_applied()
+        with self._settled():
             self._stage()
 
     def _stage(self) -> None:
@@ -298,18 +318,12 @@ class VersionedStore:
         if self._deletes_since_compaction > max(COMPACT_AFTER_DELETES, self.num_keys // 4):
             self._require_db().compact_range(None, None)
             self._deletes_since_compaction = 0
-        # Incremental TTL cleanup: where the next scan resumes, and what the last one found
-        # (the version it scanned, ms, keys) for the JVM to delete through its next changelog.
-        self._ttl_cursor: bytes | None = None
-        self._ttl_found: tuple[int, int, list[bytes]] = (-1, 0, [])
-        self._ttl_lock = threading.Lock()  # hands _ttl_found over without waiting for applies
         directory = self.workdir / "staged" / str(self.version)
         self._staged[self.version] = snapshots.stage(
             self._require_db(), directory, self.version, self.lineage, self.num_keys)
 
     def staged_snapshots(self) -> list[dict]:
-        with self._lock:
-            self._wait_applied(raise_failure=False)
+        with self._settled(raise_failure=False):
             return [s.describe() for _, s in sorted(self._staged.items())]
 
     def drop_staged(self, version: int) -> None:
@@ -336,8 +350,7 @@ class VersionedStore:
             return 0
 
     def close(self) -> None:
-        with self._lock:
-            self._wait_applied(raise_failure=False)
+        with self._settled(raise_failure=False):
             self._close_db()
             self._drop_all_staged()
             shutil.rmtree(self.workdir, ignore_errors=True)
@@ -350,16 +363,14 @@ class VersionedStore:
         self.version = -1
 
     def info(self) -> dict:
-        with self._lock:
-            self._wait_applied()
+        with self._settled():
             return {"version": self.version, "numKeys": self.num_keys,
                     "memoryBytes": self.memory_bytes()}
 
     def _require_db(self, wait: bool = False) -> Rdict:
         """The database; with ``wait``, for reading: pending applies done, memtable flushed."""
         if wait:
-            with self._lock:
-                self._wait_applied()
+            with self._settled():
                 self._flush_if_dirty()
         db = self._db
         if db is None:
