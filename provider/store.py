@@ -369,7 +369,7 @@ class VersionedStore:
 
     def _require_db(self, wait: bool = False) -> Rdict:
         """The database; with ``wait``, for reading: pending applies done, memtable flushed."""
-        if wait:
+        if wait and (self._pending or self._dirty or self._failure):  # else the per-read fast path
             with self._settled():
                 self._flush_if_dirty()
         db = self._db
