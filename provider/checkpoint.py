@@ -1,0 +1,352 @@
+"""Offline view of a keyedstate checkpoint: where each store partition's files live and how a
+version is rebuilt from them, without Spark or the JVM.
+
+Tools that work on a stopped query (``inspect``, ``rescale``) read the same layout the JVM's
+``CheckpointFiles`` writes::
+
+    <checkpoint>/state/<operator>/<partition>[/<store>]/<v>.ks-changelog   writes of version v
+    <checkpoint>/state/<operator>/<partition>[/<store>]/<v>.ks-snapshot    manifest of version v
+    <checkpoint>/state/<operator>/<partition>[/<store>]/ks-files/...       snapshot files
+
+The ``default`` store lives in the partition directory itself, the others (a join's four) in
+subdirectories. A version is rebuilt the way a load does it: the newest snapshot at or below
+it, then the changelogs after it, into a private RocksDB copy (the checkpoint's files are never
+opened in place: RocksDB rewrites MANIFEST and CURRENT when it opens read-write). Only local
+checkpoints (paths or ``file:`` URIs) are supported.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from rocksdict import AccessType, Options, Rdict, WriteBatch, WriteOptions
+
+from . import changelog
+
+CHANGELOG_SUFFIX = ".ks-changelog"
+MANIFEST_SUFFIX = ".ks-snapshot"
+FILES_DIR = "ks-files"
+MANIFEST_FORMAT = "keyedstate-snapshot"
+MANIFEST_FORMAT_VERSION = 1
+DEFAULT_STORE = "default"
+# Files of Spark's HDFS-backed and RocksDB providers (the JVM's CheckpointFiles uses the same).
+_FOREIGN_FILE = re.compile(r"\d+\.(delta|snapshot|zip|changelog)")
+_BATCH_SIZE = 65536  # records per RocksDB write batch while replaying a changelog
+
+
+class CheckpointError(ValueError):
+    """The checkpoint is missing, not keyedstate's, or holds a corrupt file (named in the message)."""
+
+
+@dataclass
+class StoreFiles:
+    """One store partition's directory listing: which versions it can still produce."""
+
+    partition: int
+    path: Path
+    changelogs: set[int] = field(default_factory=set)
+    snapshots: set[int] = field(default_factory=set)
+
+    @property
+    def latest(self) -> int | None:
+        return max(self.changelogs | self.snapshots, default=None)
+
+    def loadable(self) -> list[int]:
+        """Versions a load can produce: a snapshot, or a loadable version plus its changelog."""
+        out: list[int] = []
+        for v in sorted(self.changelogs | self.snapshots):
+            if v in self.snapshots or (v in self.changelogs and (v == 1 or (out and out[-1] == v - 1))):
+                out.append(v)
+        return out
+
+    def changelog_path(self, version: int) -> Path:
+        return self.path / f"{version}{CHANGELOG_SUFFIX}"
+
+    def manifest_path(self, version: int) -> Path:
+        return self.path / f"{version}{MANIFEST_SUFFIX}"
+
+
+def local_path(checkpoint: str | os.PathLike) -> Path:
+    """The local directory of a checkpoint location given as a path or ``file:`` URI."""
+    text = os.fspath(checkpoint)
+    if text.startswith("file:"):
+        text = re.sub(r"^file:(//)?", "", text)
+    elif re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", text):
+        raise CheckpointError(f"{text}: only local checkpoints are supported; copy it to local disk first")
+    return Path(text).absolute()
+
+
+def numbered_dirs(directory: Path) -> Iterator[Path]:
+    """Subdirectories named by a number (operators, partitions), in no particular order."""
+    return (p for p in directory.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def store_dir(op_dir: Path, partition: int, store: str) -> Path:
+    """Where one store partition lives (Spark's StateStoreId.storeCheckpointLocation)."""
+    part = op_dir / str(partition)
+    return part if store == DEFAULT_STORE else part / store
+
+
+def latest_committed_batch(commits: Path) -> int | None:
+    if not commits.is_dir():
+        return None
+    return max((int(p.name) for p in commits.iterdir() if p.name.isdigit() and p.is_file()), default=None)
+
+
+def operator_metadata(op_dir: Path) -> tuple[str | None, dict[str, int]]:
+    """Spark's operator metadata (``v1`` line, then JSON): the operator's name and its stores'
+    partition counts. Older checkpoints lack it; then the directories are all we know."""
+    path = op_dir / "_metadata" / "metadata"
+    if not path.is_file():
+        return None, {}
+    try:
+        version, _, body = path.read_text(encoding="utf-8").partition("\n")
+        if not version.startswith("v"):
+            raise ValueError(f"unexpected first line {version!r}")
+        meta = json.loads(body)
+        name = meta["operatorInfo"]["operatorName"]
+        stores = {s["storeName"]: int(s["numPartitions"]) for s in meta.get("stateStoreInfo", [])}
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"operator metadata {path} is truncated or corrupt ({exc})") from exc
+    return name, stores
+
+
+def list_store(path: Path, partition: int) -> StoreFiles | None:
+    """The keyedstate files of one store partition; refuses another provider's files."""
+    files = StoreFiles(partition, path)
+    foreign = []
+    for entry in path.iterdir():
+        name = entry.name
+        if not entry.is_file() or name.startswith("."):
+            continue
+        for suffix, versions in ((CHANGELOG_SUFFIX, files.changelogs), (MANIFEST_SUFFIX, files.snapshots)):
+            if name.endswith(suffix) and name[: -len(suffix)].isdigit():
+                versions.add(int(name[: -len(suffix)]))
+        if _FOREIGN_FILE.fullmatch(name):
+            foreign.append(name)
+    if foreign:
+        raise CheckpointError(
+            f"{path} holds files of another state store provider ({', '.join(sorted(foreign)[:5])}): "
+            "this checkpoint was not written by keyedstate")
+    if not files.changelogs and not files.snapshots and not (path / FILES_DIR).is_dir():
+        return None
+    return files
+
+
+def discover_stores(op_dir: Path) -> dict[str, list[StoreFiles]]:
+    """Every store partition with keyedstate files under one operator, by store name."""
+    stores: dict[str, list[StoreFiles]] = {}
+    for part_dir in sorted(numbered_dirs(op_dir), key=lambda p: int(p.name)):
+        partition = int(part_dir.name)
+        candidates = [(DEFAULT_STORE, part_dir)] + [
+            (p.name, p) for p in sorted(part_dir.iterdir())
+            if p.is_dir() and p.name not in (FILES_DIR, "_metadata") and not p.name.startswith(".")]
+        for name, path in candidates:
+            listed = list_store(path, partition)
+            if listed is not None:
+                stores.setdefault(name, []).append(listed)
+    return stores
+
+
+def bytes_on_disk(path: Path) -> int:
+    """The store's own files (not other stores' subdirectories) plus its snapshot files."""
+    total = sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+    files_dir = path / FILES_DIR
+    if files_dir.is_dir():
+        total += sum(p.stat().st_size for p in files_dir.rglob("*") if p.is_file())
+    return total
+
+
+# -- snapshot manifests ----------------------------------------------------------------------------
+
+def read_manifest(path: Path, version: int) -> dict[str, Any]:
+    """Parse and check a snapshot manifest as the JVM's CheckpointFiles.readManifest does."""
+    try:
+        node = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(node, dict) or node.get("format") != MANIFEST_FORMAT:
+            raise ValueError("not a keyedstate snapshot manifest")
+        if node.get("formatVersion") != MANIFEST_FORMAT_VERSION:
+            raise ValueError(f"manifest format version {node.get('formatVersion')}, "
+                             f"this keyedstate reads {MANIFEST_FORMAT_VERSION}")
+        if int(node["version"]) != version:
+            raise ValueError(f"it describes version {node['version']}")
+        int(node["keyGroups"]), int(node["numKeys"])
+        for f in node["files"]:
+            str(f["name"]), str(f["path"]), int(f["size"])
+        ttl = node.get("ttl")
+        if ttl is not None and not isinstance(ttl, dict):
+            raise ValueError(f"field 'ttl' is {type(ttl).__name__}, expected an object")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"snapshot manifest {path} is truncated or corrupt ({exc})") from exc
+    return node
+
+
+def write_snapshot(db_dir: Path, target: Path, version: int, key_groups: int, num_keys: int,
+                   ttl: dict | None = None, extra: dict | None = None) -> dict[str, Any]:
+    """Publish the RocksDB checkpoint in ``db_dir`` as snapshot ``version`` of the store
+    partition at ``target``: files first (fresh names, never shared with another writer), then
+    the manifest, atomically, so a reader sees all of the snapshot or none of it."""
+    files_dir = target / FILES_DIR
+    files_dir.mkdir(parents=True, exist_ok=True)
+    batch = uuid.uuid4()
+    listed = []
+    for local in sorted(p for p in db_dir.iterdir() if p.is_file()):
+        rel = f"{FILES_DIR}/{batch}-{local.name}"
+        _copy_synced(local, target / rel)
+        listed.append({"name": local.name, "path": rel, "size": local.stat().st_size})
+    manifest: dict[str, Any] = {
+        "format": MANIFEST_FORMAT, "formatVersion": MANIFEST_FORMAT_VERSION, "version": version,
+        "keyGroups": key_groups, "numKeys": num_keys, "files": listed}
+    if ttl is not None:
+        manifest["ttl"] = ttl
+    manifest.update(extra or {})
+    write_atomically(target / f"{version}{MANIFEST_SUFFIX}", json.dumps(manifest, indent=2).encode())
+    return manifest
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Temp file, fsync, rename: a reader never sees half a file under its final name."""
+    temp = path.parent / f".{path.name}.{uuid.uuid4()}.tmp"
+    try:
+        with open(temp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(temp, path)
+    finally:
+        temp.unlink(missing_ok=True)
+
+
+def _copy_synced(source: Path, dest: Path) -> None:
+    with open(source, "rb") as src, open(dest, "wb") as out:
+        shutil.copyfileobj(src, out, 1 << 20)
+        out.flush()
+        os.fsync(out.fileno())
+
+
+# -- rebuilding a version --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RebuiltVersion:
+    """A private RocksDB copy holding one version of a store partition."""
+
+    db: Rdict
+    base_snapshot: int | None
+    changelogs_applied: int
+    key_groups: int | None
+    manifest: dict[str, Any] | None  # of the base snapshot
+
+
+@contextlib.contextmanager
+def rebuild(store: StoreFiles, version: int, manifests: dict[int, dict] | None = None,
+            workdir: str | os.PathLike | None = None) -> Iterator[RebuiltVersion]:
+    """Rebuild ``version`` of one store partition in a temporary RocksDB (deleted on exit).
+
+    Snapshot files are hard-linked when the checkpoint is on the same file system (they are
+    immutable) and copied otherwise."""
+    base = max((s for s in store.snapshots if s <= version), default=None)
+    needed = range((base or 0) + 1, version + 1)
+    missing = [v for v in needed if v not in store.changelogs]
+    if missing:
+        raise CheckpointError(
+            f"cannot rebuild version {version} of {store.path}: missing "
+            f"{', '.join(str(store.changelog_path(v)) for v in missing[:3])}"
+            f"{' ...' if len(missing) > 3 else ''}")
+    manifest = None
+    if base is not None:
+        manifest = (manifests or {}).get(base) or read_manifest(store.manifest_path(base), base)
+    key_groups = int(manifest["keyGroups"]) if manifest else None
+    with tempfile.TemporaryDirectory(prefix="keyedstate-rebuild-", dir=workdir) as tmp:
+        db_dir = Path(tmp) / "db"
+        db_dir.mkdir()
+        if manifest is not None:
+            _link_snapshot(store.path, store.manifest_path(base), manifest, db_dir)
+        db = open_copy(db_dir, read_only=manifest is not None and not needed)
+        try:
+            for v in needed:
+                key_groups = apply_changelog(db, store.changelog_path(v), v, key_groups)
+            yield RebuiltVersion(db, base, len(needed), key_groups, manifest)
+        finally:
+            db.close()
+
+
+def open_copy(db_dir: Path, read_only: bool) -> Rdict:
+    """Open a private copy; read-write only when changelogs are to be applied on top.
+
+    The default column family gets explicit options: otherwise rocksdict takes them from the
+    snapshot's OPTIONS file, i.e. the state server's vector memtable, which RocksDB refuses
+    without its other settings."""
+    options = Options(raw_mode=True)
+    families = {"default": Options(raw_mode=True)}
+    if read_only:
+        return Rdict(str(db_dir), options=options, column_families=families,
+                     access_type=AccessType.read_only())
+    options.create_if_missing(True)
+    db = Rdict(str(db_dir), options=options, column_families=families)
+    write_options = WriteOptions()
+    write_options.disable_wal = True  # a throwaway copy
+    db.set_write_options(write_options)
+    return db
+
+
+def _link_snapshot(store_dir: Path, manifest_path: Path, manifest: dict, db_dir: Path) -> None:
+    """Give the manifest's files their RocksDB names in ``db_dir``. SST files are hard-linked
+    (immutable); the small mutable ones (MANIFEST, CURRENT, OPTIONS) are always copied."""
+    for f in manifest["files"]:
+        source = store_dir / f["path"]
+        try:
+            size = source.stat().st_size
+        except OSError as exc:
+            raise CheckpointError(f"snapshot manifest {manifest_path} lists {source}, which is missing") from exc
+        if size != int(f["size"]):
+            raise CheckpointError(
+                f"{source} has {size} bytes but snapshot manifest {manifest_path} says {f['size']}: "
+                "truncated or corrupt")
+        dest = db_dir / f["name"]
+        if f["name"].endswith(".sst"):
+            try:
+                os.link(source, dest)
+                continue
+            except OSError:
+                pass  # another file system: copy
+        shutil.copyfile(source, dest)
+
+
+def apply_changelog(db: Rdict, path: Path, version: int, key_groups: int | None) -> int:
+    """Write one changelog's records into ``db``; returns its key-group count (checked against
+    the previous file's, since the count is fixed for a checkpoint)."""
+    try:
+        log_ = changelog.read_file(str(path))
+    except changelog.CorruptChangelogError as exc:
+        raise CheckpointError(str(exc)) from exc
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {path}: {exc}") from exc
+    if log_.version != version:
+        raise CheckpointError(f"{path} holds version {log_.version}, expected {version}: corrupt or misplaced")
+    if key_groups is not None and log_.key_groups != key_groups:
+        raise CheckpointError(f"{path} was written with {log_.key_groups} key groups, the files before "
+                              f"it with {key_groups}: corrupt or mixed checkpoint")
+    batch, pending = WriteBatch(raw_mode=True), 0
+    try:
+        for op, key, value in log_.records():
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+            pending += 1
+            if pending == _BATCH_SIZE:
+                db.write(batch)
+                batch, pending = WriteBatch(raw_mode=True), 0
+    except changelog.CorruptChangelogError as exc:
+        raise CheckpointError(f"{path}: {exc}") from exc
+    if pending:
+        db.write(batch)
+    return log_.key_groups
