@@ -15,11 +15,13 @@ from typing import TYPE_CHECKING, Any
 from . import conf
 from .inspect import InspectError, inspect
 from .jar import jar_path
+from .rescale import RescaleError, rescale
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["PROVIDER_CLASS", "InspectError", "configure", "inspect", "jar_path", "__version__"]
+__all__ = ["PROVIDER_CLASS", "InspectError", "RescaleError", "configure", "inspect", "jar_path", "rescale",
+           "__version__"]
 __version__ = "0.1.0"
 
 PROVIDER_CLASS = "io.keyedstate.spark.KeyedStateProvider"

@@ -200,7 +200,7 @@ def write_snapshot(db_dir: Path, target: Path, version: int, key_groups: int, nu
     listed = []
     for local in sorted(p for p in db_dir.iterdir() if p.is_file()):
         rel = f"{FILES_DIR}/{batch}-{local.name}"
-        _copy_synced(local, target / rel)
+        _publish(local, target / rel)
         listed.append({"name": local.name, "path": rel, "size": local.stat().st_size})
     manifest: dict[str, Any] = {
         "format": MANIFEST_FORMAT, "formatVersion": MANIFEST_FORMAT_VERSION, "version": version,
@@ -225,7 +225,15 @@ def write_atomically(path: Path, data: bytes) -> None:
         temp.unlink(missing_ok=True)
 
 
-def _copy_synced(source: Path, dest: Path) -> None:
+def _publish(source: Path, dest: Path) -> None:
+    """Hard-link an immutable SST file (RocksDB synced it when it wrote it); copy and sync the
+    rest, and anything on another file system."""
+    if source.suffix == ".sst":
+        try:
+            os.link(source, dest)
+            return
+        except OSError:
+            pass
     with open(source, "rb") as src, open(dest, "wb") as out:
         shutil.copyfileobj(src, out, 1 << 20)
         out.flush()

@@ -1,4 +1,4 @@
-"""The ``keyedstate`` command: ``jar``, ``demo``, ``conf-reference``, ``inspect``."""
+"""The ``keyedstate`` command: ``jar``, ``demo``, ``conf-reference``, ``inspect``, ``rescale``."""
 from __future__ import annotations
 
 import argparse
@@ -19,8 +19,20 @@ def main(argv: list[str] | None = None) -> int:
     insp = sub.add_parser("inspect", help="report the state a query's checkpoint holds, per operator and store")
     insp.add_argument("--checkpoint", required=True, help="the query's checkpointLocation (local path)")
     insp.add_argument("--json", action="store_true", help="print the report as JSON")
+    resc = sub.add_parser("rescale", help="redistribute a stopped query's state over a new number of partitions")
+    resc.add_argument("--checkpoint", required=True, help="the query's checkpointLocation (local path)")
+    resc.add_argument("--partitions", type=int, help="the new partition count (required unless --rollback)")
+    resc.add_argument("--skip-failed-batch", action="store_true",
+                      help="mark an uncommitted (failed) last batch done without output; its input is reprocessed")
+    resc.add_argument("--rollback", action="store_true",
+                      help="remove an unfinished repartition batch (an interrupted rescale, or the orphan "
+                           "offset entry Spark's own repartition leaves on a keyedstate checkpoint)")
+    resc.add_argument("--idle-seconds", type=float, default=30.0,
+                      help="an uncommitted batch younger than this means the query may be running (default 30)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
+    logging.basicConfig(level=logging.INFO if args.command == "rescale" else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
 
     if args.command == "jar":
         from . import jar_path
@@ -47,6 +59,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"keyedstate inspect: {exc}", file=sys.stderr)
             return 1
         sys.stdout.write(json.dumps(report) + "\n" if args.json else render(report))
+    elif args.command == "rescale":
+        from .checkpoint import CheckpointError
+        from .rescale import RescaleError, rescale
+
+        if args.partitions is None and not args.rollback:
+            parser.error("rescale needs --partitions (or --rollback)")
+        try:
+            result = rescale(args.checkpoint, args.partitions if args.partitions is not None else 1,
+                             skip_failed_batch=args.skip_failed_batch, rollback=args.rollback,
+                             idle_seconds=args.idle_seconds)
+        except (RescaleError, CheckpointError) as exc:
+            print(f"keyedstate rescale: {exc}", file=sys.stderr)
+            return 1
+        print(json.dumps(result.to_dict()) if result else json.dumps({"rolledBack": True}))
     return 0
 
 

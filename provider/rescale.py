@@ -1,0 +1,475 @@
+"""Rescale a stopped query's keyedstate checkpoint to a new partition count, Flink-style.
+
+Spark freezes a stateful query at the partition count of its first batch (the offset log
+records ``spark.sql.shuffle.partitions``). Spark 4.2's offline repartition rereads all state
+through the state data source, shuffles it and rewrites it, and only for its own RocksDB
+provider. keyedstate moves key groups instead: every stored key starts with its key group, so a
+new partition's state is the key groups it owns, cut out of the old partitions' RocksDB
+snapshots in key order and ingested as SST files, with no shuffle and no decoding of rows.
+
+What is written follows Spark's own repartition, so that Spark treats the result (and any
+interrupted attempt) exactly as it treats its own:
+
+1. ``offsets/B`` (B = last committed batch + 1): a copy of the last committed entry with only
+   ``spark.sql.shuffle.partitions`` changed -- a "repartition batch". Until step 4, a restart is
+   refused by Spark with STREAMING_UNFINISHED_REPARTITION_DETECTED, so nothing half-done runs.
+2. *split* (a Spark job, one task per old store partition): rebuild the committed version, scan
+   it once, write each key to an SST file for the new partition that owns it (its key group
+   mod N when N divides the key-group count, else Spark's Murmur3 partition hash of the key).
+3. *merge* (one task per new store partition): ingest its SST files into an empty RocksDB and
+   publish it as snapshot version B + 1 of that partition (files, then the manifest).
+4. ``commits/B``: a copy of the last commit; from now on the query runs with N partitions.
+
+Everything before the commit only adds files, so an interrupted rescale can be rerun (finished
+splits are reused) or rolled back (:func:`rescale` with ``rollback=True``); the old state is
+never modified. Old partitions beyond N are left on disk, as Spark's repartition leaves them.
+Spark's logs are read and written through Spark's own ``OffsetSeqLog``/``CommitLog`` classes.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from . import checkpoint as ckpt
+from . import keygroups
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+_PROVIDER_KEY = "spark.sql.streaming.stateStore.providerClass"
+_PARTITIONS_KEY = "spark.sql.shuffle.partitions"
+_FORMAT_KEY = "spark.sql.streaming.stateStore.checkpointFormatVersion"
+_STAGING = "_keyedstate_rescale"
+_JOURNAL = "journal.json"
+
+
+class RescaleError(RuntimeError):
+    """The checkpoint cannot be rescaled as asked; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class RescaleResult:
+    checkpoint: str
+    batch: int  # the repartition batch written (offsets/B, commits/B); state version B + 1
+    from_partitions: int
+    to_partitions: int
+    stores: int  # operator stores rescaled
+    keys: int
+    whole_key_groups: bool  # routed by key group (N divides the key-group count)
+    resumed: bool
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def rescale(checkpoint: str | os.PathLike, partitions: int, *, spark: "SparkSession | None" = None,
+            skip_failed_batch: bool = False, rollback: bool = False,
+            idle_seconds: float = 30.0) -> RescaleResult | None:
+    """Redistribute the state of the stopped query at ``checkpoint`` over ``partitions``
+    partitions; restart the unchanged query afterwards and it runs with that many.
+
+    ``skip_failed_batch``: if the last batch started but never committed (it failed), mark it
+    done without output, like Spark's ``enforceExactlyOnceSink=False``; its input is processed
+    again by the next run. Refused if that batch started less than ``idle_seconds`` ago (the
+    query may still be running it). ``rollback``: undo an unfinished repartition batch -- one
+    this function was interrupted in, or the orphan that Spark's own repartition leaves on a
+    keyedstate checkpoint -- and return ``None``. Uses ``spark`` (or the active session, or a
+    local one it starts and stops) to run the work as Spark tasks.
+    """
+    if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
+        raise RescaleError(f"partitions must be an integer >= 1, got {partitions!r}")
+    root = ckpt.local_path(checkpoint)
+    for sub in ("offsets", "commits", "state"):
+        if not (root / sub).is_dir():
+            raise RescaleError(f"{root} has no {sub}/ directory: not the checkpoint of a stateful streaming query")
+    owned = spark is None
+    if spark is None:
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.getActiveSession()
+        owned = spark is None
+        if spark is None:
+            spark = (SparkSession.builder.master("local[*]").appName("keyedstate rescale")
+                     .config("spark.ui.enabled", "false")
+                     .config("spark.pyspark.python", sys.executable)
+                     .getOrCreate())
+    try:
+        return _Rescale(spark, root, partitions).run(skip_failed_batch, rollback, idle_seconds)
+    finally:
+        if owned:
+            spark.stop()
+
+
+class _Rescale:
+    """One invocation: Spark's logs through the JVM, the state through Spark tasks."""
+
+    def __init__(self, spark: "SparkSession", root: Path, partitions: int) -> None:
+        self.spark = spark
+        self.root = root
+        self.n = partitions
+        jvm = spark._jvm
+        js = spark._jsparkSession
+        logs = jvm.org.apache.spark.sql.execution.streaming.checkpointing
+        self.offsets = logs.OffsetSeqLog(js, str(root / "offsets"), False)
+        self.commits = logs.CommitLog(js, str(root / "commits"), False)
+        self.utils = jvm.org.apache.spark.sql.execution.streaming.state.OfflineStateRepartitionUtils
+
+    # -- Spark's logs ----------------------------------------------------------------------------
+    def _latest(self, log_) -> int | None:
+        latest = log_.getLatestBatchId()
+        return int(latest.get()) if latest.isDefined() else None
+
+    def _offset_entry(self, batch: int):
+        entry = self.offsets.get(batch)
+        if not entry.isDefined():
+            raise RescaleError(f"{self.root / 'offsets' / str(batch)} is missing")
+        seq = entry.get()
+        if seq.getClass().getSimpleName() != "OffsetSeq":
+            raise RescaleError(f"{self.root / 'offsets' / str(batch)} uses offset log format "
+                               f"{seq.getClass().getSimpleName()}; keyedstate rescale supports Spark's default (v1)")
+        meta = seq.metadataOpt()
+        if not meta.isDefined():
+            raise RescaleError(f"{self.root / 'offsets' / str(batch)} has no metadata (written by a Spark before 2.1?)")
+        return seq, meta.get()
+
+    def _conf(self, meta, key: str) -> str | None:
+        value = meta.conf().get(key)
+        return str(value.get()) if value.isDefined() else None
+
+    def _partitions_of(self, batch: int) -> int:
+        _, meta = self._offset_entry(batch)
+        value = self._conf(meta, _PARTITIONS_KEY)
+        if value is None:
+            raise RescaleError(f"{self.root / 'offsets' / str(batch)} does not record {_PARTITIONS_KEY}")
+        return int(value)
+
+    # -- the procedure ---------------------------------------------------------------------------
+    def run(self, skip_failed_batch: bool, rollback: bool, idle_seconds: float) -> RescaleResult | None:
+        started = time.monotonic()
+        committed = self._latest(self.commits)
+        latest = self._latest(self.offsets)
+        if committed is None or latest is None:
+            raise RescaleError(f"{self.root} has no committed batch yet: nothing to rescale")
+        from . import PROVIDER_CLASS
+
+        seq, meta = self._offset_entry(committed)
+        provider = self._conf(meta, _PROVIDER_KEY)
+        if provider != PROVIDER_CLASS:
+            raise RescaleError(
+                f"{self.root} was written by state store provider {provider or 'HDFSBackedStateStoreProvider (default)'}, "
+                f"not keyedstate ({PROVIDER_CLASS}); use Spark's own repartition for it")
+        if (self._conf(meta, _FORMAT_KEY) or "1") != "1":
+            raise RescaleError(f"{self.root} uses {_FORMAT_KEY}={self._conf(meta, _FORMAT_KEY)}; keyedstate writes format 1 only")
+        old_n = self._partitions_of(committed)
+        staging = self.root / _STAGING
+
+        resumed = False
+        if latest > committed and self.utils.isRepartitionBatch(latest, self.offsets):
+            pending_n = self._partitions_of(latest)
+            ours = (staging / f"batch-{latest}" / _JOURNAL).is_file()
+            who = ("an interrupted keyedstate rescale" if ours else
+                   "Spark's own repartition, which does not support keyedstate and stopped after writing it")
+            if rollback:
+                self._rollback(latest, committed)
+                log.warning("rolled back the unfinished repartition batch %d (left by %s); the checkpoint "
+                            "is back at batch %d with %d partitions", latest, who, committed, old_n)
+                return None
+            if pending_n != self.n:
+                raise RescaleError(
+                    f"the latest batch {latest} of {self.root} is an unfinished repartition to {pending_n} "
+                    f"partitions, left by {who}; the query cannot restart until it is finished or removed: "
+                    f"rerun with --partitions {pending_n} to finish it, or with --rollback to remove it")
+            if not ours:
+                log.warning("finishing the repartition batch %d that Spark's own repartition left unfinished", latest)
+            batch, read_batch, resumed = latest, committed, True
+        else:
+            if rollback:
+                raise RescaleError(f"{self.root} has no unfinished repartition to roll back "
+                                   f"(latest batch {latest}, last committed {committed})")
+            if latest > committed:
+                self._skip_failed(latest, committed, skip_failed_batch, idle_seconds)
+                seq, meta = self._offset_entry(committed)
+            if old_n == self.n:
+                raise RescaleError(f"{self.root} already runs with {self.n} partitions")
+            batch, read_batch = latest + 1, committed
+            stale = staging / f"batch-{batch}"
+            if stale.exists():  # a journal without its offsets entry: killed before step 1
+                shutil.rmtree(stale)
+
+        work = staging / f"batch-{batch}"
+        work.mkdir(parents=True, exist_ok=True)
+        if not resumed:
+            ckpt.write_atomically(work / _JOURNAL, json.dumps({
+                "batch": batch, "readBatch": read_batch, "fromPartitions": old_n, "toPartitions": self.n,
+                "startedAt": time.time()}).encode())
+            new_meta = meta.copy(meta.batchWatermarkMs(), meta.batchTimestampMs(),
+                                 meta.conf().updated(_PARTITIONS_KEY, str(self.n)))
+            new_seq = seq.copy(seq.offsets(), self.spark._jvm.scala.Some(new_meta))
+            if not self.offsets.add(batch, new_seq):
+                raise RescaleError(f"{self.root / 'offsets' / str(batch)} appeared while rescaling: "
+                                   "the query is running; stop it first")
+            log.info("offsets/%d written: batch %d runs with %d partitions (was %d)", batch, batch, self.n, old_n)
+
+        stores = self._stores(old_n)
+        key_groups = self._key_groups(stores, read_batch + 1)
+        whole = key_groups % self.n == 0
+        read_version, write_version = read_batch + 1, batch + 1
+        splits = [_SplitTask(str(s.path), s.partition, read_version, str(work / _rel(op, name) / f"from-{s.partition}"),
+                             self.n, key_groups, None if whole else _hash_spec(op, name, s.path))
+                  for op, name, parts in stores for s in parts]
+        split_results = self._run_tasks(_split, splits, "split")
+        counts: dict[tuple[int, str, int], int] = {}
+        for task, result in zip(splits, split_results):
+            op, name = _op_store_of(work, task.staging)
+            for q, c in result["keys"].items():
+                counts[(op, name, int(q))] = counts.get((op, name, int(q)), 0) + c
+        ttl = {(op, name): _first_ttl(r for t, r in zip(splits, split_results) if _op_store_of(work, t.staging) == (op, name))
+               for op, name, _ in stores}
+        merges = [_MergeTask(str(work / _rel(op, name)), q, str(ckpt.store_dir(self.root / "state" / str(op), q, name)),
+                             write_version, key_groups, counts.get((op, name, q), 0), ttl[(op, name)],
+                             {"batch": batch, "fromPartitions": old_n, "toPartitions": self.n})
+                  for op, name, _ in stores for q in range(self.n)]
+        self._run_tasks(_merge, merges, "merge")
+
+        if self._latest(self.offsets) != batch:
+            raise RescaleError(f"{self.root / 'offsets'} moved past batch {batch} while rescaling: the query is running")
+        if not self.commits.add(batch, self.commits.get(read_batch).get()):
+            raise RescaleError(f"{self.root / 'commits' / str(batch)} appeared while rescaling: the query is running")
+        shutil.rmtree(work, ignore_errors=True)
+        if staging.is_dir() and not any(staging.iterdir()):
+            staging.rmdir()
+        result = RescaleResult(str(self.root), batch, old_n, self.n, len(stores), sum(counts.values()),
+                               whole, resumed, round(time.monotonic() - started, 3))
+        log.info("rescaled %s: %s", self.root, result)
+        return result
+
+    def _skip_failed(self, latest: int, committed: int, skip: bool, idle_seconds: float) -> None:
+        offsets_file = self.root / "offsets" / str(latest)
+        age = time.time() - offsets_file.stat().st_mtime
+        if age < idle_seconds:
+            raise RescaleError(
+                f"batch {latest} of {self.root} started {age:.0f} s ago and has not committed: the query "
+                "looks running; stop it first (or wait, if it failed)")
+        if not skip:
+            raise RescaleError(
+                f"the last batch {latest} of {self.root} did not commit (the query failed or was killed "
+                f"during it; last committed batch {committed}): restart the query once so that it "
+                "completes the batch, or pass --skip-failed-batch to drop its output and process its "
+                "input again after the rescale")
+        for b in range(committed + 1, latest + 1):
+            # Like Spark's enforceExactlyOnceSink=false, but keeping the watermark of the last commit.
+            if not self.commits.add(b, self.commits.get(committed).get()):
+                raise RescaleError(f"{self.root / 'commits' / str(b)} appeared while rescaling: the query is running")
+        log.warning("marked the uncommitted batches %d..%d as done without output", committed + 1, latest)
+
+    def _rollback(self, latest: int, committed: int) -> None:
+        work = self.root / _STAGING / f"batch-{latest}"
+        version = latest + 1
+        for op_dir in ckpt.numbered_dirs(self.root / "state"):
+            for parts in ckpt.discover_stores(op_dir).values():
+                for files in parts:
+                    manifest = files.manifest_path(version)
+                    if manifest.is_file() and "rescale" in json.loads(manifest.read_text()):
+                        manifest.unlink()  # its files become unreferenced; the provider's cleanup drops them
+        self.offsets.purgeAfter(committed)
+        crc = self.root / "offsets" / f".{latest}.crc"
+        crc.unlink(missing_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+    def _stores(self, old_n: int) -> list[tuple[int, str, list[ckpt.StoreFiles]]]:
+        out = []
+        for op_dir in sorted(ckpt.numbered_dirs(self.root / "state"), key=lambda p: int(p.name)):
+            if (op_dir / "_metadata" / "v2").is_dir():
+                raise RescaleError(f"{op_dir} has versioned operator metadata (transformWithState), which "
+                                   "keyedstate does not serve")
+            discovered = ckpt.discover_stores(op_dir)
+            for name in sorted(discovered):
+                parts = [p for p in discovered[name] if p.partition < old_n]
+                missing = sorted(set(range(old_n)) - {p.partition for p in parts})
+                if missing:
+                    raise RescaleError(f"store {name} of {op_dir} has no keyedstate files for partitions {missing}")
+                out.append((int(op_dir.name), name, parts))
+        if not out:
+            raise RescaleError(f"{self.root / 'state'} holds no keyedstate state")
+        return out
+
+    def _key_groups(self, stores, version: int) -> int:
+        """The checkpoint's key-group count, from any manifest or changelog (it is fixed)."""
+        from . import changelog
+
+        for _, _, parts in stores:
+            for files in parts:
+                for v in sorted(files.snapshots, reverse=True):
+                    return int(ckpt.read_manifest(files.manifest_path(v), v)["keyGroups"])
+                for v in sorted(files.changelogs, reverse=True):
+                    try:
+                        return changelog.read_file(str(files.changelog_path(v))).key_groups
+                    except changelog.CorruptChangelogError as exc:
+                        raise RescaleError(str(exc)) from exc
+        raise RescaleError(f"no manifest or changelog at or below version {version} in {self.root / 'state'}")
+
+    def _run_tasks(self, fn, tasks: list, phase: str) -> list[dict]:
+        if not tasks:
+            return []
+        sc = self.spark.sparkContext
+        sc.setJobGroup(f"keyedstate-rescale-{phase}", f"keyedstate rescale: {phase} {len(tasks)} store partitions")
+        started = time.monotonic()
+        results = sc.parallelize(tasks, len(tasks)).map(fn).collect()
+        log.info("%s: %d tasks in %.1f s", phase, len(tasks), time.monotonic() - started)
+        return results
+
+
+def _rel(op: int, store: str) -> Path:
+    return Path(str(op)) / store
+
+
+def _op_store_of(work: Path, staging: str) -> tuple[int, str]:
+    rel = Path(staging).relative_to(work)
+    return int(rel.parts[0]), rel.parts[1]
+
+
+def _first_ttl(results) -> dict | None:
+    return next((r["ttl"] for r in results if r.get("ttl") is not None), None)
+
+
+def _hash_spec(op: int, store: str, path: Path) -> dict:
+    """How to recompute Spark's partition hash of a stored key (when key groups cannot say):
+    the key schema from Spark's schema file, and which columns the operator partitions by."""
+    op_dir = path.parent if store == ckpt.DEFAULT_STORE else path.parent.parent
+    schema_file = ckpt.store_dir(op_dir, 0, store) / "_metadata" / "schema"
+    if not schema_file.is_file():
+        raise RescaleError(f"{schema_file} is missing: rescaling to a partition count that does not divide "
+                           "the key-group count needs Spark's state schema to rehash keys")
+    name, _ = ckpt.operator_metadata(op_dir)
+    return {"schemaFile": str(schema_file), "store": store, "operator": name or ""}
+
+
+# -- the tasks (run on executors; plain data in, plain data out) ------------------------------------
+
+@dataclass(frozen=True)
+class _SplitTask:
+    store_path: str
+    partition: int
+    version: int
+    staging: str  # this old partition's output directory
+    partitions: int
+    key_groups: int
+    hash_spec: dict | None  # None: route by key group
+
+
+@dataclass(frozen=True)
+class _MergeTask:
+    staging: str  # the store's staging directory (from-<p>/to-<q>.sst inside)
+    partition: int
+    target: str  # the new partition's store directory in the checkpoint
+    version: int
+    key_groups: int
+    num_keys: int
+    ttl: dict | None
+    origin: dict
+
+
+def _split(task: _SplitTask) -> dict:
+    """Cut one old store partition into per-new-partition SST files (reused if already done)."""
+    from rocksdict import Options, SstFileWriter
+
+    out = Path(task.staging)
+    done = out / "done.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    temp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(temp, ignore_errors=True)
+    temp.mkdir(parents=True)
+    files = ckpt.list_store(Path(task.store_path), task.partition)
+    if files is None:
+        raise ckpt.CheckpointError(f"{task.store_path} holds no keyedstate files")
+    route = _router(task)
+    writers: dict[int, Any] = {}
+    counts: dict[int, int] = {}
+    with ckpt.rebuild(files, task.version, workdir=temp) as rebuilt:
+        if rebuilt.key_groups is not None and rebuilt.key_groups != task.key_groups:
+            raise ckpt.CheckpointError(f"{task.store_path} has {rebuilt.key_groups} key groups, other stores "
+                                       f"{task.key_groups}: corrupt or mixed checkpoint")
+        it = rebuilt.db.iter()
+        it.seek_to_first()
+        while it.valid():
+            key = it.key()
+            q = route(key)
+            writer = writers.get(q)
+            if writer is None:
+                writer = writers[q] = SstFileWriter(Options(raw_mode=True))
+                writer.open(str(temp / f"to-{q}.sst"))
+                counts[q] = 0
+            writer[key] = it.value()
+            counts[q] += 1
+            it.next()
+        del it
+        ttl = rebuilt.manifest.get("ttl") if rebuilt.manifest else None
+    for writer in writers.values():
+        writer.finish()
+    result = {"keys": {str(q): c for q, c in counts.items()}, "ttl": ttl}
+    (temp / "done.json").write_text(json.dumps(result))
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(temp, out)
+    return result
+
+
+def _router(task: _SplitTask):
+    """Key -> new partition: the key group mod N when N divides the key-group count (whole key
+    groups move, no rehash), else Spark's own partition hash of the key's partition columns."""
+    n = task.partitions
+    if task.hash_spec is None:
+        group_of = keygroups.key_group_of_stored_key
+        return lambda key: group_of(key) % n
+    from .sparkhash import RowHasher, read_key_schema
+
+    spec = task.hash_spec
+    schema = read_key_schema(spec["schemaFile"])
+    fields = len(schema["fields"])
+    operator = spec["operator"].lower()
+    if spec["store"].endswith("keyWithIndexToValue"):
+        hasher = RowHasher(schema, fields - 1)  # the join key, without the trailing index
+        return lambda key: hasher.hash(key, 4) % n
+    if "session" in operator:
+        # Prefix-scan layout: u32 key group | u32 prefix length | prefix row | full key row.
+        hasher = RowHasher(schema, fields - 1)  # the grouping keys, without the session window
+        return lambda key: hasher.hash(key, 8 + int.from_bytes(key[4:8], "big")) % n  # the full key row
+    hasher = RowHasher(schema, fields)
+    return lambda key: hasher.hash(key, 4) % n
+
+
+def _merge(task: _MergeTask) -> dict:
+    """Build one new store partition from its SST files and publish it as a snapshot."""
+    from rocksdict import Checkpoint, IngestExternalFileOptions
+
+    from .store import _open
+
+    sources = sorted(Path(task.staging).glob(f"from-*/to-{task.partition}.sst"))
+    target = Path(task.target)
+    target.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="keyedstate-merge-", dir=task.staging) as tmp:
+        db = _open(Path(tmp) / "db")
+        try:
+            if sources:
+                opts = IngestExternalFileOptions()
+                opts.set_move_files(False)  # the staging copy stays until the commit, for reruns
+                db.ingest_external_file([str(s) for s in sources], opts)
+            snapshot = Path(tmp) / "snapshot"
+            Checkpoint(db).create_checkpoint(str(snapshot))
+        finally:
+            db.close()
+        ckpt.write_snapshot(snapshot, target, task.version, task.key_groups, task.num_keys, task.ttl,
+                            {"rescale": task.origin})
+    return {"partition": task.partition, "keys": task.num_keys}
