@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import shutil
 import sys
@@ -182,7 +181,7 @@ class _Rescale:
             who = ("an interrupted keyedstate rescale" if ours else
                    "Spark's own repartition, which does not support keyedstate and stopped after writing it")
             if rollback:
-                self._rollback(latest, committed)
+                self._rollback(latest)
                 log.warning("rolled back the unfinished repartition batch %d (left by %s); the checkpoint "
                             "is back at batch %d with %d partitions", latest, who, committed, old_n)
                 return None
@@ -222,31 +221,40 @@ class _Rescale:
                                    "the query is running; stop it first")
             log.info("offsets/%d written: batch %d runs with %d partitions (was %d)", batch, batch, self.n, old_n)
 
-        stores = self._stores(old_n)
-        key_groups = self._key_groups(stores, read_batch + 1)
-        whole = key_groups % self.n == 0
-        read_version, write_version = read_batch + 1, batch + 1
-        splits = [_SplitTask(str(s.path), s.partition, read_version, str(work / _rel(op, name) / f"from-{s.partition}"),
-                             self.n, key_groups, None if whole else _hash_spec(op, name, s.path))
-                  for op, name, parts in stores for s in parts]
-        split_results = self._run_tasks(_split, splits, "split")
-        counts: dict[tuple[int, str, int], int] = {}
-        for task, result in zip(splits, split_results):
-            op, name = _op_store_of(work, task.staging)
-            for q, c in result["keys"].items():
-                counts[(op, name, int(q))] = counts.get((op, name, int(q)), 0) + c
-        ttl = {(op, name): _first_ttl(r for t, r in zip(splits, split_results) if _op_store_of(work, t.staging) == (op, name))
-               for op, name, _ in stores}
-        merges = [_MergeTask(str(work / _rel(op, name)), q, str(ckpt.store_dir(self.root / "state" / str(op), q, name)),
-                             write_version, key_groups, counts.get((op, name, q), 0), ttl[(op, name)],
-                             {"batch": batch, "fromPartitions": old_n, "toPartitions": self.n})
-                  for op, name, _ in stores for q in range(self.n)]
-        self._run_tasks(_merge, merges, "merge")
+        try:
+            stores = self._stores(old_n)
+            key_groups = self._key_groups(stores, read_batch + 1)
+            whole = key_groups % self.n == 0
+            read_version, write_version = read_batch + 1, batch + 1
+            splits = [_SplitTask(op, name, str(s.path), s.partition, read_version,
+                                 str(work / str(op) / name / f"from-{s.partition}"), self.n, key_groups,
+                                 None if whole else _hash_spec(op, name, s.path))
+                      for op, name, parts in stores for s in parts]
+            split_results = self._run_tasks(_split, splits, "split")
+            counts: dict[tuple[int, str, int], int] = {}
+            ttl: dict[tuple[int, str], dict | None] = {}
+            for task, result in zip(splits, split_results):
+                for q, c in result["keys"].items():
+                    counts[(task.operator, task.store, int(q))] = counts.get((task.operator, task.store, int(q)), 0) + c
+                if ttl.get((task.operator, task.store)) is None:
+                    ttl[(task.operator, task.store)] = result["ttl"]
+            merges = [_MergeTask(str(work / str(op) / name), q, str(ckpt.store_dir(self.root / "state" / str(op), q, name)),
+                                 write_version, key_groups, counts.get((op, name, q), 0), ttl.get((op, name)),
+                                 {"batch": batch, "fromPartitions": old_n, "toPartitions": self.n})
+                      for op, name, _ in stores for q in range(self.n)]
+            self._run_tasks(_merge, merges, "merge")
 
-        if self._latest(self.offsets) != batch:
-            raise RescaleError(f"{self.root / 'offsets'} moved past batch {batch} while rescaling: the query is running")
-        if not self.commits.add(batch, self.commits.get(read_batch).get()):
-            raise RescaleError(f"{self.root / 'commits' / str(batch)} appeared while rescaling: the query is running")
+            if self._latest(self.offsets) != batch:
+                raise RescaleError(f"{self.root / 'offsets'} moved past batch {batch} while rescaling: the query is running")
+            if not self.commits.add(batch, self.commits.get(read_batch).get()):
+                raise RescaleError(f"{self.root / 'commits' / str(batch)} appeared while rescaling: the query is running")
+        except BaseException:
+            if not resumed and self._latest(self.commits) != batch and self._latest(self.offsets) == batch:
+                # Undo what this call started, so that the query can restart as it was;
+                # a kill leaves it to a rerun or to rollback=True instead.
+                log.error("rescale failed; rolling back the repartition batch %d", batch)
+                self._rollback(batch)
+            raise
         shutil.rmtree(work, ignore_errors=True)
         if staging.is_dir() and not any(staging.iterdir()):
             staging.rmdir()
@@ -274,7 +282,8 @@ class _Rescale:
                 raise RescaleError(f"{self.root / 'commits' / str(b)} appeared while rescaling: the query is running")
         log.warning("marked the uncommitted batches %d..%d as done without output", committed + 1, latest)
 
-    def _rollback(self, latest: int, committed: int) -> None:
+    def _rollback(self, latest: int) -> None:
+        """Remove the uncommitted repartition batch ``latest``: its snapshots, offsets, staging."""
         work = self.root / _STAGING / f"batch-{latest}"
         version = latest + 1
         for op_dir in ckpt.numbered_dirs(self.root / "state"):
@@ -283,7 +292,7 @@ class _Rescale:
                     manifest = files.manifest_path(version)
                     if manifest.is_file() and "rescale" in json.loads(manifest.read_text()):
                         manifest.unlink()  # its files become unreferenced; the provider's cleanup drops them
-        self.offsets.purgeAfter(committed)
+        self.offsets.purgeAfter(latest - 1)
         crc = self.root / "offsets" / f".{latest}.crc"
         crc.unlink(missing_ok=True)
         shutil.rmtree(work, ignore_errors=True)
@@ -331,19 +340,6 @@ class _Rescale:
         return results
 
 
-def _rel(op: int, store: str) -> Path:
-    return Path(str(op)) / store
-
-
-def _op_store_of(work: Path, staging: str) -> tuple[int, str]:
-    rel = Path(staging).relative_to(work)
-    return int(rel.parts[0]), rel.parts[1]
-
-
-def _first_ttl(results) -> dict | None:
-    return next((r["ttl"] for r in results if r.get("ttl") is not None), None)
-
-
 def _hash_spec(op: int, store: str, path: Path) -> dict:
     """How to recompute Spark's partition hash of a stored key (when key groups cannot say):
     the key schema from Spark's schema file, and which columns the operator partitions by."""
@@ -360,6 +356,8 @@ def _hash_spec(op: int, store: str, path: Path) -> dict:
 
 @dataclass(frozen=True)
 class _SplitTask:
+    operator: int
+    store: str
     store_path: str
     partition: int
     version: int

@@ -184,7 +184,7 @@ def drain(query, checkpoint: Path, expected_files: int, timeout: float = 120.0) 
 
 def run_query(spark, provider_class: str, build_query: Callable, schema, steps: Sequence,
               checkpoint_dir, input_dir, output_mode: str, restart_after: int | None = None,
-              *, trigger_timeout: float = 120.0) -> Output:
+              *, trigger_timeout: float = 120.0, on_restart: Callable[[Path], None] | None = None) -> Output:
     """Run a stateful query over ``steps`` and return ``[(batch_id, sorted rows as tuples)]``.
 
     * ``schema``: DDL string / StructType for one source, or a list of them for several sources
@@ -193,7 +193,8 @@ def run_query(spark, provider_class: str, build_query: Callable, schema, steps: 
       published and awaited in turn, so a step is one micro-batch per source).
     * ``steps``: rows are dicts or tuples in schema order; ``datetime`` values become ISO strings.
     * ``restart_after=k``: after step k (0-based), stop the query and continue the remaining steps
-      with a brand-new query on the same checkpoint and input.
+      with a brand-new query on the same checkpoint and input; ``on_restart(checkpoint)`` runs
+      while the query is stopped (e.g. a rescale).
     * The provider is set as the session's ``providerClass`` before every start (Spark then keeps
       the checkpoint's value on restarts) and the previous session value is restored at the end.
     * Every sink call is recorded, in call order, including batches without rows. Nothing is ever
@@ -236,6 +237,8 @@ def run_query(spark, provider_class: str, build_query: Callable, schema, steps: 
                 drain(query, checkpoint, inputs.total, trigger_timeout)
             if index == restart_after:
                 query.stop()
+                if on_restart is not None:
+                    on_restart(checkpoint)
                 query = start()
                 query.processAllAvailable()  # whatever the new query runs unprompted, runs now
     finally:

@@ -1,0 +1,266 @@
+"""keyedstate rescale with real Spark: a query stopped at N1 partitions, rescaled to N2 and
+restarted gives, batch for batch, the output of an uninterrupted run (stateful results do not
+depend on the partition count); interrupted rescales can be rerun or rolled back; bad
+checkpoints are refused with a message that says what and where.
+
+The rescale writes one repartition batch (as Spark's own repartition does), so the restarted
+query's batch ids are one higher than the uninterrupted run's after that point.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import keyedstate
+from harness import REFERENCE_PROVIDER, assert_same_output, run_query
+from keyedstate import checkpoint as ckpt
+from stream_utils import HDFS_PROVIDER, PROVIDER_CONF, FileStream, collect_into, session_confs
+from test_operators import SCENARIOS
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+KEY_GROUPS = 201600  # the default: divisible by 1..10, 12, 16, 20, 32, ...; not by 11 or 13
+RESTART_AFTER = 2
+
+
+@dataclass(frozen=True)
+class Case:
+    scenario: str
+    before: int
+    after: int
+
+    @property
+    def id(self) -> str:
+        how = "whole-key-groups" if KEY_GROUPS % self.after == 0 else "rehash"
+        return f"{self.scenario}-{self.before}to{self.after}-{how}"
+
+
+CASES = [
+    Case("aggregation-update", 2, 4),  # up
+    Case("drop-duplicates", 4, 2),  # down
+    Case("drop-duplicates-within-watermark", 3, 11),  # up, 11 does not divide the key groups
+    Case("stream-stream-inner-join", 2, 5),  # four stores per partition
+    Case("stream-stream-left-outer-join", 4, 3),  # down, neither count a multiple of the other
+    Case("session-window-append", 2, 11),  # prefix-scan keys, rehashed
+    Case("window-aggregation-append", 11, 2),  # from a count that does not divide, down
+    Case("pandas-with-state-event-time-timeout", 4, 1),  # down to one partition
+]
+
+
+def _scenario(name: str):
+    return next(s for s in SCENARIOS if s.name == name)
+
+
+def _inputs(scenario, root: Path):
+    return [root / "input-left", root / "input-right"] if scenario.multi else root / "input"
+
+
+def _shift_after(output, batch: int):
+    """The candidate's batch ids without the repartition batch ``batch`` (ids above it - 1)."""
+    return [(b - 1 if b > batch else b, rows) for b, rows in output]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_rescaled_query_gives_the_uninterrupted_output(spark, tmp_path, case):
+    scenario = _scenario(case.scenario)
+    reference = run_query(spark, REFERENCE_PROVIDER, scenario.build, scenario.schema, scenario.steps,
+                          tmp_path / "reference" / "checkpoint", _inputs(scenario, tmp_path / "reference"),
+                          scenario.mode)
+    results = []
+
+    def rescale(checkpoint: Path) -> None:
+        results.append(keyedstate.rescale(checkpoint, case.after, spark=spark))
+
+    with session_confs(spark, {"spark.sql.shuffle.partitions": str(case.before)}):
+        candidate = run_query(spark, keyedstate.PROVIDER_CLASS, scenario.build, scenario.schema, scenario.steps,
+                              tmp_path / "candidate" / "checkpoint", _inputs(scenario, tmp_path / "candidate"),
+                              scenario.mode, restart_after=RESTART_AFTER, on_restart=rescale)
+    (result,) = results
+    assert (result.from_partitions, result.to_partitions) == (case.before, case.after)
+    assert result.whole_key_groups == (KEY_GROUPS % case.after == 0)
+    assert result.stores == (4 if scenario.multi else 1)
+    assert any(rows for b, rows in candidate if b > result.batch), "no output after the rescale"
+    assert_same_output(reference, _shift_after(candidate, result.batch))
+
+    report = keyedstate.inspect(tmp_path / "candidate" / "checkpoint")
+    op = report["operators"][0]
+    assert op["numPartitions"] == case.after
+    for store in op["stores"]:
+        assert len(store["partitions"]) == case.after
+        if KEY_GROUPS % case.after == 0:
+            assert store["distribution"]["misplacedKeys"] == 0
+
+
+# -- a W1-shaped aggregation, for the interruption and refusal tests ---------------------------------
+
+def _agg(df):
+    from pyspark.sql import functions as F
+
+    return df.groupBy("k").agg(F.count("*").alias("n"))
+
+
+def _batch_rows(b: int) -> list[dict]:
+    return [{"k": k} for k in range(b * 700, b * 700 + 3000)]
+
+
+def _expected(batches: int) -> dict:
+    counts: dict[int, int] = {}
+    for b in range(batches):
+        for row in _batch_rows(b):
+            counts[row["k"]] = counts.get(row["k"], 0) + 1
+    return counts
+
+
+def _run(spark, stream: FileStream, batches: range, out: dict, partitions: int = 4) -> None:
+    with session_confs(spark, {PROVIDER_CONF: keyedstate.PROVIDER_CLASS,
+                               "spark.sql.shuffle.partitions": str(partitions)}):
+        query = stream.start(_agg, lambda df, _: out.update({r.k: r.n for r in df.collect()}))
+        try:
+            for b in batches:
+                stream.add(_batch_rows(b))
+                query.processAllAvailable()
+        finally:
+            query.stop()
+
+
+def _cli(*args: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "keyedstate.cli", "rescale", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, **kwargs)
+
+
+def _restart_error(spark, stream: FileStream) -> str:
+    with session_confs(spark, {PROVIDER_CONF: keyedstate.PROVIDER_CLASS}):
+        query = stream.start(_agg, lambda df, _: None)
+        try:
+            query.processAllAvailable()
+        except Exception as exc:  # StreamingQueryException
+            return str(exc)
+        finally:
+            query.stop()
+    return ""
+
+
+@pytest.mark.parametrize("kill_after", ["offsets/", "split:"])
+def test_rescale_killed_midway_and_rerun_gives_the_same_result(spark, tmp_path, kill_after):
+    stream = FileStream(spark, tmp_path, "k LONG")
+    out: dict = {}
+    _run(spark, stream, range(3), out)
+
+    proc = _cli("--checkpoint", stream.checkpoint, "--partitions", "8")
+    seen = []
+    deadline = time.monotonic() + 180
+    for line in proc.stderr:  # the CLI logs each step at INFO
+        seen.append(line)
+        if f"keyedstate.rescale: {kill_after}" in line:
+            os.killpg(proc.pid, signal.SIGKILL)
+            break
+        assert time.monotonic() < deadline, "".join(seen)
+    proc.wait(60)
+    assert proc.returncode == -signal.SIGKILL, "".join(seen)
+
+    # Spark refuses to run the half-done repartition batch ...
+    assert "STREAMING_UNFINISHED_REPARTITION_DETECTED" in _restart_error(spark, stream)
+    # ... a rescale to another count is refused, naming what to do ...
+    with pytest.raises(keyedstate.RescaleError, match="unfinished repartition to 8 partitions.*--partitions 8"):
+        keyedstate.rescale(stream.checkpoint, 2, spark=spark)
+    # ... and rerunning it finishes it.
+    result = keyedstate.rescale(stream.checkpoint, 8, spark=spark)
+    assert result.resumed and result.to_partitions == 8 and result.keys == len(_expected(3))
+    assert not (Path(stream.checkpoint) / "_keyedstate_rescale").exists()
+
+    _run(spark, stream, range(3, 5), out, partitions=2)  # the session's count no longer matters
+    assert out == _expected(5)
+    report = keyedstate.inspect(stream.checkpoint)
+    assert report["operators"][0]["numPartitions"] == 8
+    assert report["operators"][0]["stores"][0]["totalKeys"] == len(_expected(5))
+
+
+def test_orphan_of_sparks_own_repartition_is_detected_and_rolled_back(spark, tmp_path):
+    stream = FileStream(spark, tmp_path, "k LONG")
+    out: dict = {}
+    _run(spark, stream, range(2), out)
+    # Spark's own repartition refuses a custom provider, after writing offsets/2.
+    with pytest.raises(Exception, match="UNSUPPORTED_PROVIDER"):
+        spark._streamingCheckpointManager.repartition(stream.checkpoint, 3)
+    assert (Path(stream.checkpoint) / "offsets" / "2").is_file()
+    assert "STREAMING_UNFINISHED_REPARTITION_DETECTED" in _restart_error(spark, stream)
+
+    with pytest.raises(keyedstate.RescaleError) as err:
+        keyedstate.rescale(stream.checkpoint, 8, spark=spark)
+    assert "Spark's own repartition" in str(err.value) and "--rollback" in str(err.value)
+
+    rollback = _cli("--checkpoint", stream.checkpoint, "--rollback")
+    stdout, stderr = rollback.communicate(timeout=180)
+    assert rollback.returncode == 0, stderr
+    assert json.loads(stdout) == {"rolledBack": True}
+    assert not (Path(stream.checkpoint) / "offsets" / "2").exists()
+    assert not (Path(stream.checkpoint) / "offsets" / ".2.crc").exists()
+
+    _run(spark, stream, range(2, 4), out)  # the old count (4) again, nothing lost
+    assert out == _expected(4)
+
+
+def test_failed_last_batch_is_refused_unless_skipped(spark, tmp_path):
+    stream = FileStream(spark, tmp_path, "k LONG")
+    out: dict = {}
+    _run(spark, stream, range(3), out)
+    root = Path(stream.checkpoint)
+    # Batch 2 ran (its state version 3 is on disk) but never committed: a failure before the commit.
+    (root / "commits" / "2").unlink()
+    (root / "commits" / ".2.crc").unlink(missing_ok=True)
+
+    with pytest.raises(keyedstate.RescaleError, match=r"started \d+ s ago and has not committed: the query looks running"):
+        keyedstate.rescale(root, 8, spark=spark)
+    with pytest.raises(keyedstate.RescaleError, match="last batch 2 .* did not commit.*--skip-failed-batch"):
+        keyedstate.rescale(root, 8, spark=spark, idle_seconds=0)
+    result = keyedstate.rescale(root, 8, spark=spark, idle_seconds=0, skip_failed_batch=True)
+    assert result.batch == 3 and result.keys == len(_expected(2))  # the state of batch 1
+
+    # The repartition batch restarts from batch 1's offsets: batch 2's input is processed again,
+    # once, with the next files.
+    _run(spark, stream, range(3, 5), out)
+    assert out == _expected(5)
+    assert keyedstate.inspect(root)["operators"][0]["stores"][0]["totalKeys"] == len(_expected(5))
+
+
+def test_foreign_or_unready_checkpoints_are_refused(spark, tmp_path):
+    hdfs = FileStream(spark, tmp_path / "hdfs", "k LONG")
+    with session_confs(spark, {PROVIDER_CONF: HDFS_PROVIDER}):
+        query = hdfs.start(_agg, collect_into({}))
+        try:
+            hdfs.add(_batch_rows(0))
+            query.processAllAvailable()
+        finally:
+            query.stop()
+    with pytest.raises(keyedstate.RescaleError, match="HDFSBackedStateStoreProvider, not keyedstate"):
+        keyedstate.rescale(hdfs.checkpoint, 4, spark=spark)
+
+    stream = FileStream(spark, tmp_path / "ks", "k LONG")
+    _run(spark, stream, range(1), {}, partitions=4)
+    with pytest.raises(keyedstate.RescaleError, match="already runs with 4 partitions"):
+        keyedstate.rescale(stream.checkpoint, 4, spark=spark)
+    with pytest.raises(keyedstate.RescaleError, match="partitions must be an integer >= 1"):
+        keyedstate.rescale(stream.checkpoint, 0, spark=spark)
+    with pytest.raises(keyedstate.RescaleError, match="no unfinished repartition to roll back"):
+        keyedstate.rescale(stream.checkpoint, 4, spark=spark, rollback=True)
+    missing = tmp_path / "nowhere"
+    with pytest.raises(keyedstate.RescaleError, match=f"{missing} has no offsets/ directory"):
+        keyedstate.rescale(missing, 4, spark=spark)
+
+    # A corrupt changelog fails the split task with the file's name; nothing is committed.
+    victim = ckpt.store_dir(Path(stream.checkpoint) / "state" / "0", 1, ckpt.DEFAULT_STORE) / "1.ks-changelog"
+    victim.write_bytes(victim.read_bytes()[:-5])
+    with pytest.raises(Exception, match=str(victim)):
+        keyedstate.rescale(stream.checkpoint, 2, spark=spark)
+    # ... and the repartition batch it had started is rolled back: the query can restart as it was.
+    assert not (Path(stream.checkpoint) / "commits" / "1").exists()
+    assert not (Path(stream.checkpoint) / "offsets" / "1").exists()
