@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     resc.add_argument("--checkpoint", required=True, help="the query's checkpointLocation (local path)")
     resc.add_argument("--partitions", type=int, help="the new partition count (required unless --rollback)")
     resc.add_argument("--skip-failed-batch", action="store_true",
-                      help="mark an uncommitted (failed) last batch done without output; its input is reprocessed")
+                      help="drop an uncommitted (failed) last batch: its input does not reach the state")
     resc.add_argument("--rollback", action="store_true",
                       help="remove an unfinished repartition batch (an interrupted rescale, or the orphan "
                            "offset entry Spark's own repartition leaves on a keyedstate checkpoint)")

@@ -80,9 +80,10 @@ def rescale(checkpoint: str | os.PathLike, partitions: int, *, spark: "SparkSess
     partitions; restart the unchanged query afterwards and it runs with that many.
 
     ``skip_failed_batch``: if the last batch started but never committed (it failed), mark it
-    done without output, like Spark's ``enforceExactlyOnceSink=False``; its input is processed
-    again by the next run. Refused if that batch started less than ``idle_seconds`` ago (the
-    query may still be running it). ``rollback``: undo an unfinished repartition batch -- one
+    done, like Spark's ``enforceExactlyOnceSink=False``: its input is dropped from the state
+    (and whatever it wrote to the sink stays). Without it such a checkpoint is refused: restart
+    the query once to complete the batch, stop it, then rescale -- the lossless way. Also
+    refused if that batch started less than ``idle_seconds`` ago (the query may be running). ``rollback``: undo an unfinished repartition batch -- one
     this function was interrupted in, or the orphan that Spark's own repartition leaves on a
     keyedstate checkpoint -- and return ``None``. Uses ``spark`` (or the active session, or a
     local one it starts and stops) to run the work as Spark tasks.
@@ -199,7 +200,9 @@ class _Rescale:
                                    f"(latest batch {latest}, last committed {committed})")
             if latest > committed:
                 self._skip_failed(latest, committed, skip_failed_batch, idle_seconds)
-                seq, meta = self._offset_entry(committed)
+                # The new batch continues from the skipped batch's end offsets: a file source
+                # cannot step back to the last committed offsets (Spark asserts on restart).
+                seq, meta = self._offset_entry(latest)
             if old_n == self.n:
                 raise RescaleError(f"{self.root} already runs with {self.n} partitions")
             batch, read_batch = latest + 1, committed
@@ -274,13 +277,14 @@ class _Rescale:
             raise RescaleError(
                 f"the last batch {latest} of {self.root} did not commit (the query failed or was killed "
                 f"during it; last committed batch {committed}): restart the query once so that it "
-                "completes the batch, or pass --skip-failed-batch to drop its output and process its "
-                "input again after the rescale")
+                "completes the batch, then stop it and rescale; or pass --skip-failed-batch to drop "
+                "the batch: its input does not reach the state, what it wrote to the sink stays")
         for b in range(committed + 1, latest + 1):
             # Like Spark's enforceExactlyOnceSink=false, but keeping the watermark of the last commit.
             if not self.commits.add(b, self.commits.get(committed).get()):
                 raise RescaleError(f"{self.root / 'commits' / str(b)} appeared while rescaling: the query is running")
-        log.warning("marked the uncommitted batches %d..%d as done without output", committed + 1, latest)
+        log.warning("skipped the uncommitted batches %d..%d: their input does not reach the state",
+                    committed + 1, latest)
 
     def _rollback(self, latest: int) -> None:
         """Remove the uncommitted repartition batch ``latest``: its snapshots, offsets, staging."""
