@@ -337,8 +337,56 @@ def _custom_median(result: dict, name: str):
 
 
 # ---------------------------------------------------------------------------------------------
+def _rescale_section(path: Path | None) -> list[str]:
+    """The offline rescale comparison (``python3 -m benchmarks.rescale``), if it was run."""
+    if path is None or not path.exists():
+        return []
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"report: cannot read {path}: {exc}", file=sys.stderr)
+        return []
+    from . import rescale
+
+    runs = data.get("runs") or {}
+    env = data.get("env") or {}
+    s = data.get("summary") or {}
+    verdict = ""
+    if s.get("speedup_spark_over_keyedstate"):
+        verdict = (f" Result: keyedstate is **{s['speedup_spark_over_keyedstate']:.2f}× as fast** as Spark "
+                   f"(target ≥ {s.get('target_speedup', rescale.TARGET_SPEEDUP):g}×: "
+                   f"{'met' if s.get('meets_target') else '**not met**'}).")
+    out = ["## Rescale: keyedstate.rescale vs Spark's RocksDB repartition", "",
+           f"Offline redistribution of a stopped query's state from {data.get('from_partitions', '?')} to "
+           f"{data.get('to_partitions', '?')} partitions: W5's seed shape (`groupBy(value % keys).count()`, one "
+           f"seed batch of {fmt_rows(data.get('keys'))} rows = keys), then `keyedstate.rescale(checkpoint, n)` on "
+           "keyedstate (default confs) vs `spark._streamingCheckpointManager.repartition(checkpoint, n)` on "
+           "RocksDBStateStoreProvider. **rescale s** = wall clock around that one call, in a session that "
+           "is already up (JVM start excluded for both; PySpark worker start, which keyedstate's tasks "
+           "need, included). Fresh JVM per provider; afterwards an untimed batch restarts the query on "
+           "the rescaled checkpoint and must run with the new partition count and keep every key's "
+           "count (**verified**). Peak RSS is over the call only (JVM VmHWM reset before it; Python "
+           "workers summed, over-counting shared pages)." + verdict, "",
+           f"- Command: `{data.get('command', '?')}`; started {data.get('started_at', '?')}, took "
+           f"{(data.get('duration_s') or 0) / 60:.1f} min; commit `{data.get('commit') or '?'}`"
+           + (" (uncommitted changes)" if data.get("dirty") else "")
+           + f"; {env.get('nproc', '?')} CPUs, pyspark {env.get('pyspark', '?')}, Java {env.get('java', '?')}", ""]
+    busy = [p for p, r in runs.items()
+            if max((r.get("other_cpu_share") or {}).values(), default=0) > 0.10 or (r.get("busy_cpu_share_before") or 0) > 0.10]
+    if busy:
+        out += [f"- ⚠ **Contended** ({', '.join(busy)}): other processes used >10% of the CPUs during or just "
+                "before the run; timings are not trustworthy.", ""]
+    out += rescale.table(data) + [""]
+    where = rescale.breakdown(data)
+    if where:
+        out += ["Where the time went (Spark jobs submitted during the call, from the driver's status store):", ""]
+        out += where + [""]
+    return out
+
+
 def render(results: dict[tuple[str, str], dict], out: Path, plots_dir: Path,
-           command: str | None = None, duration: str | None = None, plots: bool = True) -> str:
+           command: str | None = None, duration: str | None = None, plots: bool = True,
+           rescale_json: Path | None = WORK_DIR / "rescale.json") -> str:
     by_wl: dict[str, dict[str, dict]] = {}
     for (wl, provider), r in sorted(results.items()):
         by_wl.setdefault(wl, {})[provider] = r
@@ -382,6 +430,7 @@ def render(results: dict[tuple[str, str], dict], out: Path, plots_dir: Path,
         for name in made.get(wl, []):
             lines.append(f"![{wl} {name}](plots/{name})")
         lines.append("")
+    lines += _rescale_section(rescale_json)
     # The hand-written reading of the numbers (targets, where the time goes, what would close a
     # gap) lives beside the generator, so re-rendering keeps it.
     analysis = BENCH_DIR / "ANALYSIS.md"
@@ -400,12 +449,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--command", help="command line to show in the header")
     ap.add_argument("--duration", help="seconds the run took (header)")
+    ap.add_argument("--rescale", type=Path, default=WORK_DIR / "rescale.json",
+                    help="rescale comparison to include if present (python3 -m benchmarks.rescale)")
     args = ap.parse_args(argv)
     results = load(args.results)
     if not results:
         print(f"report: no results in {', '.join(args.results)}", file=sys.stderr)
         return 1
-    render(results, args.out, args.plots, args.command, args.duration or None, plots=not args.no_plots)
+    render(results, args.out, args.plots, args.command, args.duration or None, plots=not args.no_plots,
+           rescale_json=args.rescale)
     print(f"wrote {args.out} ({len(results)} runs) and plots in {args.plots}")
     return 0
 
