@@ -276,22 +276,21 @@ class VersionedStore:
         started = time.perf_counter()
         budget = ttl.budget
         found: list[bytes] = []
-        if budget > 0:
+        if budget > 0 and ttl.expire_before >= 0:
             self._flush_if_dirty()  # free when a snapshot was just staged
-            it = self._require_db().iter()
-            if self._ttl_cursor is None:
-                it.seek_to_first()
-            else:
-                it.seek(self._ttl_cursor)
-            expire_before = ttl.expire_before
-            examined = 0
-            while examined < budget and it.valid():
-                value = it.value()
-                if value[0] == _TIMED_VALUE and int.from_bytes(value[1:9], "big") <= expire_before:
-                    found.append(it.key())
-                examined += 1
-                it.next()
-            self._ttl_cursor = it.key() if it.valid() else None  # None: wrap around
+            db = self._require_db()
+            entries = db.items() if self._ttl_cursor is None else db.items(from_key=self._ttl_cursor)
+            # Write times are big-endian u64 right after the format byte: comparing the 8 bytes
+            # compares the times, without decoding (the scan costs ~0.5 us per entry).
+            limit = ttl.expire_before.to_bytes(8, "big")
+            cursor = None  # None: the scan reached the end, the next one wraps around
+            for examined, (key, value) in enumerate(entries):
+                if examined == budget:
+                    cursor = key
+                    break
+                if value[0] == _TIMED_VALUE and value[1:9] <= limit:
+                    found.append(key)
+            self._ttl_cursor = cursor
         with self._ttl_lock:
             self._ttl_found = (self.version, int((time.perf_counter() - started) * 1000), found)
 
