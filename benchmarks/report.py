@@ -363,7 +363,7 @@ def _rescale_section(path: Path | None) -> list[str]:
            "keyedstate (default confs) vs `spark._streamingCheckpointManager.repartition(checkpoint, n)` on "
            "RocksDBStateStoreProvider. **rescale s** = wall clock around that one call, in a session that "
            "is already up (JVM start excluded for both; PySpark worker start, which keyedstate's tasks "
-           "need, included). Fresh JVM per provider; afterwards an untimed batch restarts the query on "
+           "need, " + ("excluded too: `--warm-workers`" if data.get("warm_workers") else "included") + "). Fresh JVM per provider; afterwards an untimed batch restarts the query on "
            "the rescaled checkpoint and must run with the new partition count and keep every key's "
            "count (**verified**). Peak RSS is over the call only (JVM VmHWM reset before it; Python "
            "workers summed, over-counting shared pages)." + verdict, "",
