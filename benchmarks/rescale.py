@@ -81,22 +81,23 @@ def _run_one_batch(query, timeout: float) -> dict:
 
 
 class _PeakSampler(threading.Thread):
-    """Peak RSS during the timed call: the JVM's VmHWM (reset first through clear_refs, so the
-    seed batch's peak does not count), and per PySpark worker / state server its VmHWM."""
+    """Peak RSS during the timed call: VmHWM of the JVM, of each PySpark worker and state server
+    (each reset first through clear_refs, so the seed batch's peak does not count; processes that
+    start during the call begin fresh)."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
         self.stop_event = threading.Event()
-        self.jvm_pids: set[int] = set()
         self.peaks: dict[str, dict[int, int]] = {"jvm": {}, "python_workers": {}, "state_servers": {}}
         self.reset_ok = False
         table = _proc_table()
         for pid in _descendants(table, os.getpid()):
-            if table[pid][1] == "java":
-                self.jvm_pids.add(pid)
+            _, comm, cmdline = table[pid]
+            if comm == "java" or b"keyedstate.server" in cmdline or b"pyspark.daemon" in cmdline \
+                    or b"pyspark.worker" in cmdline:
                 try:
                     Path("/proc", str(pid), "clear_refs").write_text("5")  # resets VmHWM to VmRSS
-                    self.reset_ok = True
+                    self.reset_ok = self.reset_ok or comm == "java"
                 except OSError:
                     pass
 
@@ -276,7 +277,10 @@ def run_child(provider: str, keys: int, from_n: int, to_n: int, verify_rows: int
                     "before_first_job": round((first - since_ms) / 1000, 3),
                     "jobs": [{"name": j["description"] or j["name"], "seconds":
                               round(((j["completed_ms"] or until_ms) - j["submitted_ms"]) / 1000, 3),
-                              "tasks": j["numTasks"]} for j in jobs],
+                              "tasks": j["numTasks"],
+                              "shuffle_write_bytes": sum(st.get("shuffleWriteBytes") or 0 for st in j["stages"]),
+                              "shuffle_read_bytes": sum(st.get("shuffleReadBytes") or 0 for st in j["stages"])}
+                             for j in jobs],
                     "after_last_job": round((until_ms - last) / 1000, 3),
                 }
         except Exception as exc:  # noqa: BLE001 - best effort
@@ -457,7 +461,12 @@ def breakdown(data: dict) -> list[str]:
         b = r.get("breakdown_s")
         if not b:
             continue
-        jobs = ", ".join(f"{(j['name'] or '?').splitlines()[0][:60]} {j['seconds']:.2f} s ({j['tasks']} tasks)"
+        from .report import fmt_bytes
+
+        def shuffle(j):
+            w, r_ = j.get("shuffle_write_bytes"), j.get("shuffle_read_bytes")
+            return ((f", shuffle write {fmt_bytes(w)}" if w else "") + (f", shuffle read {fmt_bytes(r_)}" if r_ else ""))
+        jobs = ", ".join(f"{(j['name'] or '?').splitlines()[0][:60]} {j['seconds']:.2f} s ({j['tasks']} tasks{shuffle(j)})"
                          for j in b["jobs"])
         warm = (f" (PySpark workers started beforehand, untimed: {r['python_workers_warmup_s']:.2f} s)"
                 if r.get("python_workers_warmup_s") is not None else "")
