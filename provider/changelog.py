@@ -23,6 +23,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Iterator
 
+from rocksdict import WriteBatch
+
 MAGIC = b"KSCHLOG1"
 FORMAT_VERSION = 1
 OP_PUT = 1
@@ -36,6 +38,7 @@ _END = 0xFF
 _HEADER = struct.Struct(">8sHQI")
 _TRAILER = struct.Struct(">BQI")
 _U32 = struct.Struct(">I")
+_unpack_u32 = _U32.unpack_from
 
 
 class CorruptChangelogError(ValueError):
@@ -110,3 +113,42 @@ def encode(version: int, key_groups: int, records: list[tuple[int, bytes, bytes 
 def read_file(path: str) -> Changelog:
     with open(path, "rb") as fh:
         return decode(fh.read(), path)
+
+
+def to_write_batch(log_: Changelog) -> tuple[WriteBatch, int, list[bytes], list[bytes], int]:
+    """One tight pass over a changelog (the apply hot path, ~0.5 us a record; ``records()`` is
+    the readable twin for tools and tests): the RocksDB write batch,
+    the key-count delta the writer knew, the keys whose previous existence it did not, and
+    the number of deletes."""
+    batch = WriteBatch(raw_mode=True)
+    put, delete = batch.put, batch.delete
+    delta = deletes = 0
+    unknown_puts: list[bytes] = []
+    unknown_deletes: list[bytes] = []
+    buf = bytes(log_.payload)
+    pos, end = 0, len(buf)
+    while pos < end:
+        op = buf[pos]
+        klen = _unpack_u32(buf, pos + 1)[0]
+        pos += 5
+        key = buf[pos:pos + klen]
+        pos += klen
+        if op in PUTS:
+            vlen = _unpack_u32(buf, pos)[0]
+            pos += 4
+            put(key, buf[pos:pos + vlen])
+            pos += vlen
+            if op == OP_PUT_NEW:
+                delta += 1
+            elif op == OP_PUT:
+                unknown_puts.append(key)
+        elif op in DELETES:
+            delete(key)
+            deletes += 1
+            if op == OP_DELETE_EXISTING:
+                delta -= 1
+            elif op == OP_DELETE:
+                unknown_deletes.append(key)
+        else:
+            raise CorruptChangelogError(f"unknown record op {op} at byte {pos - 5 - klen}")
+    return batch, delta, unknown_puts, unknown_deletes, deletes

@@ -17,11 +17,10 @@ import threading
 from pathlib import Path
 from typing import Iterable, Iterator
 
-import struct
 import time
 from dataclasses import dataclass
 
-from rocksdict import MemtableFactory, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import MemtableFactory, Options, Rdict, WriteOptions
 
 from . import changelog, snapshots
 
@@ -247,7 +246,7 @@ class VersionedStore:
                 raise StoreStateError(
                     f"{source} was written with {log_.key_groups} key groups but the store uses "
                     f"{self.key_groups}; the keyGroups conf cannot change for an existing checkpoint")
-            batch, delta, unknown_puts, unknown_deletes, deletes = _decode_into_batch(log_)
+            batch, delta, unknown_puts, unknown_deletes, deletes = changelog.to_write_batch(log_)
             self._deletes_since_compaction += deletes
             # Only keys whose previous existence the writer did not know cost a read here.
             if unknown_puts or unknown_deletes:
@@ -382,49 +381,4 @@ class VersionedStore:
             self._dirty = False
 
 
-_U32 = struct.Struct(">I").unpack_from
-
-
-def _decode_into_batch(log_: changelog.Changelog) -> tuple[WriteBatch, int, list[bytes], list[bytes], int]:
-    """One tight pass over a changelog (the apply hot path, ~0.5 us a record): the write batch,
-    the key-count delta the writer knew, the keys whose previous existence it did not, and
-    the number of deletes."""
-    batch = WriteBatch(raw_mode=True)
-    put, delete = batch.put, batch.delete
-    delta = deletes = 0
-    unknown_puts: list[bytes] = []
-    unknown_deletes: list[bytes] = []
-    buf = bytes(log_.payload)
-    pos, end = 0, len(buf)
-    while pos < end:
-        op = buf[pos]
-        klen = _U32(buf, pos + 1)[0]
-        pos += 5
-        key = buf[pos:pos + klen]
-        pos += klen
-        if op in _PUTS:
-            vlen = _U32(buf, pos)[0]
-            pos += 4
-            put(key, buf[pos:pos + vlen])
-            pos += vlen
-            if op == _PUT_NEW:
-                delta += 1
-            elif op == _PUT_UNKNOWN:
-                unknown_puts.append(key)
-        elif op in _DELETES:
-            delete(key)
-            deletes += 1
-            if op == _DELETE_EXISTING:
-                delta -= 1
-            elif op == _DELETE_UNKNOWN:
-                unknown_deletes.append(key)
-        else:
-            raise changelog.CorruptChangelogError(f"unknown record op {op} at byte {pos - 5 - klen}")
-    return batch, delta, unknown_puts, unknown_deletes, deletes
-
-
 _TIMED_VALUE = 2  # value format byte of entries with a write time (KeyCodec.scala)
-_PUTS = changelog.PUTS
-_DELETES = changelog.DELETES
-_PUT_NEW, _PUT_UNKNOWN = changelog.OP_PUT_NEW, changelog.OP_PUT
-_DELETE_EXISTING, _DELETE_UNKNOWN = changelog.OP_DELETE_EXISTING, changelog.OP_DELETE
