@@ -192,7 +192,11 @@ class _Rescale:
                     f"rerun with --partitions {pending_n} to finish it, or with --rollback to remove it")
             if not ours:
                 log.warning("finishing the repartition batch %d that Spark's own repartition left unfinished", latest)
-            batch, read_batch, resumed = latest, committed, True
+            # The journal knows which version the batch reads: after --skip-failed-batch the
+            # commits before it include skipped batches, whose state versions are not committed.
+            read_batch = json.loads((staging / f"batch-{latest}" / _JOURNAL).read_text())["readBatch"] \
+                if ours else committed
+            batch, resumed = latest, True
         else:
             if rollback:
                 raise RescaleError(f"{self.root} has no unfinished repartition to roll back "
