@@ -254,8 +254,10 @@ class RebuiltVersion:
 
 @contextlib.contextmanager
 def rebuild(store: StoreFiles, version: int, manifests: dict[int, dict] | None = None,
-            workdir: str | os.PathLike | None = None) -> Iterator[RebuiltVersion]:
-    """Rebuild ``version`` of one store partition in a temporary RocksDB (deleted on exit).
+            workdir: str | os.PathLike | None = None,
+            keep: Path | None = None) -> Iterator[RebuiltVersion]:
+    """Rebuild ``version`` of one store partition in a RocksDB directory: a temporary one
+    (deleted on exit), or ``keep`` (left in place, closed, for another process to open).
 
     Snapshot files are hard-linked when the checkpoint is on the same file system (they are
     immutable) and copied otherwise."""
@@ -271,9 +273,14 @@ def rebuild(store: StoreFiles, version: int, manifests: dict[int, dict] | None =
     if base is not None:
         manifest = (manifests or {}).get(base) or read_manifest(store.manifest_path(base), base)
     key_groups = int(manifest["keyGroups"]) if manifest else None
-    with tempfile.TemporaryDirectory(prefix="keyedstate-rebuild-", dir=workdir) as tmp:
-        db_dir = Path(tmp) / "db"
-        db_dir.mkdir()
+    with contextlib.ExitStack() as stack:
+        if keep is None:
+            db_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="keyedstate-rebuild-", dir=workdir))) / "db"
+        else:
+            db_dir = keep
+            if db_dir.exists():
+                shutil.rmtree(db_dir)
+        db_dir.mkdir(parents=True)
         if manifest is not None:
             _link_snapshot(store.path, store.manifest_path(base), manifest, db_dir)
         db = open_copy(db_dir, read_only=manifest is not None and not needed)
@@ -285,6 +292,22 @@ def rebuild(store: StoreFiles, version: int, manifests: dict[int, dict] | None =
             yield RebuiltVersion(db, base, len(needed), key_groups, manifest)
         finally:
             db.close()
+
+
+def link_tree(source: Path, dest: Path) -> None:
+    """A private copy of a closed RocksDB directory: SST files hard-linked (immutable), the
+    rest copied (RocksDB rewrites MANIFEST, CURRENT, OPTIONS and logs when it opens)."""
+    dest.mkdir(parents=True)
+    for f in source.iterdir():
+        if not f.is_file():
+            continue
+        if f.suffix == ".sst":
+            try:
+                os.link(f, dest / f.name)
+                continue
+            except OSError:
+                pass
+        shutil.copyfile(f, dest / f.name)
 
 
 def open_copy(db_dir: Path, read_only: bool) -> Rdict:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import checkpoint as ckpt
+from . import keygroups
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -231,10 +232,14 @@ class _Rescale:
             stores = self._stores(old_n)
             key_groups = self._key_groups(stores, read_batch + 1)
             whole = key_groups % self.n == 0
+            # Scale-up by a multiple from a key-group-aligned layout: new partition q's keys all
+            # sit in old partition q mod old_n, so it is that partition minus the key groups it
+            # does not own -- range deletes and one RocksDB compaction, no key through Python.
+            direct = whole and key_groups % old_n == 0 and self.n % old_n == 0
             read_version, write_version = read_batch + 1, batch + 1
             splits = [_SplitTask(op, name, str(s.path), s.partition, read_version,
                                  str(work / str(op) / name / f"from-{s.partition}"), self.n, key_groups,
-                                 None if whole else _hash_spec(op, name, s.path))
+                                 None if whole else _hash_spec(op, name, s.path), direct)
                       for op, name, parts in stores for s in parts]
             split_results = self._run_tasks(_split, splits, "split")
             counts: dict[tuple[int, str, int], int] = {}
@@ -246,9 +251,11 @@ class _Rescale:
                     ttl[(task.operator, task.store)] = result["ttl"]
             merges = [_MergeTask(str(work / str(op) / name), q, str(ckpt.store_dir(self.root / "state" / str(op), q, name)),
                                  write_version, key_groups, counts.get((op, name, q), 0), ttl.get((op, name)),
-                                 {"batch": batch, "fromPartitions": old_n, "toPartitions": self.n})
+                                 {"batch": batch, "fromPartitions": old_n, "toPartitions": self.n},
+                                 str(work / str(op) / name / f"from-{q % old_n}" / "db") if direct else None,
+                                 self.n)
                       for op, name, _ in stores for q in range(self.n)]
-            self._run_tasks(_merge, merges, "merge")
+            keys = sum(r["keys"] for r in self._run_tasks(_merge, merges, "merge"))
 
             if self._latest(self.offsets) != batch:
                 raise RescaleError(f"{self.root / 'offsets'} moved past batch {batch} while rescaling: the query is running")
@@ -264,7 +271,7 @@ class _Rescale:
         shutil.rmtree(work, ignore_errors=True)
         if staging.is_dir() and not any(staging.iterdir()):
             staging.rmdir()
-        result = RescaleResult(str(self.root), batch, old_n, self.n, len(stores), sum(counts.values()),
+        result = RescaleResult(str(self.root), batch, old_n, self.n, len(stores), keys,
                                whole, resumed, round(time.monotonic() - started, 3))
         log.info("rescaled %s: %s", self.root, result)
         return result
@@ -372,6 +379,7 @@ class _SplitTask:
     partitions: int
     key_groups: int
     hash_spec: dict | None  # None: route by key group
+    direct: bool  # only rebuild the version, for the merge tasks to filter (see run)
 
 
 @dataclass(frozen=True)
@@ -384,6 +392,8 @@ class _MergeTask:
     num_keys: int
     ttl: dict | None
     origin: dict
+    direct_source: str | None  # the rebuilt old partition to filter, instead of SST files
+    partitions: int
 
 
 def _split(task: _SplitTask) -> dict:
@@ -400,13 +410,16 @@ def _split(task: _SplitTask) -> dict:
     files = ckpt.list_store(Path(task.store_path), task.partition)
     if files is None:
         raise ckpt.CheckpointError(f"{task.store_path} holds no keyedstate files")
+    if task.direct:
+        with ckpt.rebuild(files, task.version, keep=temp / "db") as rebuilt:
+            _check_key_groups(rebuilt, task)
+            ttl = rebuilt.manifest.get("ttl") if rebuilt.manifest else None
+        return _finish_split(temp, out, {"keys": {}, "ttl": ttl})
     route = _router(task)
     writers: dict[int, Any] = {}
     counts: dict[int, int] = {}
     with ckpt.rebuild(files, task.version, workdir=temp) as rebuilt:
-        if rebuilt.key_groups is not None and rebuilt.key_groups != task.key_groups:
-            raise ckpt.CheckpointError(f"{task.store_path} has {rebuilt.key_groups} key groups, other stores "
-                                       f"{task.key_groups}: corrupt or mixed checkpoint")
+        _check_key_groups(rebuilt, task)
         for key, value in rebuilt.db.items():  # ~3 us a key with the SST write; keep it lean
             q = route(key)
             writer = writers.get(q)
@@ -419,7 +432,17 @@ def _split(task: _SplitTask) -> dict:
         ttl = rebuilt.manifest.get("ttl") if rebuilt.manifest else None
     for writer in writers.values():
         writer.finish()
-    result = {"keys": {str(q): c for q, c in counts.items()}, "ttl": ttl}
+    return _finish_split(temp, out, {"keys": {str(q): c for q, c in counts.items()}, "ttl": ttl})
+
+
+def _check_key_groups(rebuilt: ckpt.RebuiltVersion, task: _SplitTask) -> None:
+    if rebuilt.key_groups is not None and rebuilt.key_groups != task.key_groups:
+        raise ckpt.CheckpointError(f"{task.store_path} has {rebuilt.key_groups} key groups, other stores "
+                                   f"{task.key_groups}: corrupt or mixed checkpoint")
+
+
+def _finish_split(temp: Path, out: Path, result: dict) -> dict:
+    """Publish a split's output directory whole (rename), so a rerun reuses it or redoes it."""
     (temp / "done.json").write_text(json.dumps(result))
     shutil.rmtree(out, ignore_errors=True)
     os.replace(temp, out)
@@ -460,6 +483,8 @@ def _merge(task: _MergeTask) -> dict:
     target = Path(task.target)
     target.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="keyedstate-merge-", dir=task.staging) as tmp:
+        if task.direct_source:
+            return _filter_merge(task, Path(tmp), target)
         db = _open(Path(tmp) / "db")
         try:
             if sources:
@@ -473,3 +498,33 @@ def _merge(task: _MergeTask) -> dict:
         ckpt.write_snapshot(snapshot, target, task.version, task.key_groups, task.num_keys, task.ttl,
                             {"rescale": task.origin})
     return {"partition": task.partition, "keys": task.num_keys}
+
+
+def _filter_merge(task: _MergeTask, tmp: Path, target: Path) -> dict:
+    """The new partition as a private copy of its one old partition with every key group it
+    does not own range-deleted, compacted so that the snapshot holds only its own keys."""
+    from rocksdict import BottommostLevelCompaction, Checkpoint, CompactOptions
+
+    ckpt.link_tree(Path(task.direct_source), tmp / "db")
+    db = ckpt.open_copy(tmp / "db", read_only=False)
+    try:
+        prefix = keygroups.prefix
+        q, n = task.partition, task.partitions
+        db.delete_range(b"", prefix(q))
+        for group in range(q, task.key_groups, n):  # owned: q, q + n, ...; drop what lies between
+            db.delete_range(prefix(group + 1), prefix(group + n) if group + n < task.key_groups else b"\xff" * 5)
+        compact = CompactOptions()
+        compact.set_bottommost_level_compaction(BottommostLevelCompaction.force())
+        db.compact_range(None, None, compact)
+        files = db.live_files()
+        if any(f["num_deletions"] for f in files):  # not expected after a forced full compaction
+            num_keys = sum(1 for _ in db.keys())
+        else:
+            num_keys = sum(f["num_entries"] for f in files)
+        snapshot = tmp / "snapshot"
+        Checkpoint(db).create_checkpoint(str(snapshot))
+    finally:
+        db.close()
+    ckpt.write_snapshot(snapshot, target, task.version, task.key_groups, num_keys, task.ttl,
+                        {"rescale": task.origin})
+    return {"partition": task.partition, "keys": num_keys}
