@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from .workloads import (BASE_CONFS, PROVIDERS, REPO_DIR, WORK_DIR, CpuMonitor, RunSpec, _batch_record,
-                        _descendants, _dir_bytes, _proc_table, _vm_hwm, _write_json, build_session,
+                        _descendants, _dir_bytes, _proc_table, RssSampler, _write_json, build_session,
                         environment, idle_check, is_keyedstate, rate)
 
 RESCALE_JSON = WORK_DIR / "rescale.json"
@@ -88,7 +88,9 @@ class _PeakSampler(threading.Thread):
     def __init__(self) -> None:
         super().__init__(daemon=True)
         self.stop_event = threading.Event()
-        self.peaks: dict[str, dict[int, int]] = {"jvm": {}, "python_workers": {}, "state_servers": {}}
+        self.rss = RssSampler()
+        self.peaks = self.rss.peaks
+        self.sample = self.rss.sample
         self.reset_ok = False
         table = _proc_table()
         for pid in _descendants(table, os.getpid()):
@@ -100,22 +102,6 @@ class _PeakSampler(threading.Thread):
                     self.reset_ok = self.reset_ok or comm == "java"
                 except OSError:
                     pass
-
-    def sample(self) -> None:
-        table = _proc_table()
-        for pid in _descendants(table, os.getpid()):
-            _, comm, cmdline = table[pid]
-            if comm == "java":
-                kind = "jvm"
-            elif b"keyedstate.server" in cmdline:
-                kind = "state_servers"
-            elif b"pyspark.daemon" in cmdline or b"pyspark.worker" in cmdline:
-                kind = "python_workers"
-            else:
-                continue
-            hwm = _vm_hwm(pid)
-            if hwm is not None:
-                self.peaks[kind][pid] = max(hwm, self.peaks[kind].get(pid, 0))
 
     def run(self) -> None:
         while not self.stop_event.wait(0.25):
