@@ -237,6 +237,30 @@ def test_failed_last_batch_is_refused_unless_skipped(spark, tmp_path):
     assert keyedstate.inspect(root)["operators"][0]["stores"][0]["totalKeys"] == len(expected)
 
 
+def test_rescale_after_skipping_a_failed_batch_resumes_from_the_committed_state(spark, tmp_path):
+    stream = FileStream(spark, tmp_path, "k LONG")
+    out: dict = {}
+    _run(spark, stream, range(3), out)
+    root = Path(stream.checkpoint)
+    (root / "commits" / "2").unlink()  # batch 2 ran, its state version 3 is on disk, never committed
+    (root / "commits" / ".2.crc").unlink(missing_ok=True)
+
+    proc = _cli("--checkpoint", stream.checkpoint, "--partitions", "8", "--skip-failed-batch", "--idle-seconds", "0")
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if "keyedstate.rescale: split:" in line:
+            os.killpg(proc.pid, signal.SIGKILL)
+            break
+    proc.wait(60)
+    assert proc.returncode == -signal.SIGKILL, "".join(seen)
+    assert (root / "commits" / "2").is_file()  # the skip was recorded before the kill
+
+    # The rerun must read batch 1's state (version 2), not the skipped batch's version 3.
+    result = keyedstate.rescale(root, 8, spark=spark)
+    assert result.resumed and result.batch == 3 and result.keys == len(_expected(2))
+
+
 def test_foreign_or_unready_checkpoints_are_refused(spark, tmp_path):
     hdfs = FileStream(spark, tmp_path / "hdfs", "k LONG")
     with session_confs(spark, {PROVIDER_CONF: HDFS_PROVIDER}):
