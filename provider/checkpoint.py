@@ -199,7 +199,7 @@ def write_snapshot(db_dir: Path, target: Path, version: int, key_groups: int, nu
     listed = []
     for local in sorted(p for p in db_dir.iterdir() if p.is_file()):
         rel = f"{FILES_DIR}/{batch}-{local.name}"
-        _publish(local, target / rel)
+        _link_or_copy(local, target / rel, sync=True)
         listed.append({"name": local.name, "path": rel, "size": local.stat().st_size})
     manifest: dict[str, Any] = {
         "format": MANIFEST_FORMAT, "formatVersion": MANIFEST_FORMAT_VERSION, "version": version,
@@ -224,10 +224,11 @@ def write_atomically(path: Path, data: bytes) -> None:
         temp.unlink(missing_ok=True)
 
 
-def _publish(source: Path, dest: Path) -> None:
-    """Hard-link an immutable SST file (RocksDB synced it when it wrote it); copy and sync the
-    rest, and anything on another file system."""
-    if source.suffix == ".sst":
+def _link_or_copy(source: Path, dest: Path, sync: bool = False) -> None:
+    """Hard-link an SST file (immutable; RocksDB synced it when it wrote it); copy the rest
+    (RocksDB rewrites MANIFEST, CURRENT and OPTIONS when it opens a directory), and anything on
+    another file system. ``sync``: fsync a copy before returning (for checkpoint files)."""
+    if dest.suffix == ".sst":
         try:
             os.link(source, dest)
             return
@@ -235,8 +236,9 @@ def _publish(source: Path, dest: Path) -> None:
             pass
     with open(source, "rb") as src, open(dest, "wb") as out:
         shutil.copyfileobj(src, out, 1 << 20)
-        out.flush()
-        os.fsync(out.fileno())
+        if sync:
+            out.flush()
+            os.fsync(out.fileno())
 
 
 # -- rebuilding a version --------------------------------------------------------------------------
@@ -295,19 +297,11 @@ def rebuild(store: StoreFiles, version: int, manifests: dict[int, dict] | None =
 
 
 def link_tree(source: Path, dest: Path) -> None:
-    """A private copy of a closed RocksDB directory: SST files hard-linked (immutable), the
-    rest copied (RocksDB rewrites MANIFEST, CURRENT, OPTIONS and logs when it opens)."""
+    """A private copy of a closed RocksDB directory (see :func:`_link_or_copy`)."""
     dest.mkdir(parents=True)
     for f in source.iterdir():
-        if not f.is_file():
-            continue
-        if f.suffix == ".sst":
-            try:
-                os.link(f, dest / f.name)
-                continue
-            except OSError:
-                pass
-        shutil.copyfile(f, dest / f.name)
+        if f.is_file():
+            _link_or_copy(f, dest / f.name)
 
 
 def open_copy(db_dir: Path, read_only: bool) -> Rdict:
@@ -347,14 +341,7 @@ def _link_snapshot(store_dir: Path, manifest_path: Path, manifest: dict, db_dir:
             raise CheckpointError(
                 f"{source} has {size} bytes but snapshot manifest {manifest_path} says {f['size']}: "
                 "truncated or corrupt")
-        dest = db_dir / f["name"]
-        if f["name"].endswith(".sst"):
-            try:
-                os.link(source, dest)
-                continue
-            except OSError:
-                pass  # another file system: copy
-        shutil.copyfile(source, dest)
+        _link_or_copy(source, db_dir / f["name"])
 
 
 def apply_changelog(db: Rdict, path: Path, version: int, key_groups: int | None) -> int:

@@ -454,8 +454,8 @@ def _router(task: _SplitTask):
     groups move, no rehash), else Spark's own partition hash of the key's partition columns."""
     n = task.partitions
     if task.hash_spec is None:
-        from_bytes = int.from_bytes  # the key group: the first 4 bytes, big-endian (keygroups.py)
-        return lambda key: from_bytes(key[:4], "big") % n
+        group_of = keygroups.key_group_of_stored_key
+        return lambda key: group_of(key) % n
     from .sparkhash import RowHasher, read_key_schema
 
     spec = task.hash_spec
