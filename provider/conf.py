@@ -174,6 +174,11 @@ KNOBS: tuple[Knob, ...] = (
     Knob("writeBehind", "true", parse_bool,
          "Return from commit once the changelog is durable in the checkpoint and queued for "
          "RocksDB, instead of waiting for RocksDB to apply it. Later reads wait for it."),
+    Knob("nativeReads", "true", parse_bool,
+         "Serve near-cache misses and scans in the JVM by reading the Python server's RocksDB "
+         "files as a RocksDB secondary instance (Spark's bundled rocksdbjni), instead of a round "
+         "trip per read. Python remains the only writer. Falls back to round trips, with a "
+         "warning, if the files cannot be opened."),
     Knob("serverProcesses", "0", _parse_int(0, 256),
          "Python state server processes per executor JVM (partitions are spread over them; "
          "Python's GIL serialises one process). 0 = spark.executor.cores, or the number of "

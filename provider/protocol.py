@@ -21,6 +21,7 @@ OP_APPLY = 3      # body: u8 mode u8 has_ttl [i64 expire_before u32 interval u32
                   #   changelog                       -> OK u64 num_keys (0 when applied behind)
 OP_MULTI_GET = 4  # body: u32 n (u32 klen k)*         -> OK (u8 found [u32 vlen v])*
 OP_TTL_CANDIDATES = 5  # body: (none)                 -> OK i64 version u32 scan_ms u32 n (u32 klen k)*
+OP_SYNC = 6       # body: (none), waits for pending applies and flushes -> OK i64 version, RocksDB dir (utf-8)
 
 APPLY_NOW = 0     # apply before replying (the writer needs the exact key count)
 APPLY_BEHIND = 1  # queue and reply at once (write-behind)
@@ -32,6 +33,7 @@ STATUS_ERROR = 2
 U8 = struct.Struct(">B")
 U32 = struct.Struct(">I")
 U64 = struct.Struct(">Q")
+I64 = struct.Struct(">q")
 TTL_SCAN = struct.Struct(">qII")  # expire_before (epoch ms), interval (versions), budget (entries)
 TTL_HEAD = struct.Struct(">qII")  # version scanned (-1: none), scan ms, number of keys
 REQUEST_HEAD = struct.Struct(">IBI")  # length, op, handle

@@ -159,6 +159,9 @@ class DataServer:
             for key in keys:
                 parts += (p.U32.pack(len(key)), key)
             return p.STATUS_OK, b"".join(parts)
+        if op == p.OP_SYNC:
+            version, directory = store.sync()
+            return p.STATUS_OK, p.I64.pack(version) + directory.encode()
         raise ValueError(f"unknown data op {op}")
 
 

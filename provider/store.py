@@ -150,6 +150,13 @@ class VersionedStore:
     def get_many(self, keys: list[bytes]) -> list[bytes | None]:
         return self._require_db(wait=True).get(keys) if keys else []
 
+    def sync(self) -> tuple[int, str]:
+        """The version held and the database directory, once every submitted changelog is
+        applied and flushed: the JVM then reads the files directly (a RocksDB secondary
+        instance), which sees flushed data only, since the WAL is off."""
+        self._require_db(wait=True)
+        return self.version, str(self._db_dir)
+
     def scan(self, prefix: bytes, start_after: bytes | None, max_bytes: int,
              keys_only: bool = False, max_entries: int = 0) -> tuple[list[tuple[bytes, bytes]], bool]:
         """Up to ``max_bytes`` (and ``max_entries``, if not 0) of entries with ``prefix`` after

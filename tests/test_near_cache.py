@@ -8,6 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupStateTimeout
 
@@ -23,12 +24,15 @@ def count_by_key(df):
     return df.groupBy("k").agg(F.count("*").alias("n"))
 
 
-def test_state_larger_than_the_cache_budget_stays_exact_and_within_budget(spark, tmp_path):
+@pytest.mark.parametrize("native_reads", [True, False], ids=["native-reads", "round-trips"])
+def test_state_larger_than_the_cache_budget_stays_exact_and_within_budget(spark, tmp_path, native_reads):
+    """Misses are read from RocksDB's files in the JVM (default), or by round trips to Python."""
     budget = 256 * 1024
     stream = FileStream(spark, tmp_path, "k STRING")
     out: dict = {}
     expected = Counter()
-    with session_confs(spark, {PROVIDER_CONF: KS, PFX + "nearCacheBytes": str(budget)}):
+    confs = {PROVIDER_CONF: KS, PFX + "nearCacheBytes": str(budget), PFX + "nativeReads": str(native_reads).lower()}
+    with session_confs(spark, confs):
         query = stream.start(count_by_key, collect_into(out))
         try:
             for batch in range(6):
@@ -44,7 +48,11 @@ def test_state_larger_than_the_cache_budget_stays_exact_and_within_budget(spark,
     metrics = [op["customMetrics"] for p in progress for op in p["stateOperators"]]
     assert all(m["keyedstateCacheBytes"] <= budget for m in metrics)
     assert sum(m["keyedstateCacheEvictions"] for m in metrics) > 0
-    assert sum(m["keyedstateBridgeGets"] for m in metrics) > 0      # misses went to Python
+    native, bridged = (sum(m[name] for m in metrics) for name in ("keyedstateNativeGets", "keyedstateBridgeGets"))
+    if native_reads:
+        assert native > 0 and bridged == 0, (native, bridged)
+    else:
+        assert bridged > 0 and native == 0, (native, bridged)
     assert sum(m["keyedstateCacheAbsent"] for m in metrics) > 0     # new keys answered by the Bloom filter
     assert max(m["keyedstateBloomBytes"] for m in metrics) > 0
 

@@ -86,6 +86,16 @@ final class DataChannel(path: Path) extends Closeable {
     TtlCandidates(version, scanMs, keys)
   }
 
+  /**
+   * Waits until the store has applied every shipped changelog and flushed it to its files;
+   * returns the version it holds and its RocksDB directory (for [[io.keyedstate.spark.NativeReader]]).
+   */
+  def sync(handle: Int): (Long, String) = {
+    val (_, body) = call(OpSync, handle)
+    val version = body.getLong()
+    (version, StandardCharsets.UTF_8.decode(body).toString)
+  }
+
   private def call(op: Byte, handle: Int, body: ByteBuffer*): (Byte, ByteBuffer) = {
     requestHead.clear()
     requestHead.putInt(5 + body.map(_.remaining()).sum).put(op).putInt(handle).flip()
@@ -128,6 +138,7 @@ object DataChannel {
   val OpApply: Byte = 3
   val OpMultiGet: Byte = 4
   val OpTtlCandidates: Byte = 5
+  val OpSync: Byte = 6
   val ApplyNow: Byte = 0
   val ApplyBehind: Byte = 1
   val StatusOk: Byte = 0

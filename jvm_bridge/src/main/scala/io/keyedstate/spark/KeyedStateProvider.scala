@@ -48,6 +48,9 @@ class KeyedStateProvider extends StateStoreProvider {
   @volatile private[spark] var ttl: TtlPolicy = _
   private var writeBehind = true
   private[spark] var cache: NearCache = _
+  // Serves near-cache misses and scans from Python's RocksDB files without a round trip;
+  // null when the nativeReads conf is off or the files could not be opened.
+  @volatile private var native: NativeReader = _
   private var loadedVersion: Long = -1
   private[spark] var numKeys: Long = 0
   // Snapshot files this provider uploaded or loaded, per RocksDB lineage: (name, size) -> path.
@@ -60,6 +63,7 @@ class KeyedStateProvider extends StateStoreProvider {
   @volatile private var closed = false
 
   private[spark] val metricLoadMs = new AtomicLong
+  private[spark] val metricNativeGets = new AtomicLong
   private[spark] val metricSnapshotBytes = new AtomicLong
   private[spark] val metricFilesUploaded = new AtomicLong
   private[spark] val metricFilesReused = new AtomicLong
@@ -120,6 +124,9 @@ class KeyedStateProvider extends StateStoreProvider {
       CacheBudget.configure(settings.get("nearCacheBytes").asLong())
       if (cache != null) cache.clear()
       cache = new NearCache(settings.get("bloomFpp").asDouble())
+      if (native != null) native.close()
+      native = if (settings.get("nativeReads").asBoolean())
+        new NativeReader(live.workDir.resolve("native").resolve(UUID.randomUUID().toString)) else null
       loadedVersion = -1
     }
     server
@@ -152,12 +159,13 @@ class KeyedStateProvider extends StateStoreProvider {
   private def load(version: Long, loadEmpty: Boolean): Unit = {
     val live = ensureOpen()
     if (loadedVersion == version && cache.version == version && !loadEmpty) {
-      if (cache.bloomSaturated) warmCache(live, valuesToo = false)
+      if (cache.bloomSaturated) warmCache(version, valuesToo = false)
       return
     }
     val started = System.nanoTime()
     loadedVersion = -1 // until the load completes
     cache.clear()
+    if (native != null) native.reset() // Python replaces the directory
     if (loadEmpty || version == 0) {
       live.control(s"loading version $version of $describe")(_.restore(handle, version, null, newLineage(Nil), 0))
     } else {
@@ -203,7 +211,7 @@ class KeyedStateProvider extends StateStoreProvider {
       numKeys = Json.readTree(live.control("reading store info")(_.storeInfo(handle))).get("numKeys").asLong()
     }
     if (version == 0 || loadEmpty) numKeys = 0
-    warmCache(live, valuesToo = true)
+    warmCache(version, valuesToo = true)
     cache.version = version
     loadedVersion = version
     metricLoadMs.addAndGet((System.nanoTime() - started) / 1000000)
@@ -213,14 +221,14 @@ class KeyedStateProvider extends StateStoreProvider {
    * Streams the loaded version into the near cache: values while the budget lasts (the cache
    * stays complete if they all fit), then keys only, into the Bloom filter.
    */
-  private def warmCache(live: StateServerProcess, valuesToo: Boolean): Unit = {
+  private def warmCache(version: Long, valuesToo: Boolean): Unit = {
     var after: Array[Byte] = null
     var more = true
     if (valuesToo) {
       cache.clear()
       cache.complete = true // provisional: every key seen so far is cached
       while (more && cache.complete) {
-        val chunk = live.withChannel(s"loading $describe into the near cache")(_.scan(handle, Array.emptyByteArray, after, scanChunkBytes))
+        val chunk = chunkAt(version, Array.emptyByteArray, after, keysOnly = false, s"loading $describe into the near cache")
         var i = 0
         while (i < chunk.keys.length) { cache.put(new Bytes(chunk.keys(i)), chunk.values(i)); i += 1 }
         more = chunk.hasMore
@@ -233,7 +241,7 @@ class KeyedStateProvider extends StateStoreProvider {
     }
     if (!valuesToo) cache.complete = false
     while (more) {
-      val chunk = live.withChannel(s"indexing $describe")(_.scan(handle, Array.emptyByteArray, after, scanChunkBytes, keysOnly = true))
+      val chunk = chunkAt(version, Array.emptyByteArray, after, keysOnly = true, s"indexing $describe")
       chunk.keys.foreach(cache.addToBloom)
       more = chunk.hasMore
       if (chunk.keys.nonEmpty) after = chunk.keys.last
@@ -376,7 +384,11 @@ class KeyedStateProvider extends StateStoreProvider {
       i += 1
     }
     if (missing.nonEmpty) {
-      val values = try server.withChannel(s"reading $describe")(_.multiGet(handle, missing.map(keys(_).bytes).toArray))
+      val reader = nativeAt(loadedVersion)
+      val values = if (reader != null) {
+        metricNativeGets.addAndGet(missing.size)
+        missing.map(i => reader.get(keys(i).bytes)).toArray
+      } else try server.withChannel(s"reading $describe")(_.multiGet(handle, missing.map(keys(_).bytes).toArray))
       catch { case NonFatal(e) => invalidate(); throw e }
       missing.indices.foreach { j =>
         val k = keys(missing(j))
@@ -406,12 +418,46 @@ class KeyedStateProvider extends StateStoreProvider {
     if (cached eq NearCache.Absent) null
     else if (cached != null) cached
     else {
-      val value = try server.withChannel(s"reading $describe")(_.get(handle, key.bytes)) catch {
-        case NonFatal(e) => invalidate(); throw e
-      }
+      val reader = nativeAt(loadedVersion)
+      val value = if (reader != null) { metricNativeGets.incrementAndGet(); reader.get(key.bytes) }
+        else try server.withChannel(s"reading $describe")(_.get(handle, key.bytes)) catch {
+          case NonFatal(e) => invalidate(); throw e
+        }
       if (value != null) cache.put(key, value)
       fetched.put(key, value != null)
       value
+    }
+  }
+
+  /**
+   * The native reader showing `version` (Python's files, synced once per version: Python
+   * finishes its pending applies and flushes, then the reader catches up), or null when reads
+   * go to Python: native reads are off, or the files could not be opened (logged once).
+   */
+  private def nativeAt(version: Long): NativeReader = {
+    val reader = native
+    if (reader == null || (reader.version == version && version >= 0)) reader else syncNative(version)
+  }
+
+  private def syncNative(version: Long): NativeReader = synchronized {
+    val reader = native
+    if (reader == null || version < 0 || reader.version == version) reader
+    else {
+      val (held, dir) = try server.withChannel(s"syncing $describe")(_.sync(handle)) catch {
+        case NonFatal(e) => invalidate(); throw e
+      }
+      if (held != version) {
+        invalidate()
+        throw new IllegalStateException(s"keyedstate: the state server holds version $held of $describe, expected $version")
+      }
+      try { reader.follow(dir, held); reader } catch {
+        case NonFatal(e) =>
+          log.warn(s"keyedstate: cannot read $describe natively from $dir (RocksDB secondary instance); " +
+            "its reads go through the state server", e)
+          reader.close()
+          native = null
+          null
+      }
     }
   }
 
@@ -419,6 +465,7 @@ class KeyedStateProvider extends StateStoreProvider {
   private def invalidate(): Unit = synchronized {
     loadedVersion = -1
     if (cache != null) cache.version = -1
+    if (native != null) native.reset()
   }
 
   private[spark] def memoryUsedBytes(): Long = synchronized {
@@ -427,8 +474,16 @@ class KeyedStateProvider extends StateStoreProvider {
   }
 
   private[spark] def scanChunk(prefix: Array[Byte], startAfter: Array[Byte]) =
-    try server.withChannel(s"scanning $describe")(_.scan(handle, prefix, startAfter, scanChunkBytes))
+    chunkAt(loadedVersion, prefix, startAfter, keysOnly = false, s"scanning $describe")
+
+  /** A chunk of `version`'s entries with `prefix` after `startAfter`: natively, else from Python. */
+  private def chunkAt(version: Long, prefix: Array[Byte], startAfter: Array[Byte], keysOnly: Boolean,
+      what: String): io.keyedstate.bridge.ScanChunk = {
+    val reader = nativeAt(version)
+    if (reader != null) reader.scan(prefix, startAfter, scanChunkBytes, keysOnly)
+    else try server.withChannel(what)(_.scan(handle, prefix, startAfter, scanChunkBytes, keysOnly))
     catch { case NonFatal(e) => invalidate(); throw e }
+  }
 
   private var codecHolder: KeyCodec = _
   /** Per provider; only the task thread uses it. */
@@ -503,6 +558,7 @@ class KeyedStateProvider extends StateStoreProvider {
     closed = true
     KeyedStateProvider.live.remove(storeId, this)
     if (cache != null) cache.clear()
+    if (native != null) { native.close(); native = null }
     if (server != null && server.isAlive && handle >= 0) {
       try server.control("closing a store")(_.closeStore(handle))
       catch { case NonFatal(e) => log.warn(s"keyedstate: closing $describe failed", e) }
@@ -548,7 +604,7 @@ object KeyedStateProvider {
       }
     }.getOrElse(default)
 
-  private def deleteTree(path: java.nio.file.Path): Unit =
+  private[spark] def deleteTree(path: java.nio.file.Path): Unit =
     if (Files.exists(path)) {
       val stream = Files.walk(path)
       try stream.sorted(java.util.Comparator.reverseOrder()).forEach(p => Files.deleteIfExists(p))
@@ -573,6 +629,7 @@ object CustomMetrics {
   val changelogBytes = StateStoreCustomSizeMetric("keyedstateChangelogBytes", "keyedstate: changelog bytes committed")
   val writesShipped = StateStoreCustomSumMetric("keyedstateWritesShipped", "keyedstate: keys written per commit")
   val bridgeGets = StateStoreCustomSumMetric("keyedstateBridgeGets", "keyedstate: reads that crossed to Python")
+  val nativeGets = StateStoreCustomSumMetric("keyedstateNativeGets", "keyedstate: near-cache misses read from RocksDB's files in the JVM")
   val snapshotBytes = StateStoreCustomSizeMetric("keyedstateSnapshotBytesUploaded", "keyedstate: snapshot bytes uploaded")
   val filesUploaded = StateStoreCustomSumMetric("keyedstateSnapshotFilesUploaded", "keyedstate: snapshot files uploaded")
   val filesReused = StateStoreCustomSumMetric("keyedstateSnapshotFilesReused", "keyedstate: snapshot files reused")
@@ -588,7 +645,7 @@ object CustomMetrics {
   val ttlCleanedUp = StateStoreCustomSumMetric("keyedstateTtlCleanedUp", "keyedstate: expired entries deleted by cleanup")
   val ttlCleanupMs = StateStoreCustomTimingMetric("keyedstateTtlCleanupMs", "keyedstate: commit, TTL cleanup time")
   val all: Seq[StateStoreCustomMetric] =
-    Seq(commitLatency, loadLatency, changelogBytes, writesShipped, bridgeGets, snapshotBytes, filesUploaded,
+    Seq(commitLatency, loadLatency, changelogBytes, writesShipped, bridgeGets, nativeGets, snapshotBytes, filesUploaded,
       filesReused, cacheHits, cacheAbsent, cacheEvictions, cacheBytes, bloomBytes, commitEncode, commitWrite,
       commitShip, ttlExpired, ttlCleanedUp, ttlCleanupMs)
 }

@@ -158,6 +158,7 @@ final class KeyedStateStore(provider: KeyedStateProvider, override val version: 
 
   override def metrics: StateStoreMetrics = {
     val counters = provider.cache.takeCounters() // per batch: reset on read
+    val nativeGets = provider.metricNativeGets.getAndSet(0)
     val phases = if (hasCommitted) provider.lastCommitPhases else CommitPhases(0, 0, 0)
     val custom: Map[StateStoreCustomMetric, Long] = Map(
       CustomMetrics.commitEncode -> phases.encodeMs,
@@ -167,7 +168,8 @@ final class KeyedStateStore(provider: KeyedStateProvider, override val version: 
       CustomMetrics.loadLatency -> provider.metricLoadMs.getAndSet(0),
       CustomMetrics.changelogBytes -> changelogBytes,
       CustomMetrics.writesShipped -> writesShipped,
-      CustomMetrics.bridgeGets -> counters.misses,
+      CustomMetrics.bridgeGets -> math.max(0L, counters.misses - nativeGets),
+      CustomMetrics.nativeGets -> nativeGets,
       CustomMetrics.cacheHits -> counters.hits,
       CustomMetrics.cacheAbsent -> counters.absent,
       CustomMetrics.cacheEvictions -> counters.evictions,
