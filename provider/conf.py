@@ -179,6 +179,9 @@ KNOBS: tuple[Knob, ...] = (
          "files as a RocksDB secondary instance (Spark's bundled rocksdbjni), instead of a round "
          "trip per read. Python remains the only writer. Falls back to round trips, with a "
          "warning, if the files cannot be opened."),
+    Knob("nativeBlockCacheBytes", "64m", parse_bytes,
+         "Block cache (off-heap, shared by every store of an executor) of the native reads: "
+         "decompressed RocksDB blocks the JVM read from the state server's files."),
     Knob("serverProcesses", "0", _parse_int(0, 256),
          "Python state server processes per executor JVM (partitions are spread over them; "
          "Python's GIL serialises one process). 0 = spark.executor.cores, or the number of "

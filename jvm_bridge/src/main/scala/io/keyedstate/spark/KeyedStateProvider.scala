@@ -125,6 +125,7 @@ class KeyedStateProvider extends StateStoreProvider {
       if (cache != null) cache.clear()
       cache = new NearCache(settings.get("bloomFpp").asDouble())
       if (native != null) native.close()
+      NativeReader.configure(settings.get("nativeBlockCacheBytes").asLong())
       native = if (settings.get("nativeReads").asBoolean())
         new NativeReader(live.workDir.resolve("native").resolve(UUID.randomUUID().toString)) else null
       loadedVersion = -1

@@ -117,9 +117,15 @@ final class NativeReader(secondaryDir: Path) extends AutoCloseable {
 object NativeReader {
   RocksDB.loadLibrary()
 
+  @volatile private var cacheBytes = 64L << 20
+
+  /** Sizes the block cache; the first store opened in this executor decides (like the near
+   *  cache's budget), since the cache is created once. */
+  def configure(blockCacheBytes: Long): Unit = if (blockCacheBytes > 0) cacheBytes = blockCacheBytes
+
   /** One block cache for every store of this executor: Python's files are in the OS page
-   *  cache anyway; this keeps hot decompressed blocks. */
-  private lazy val blockCache = new LRUCache(64L << 20)
+   *  cache anyway, but a miss here costs a block decompression (~10 us with LZ4). */
+  private lazy val blockCache = new LRUCache(cacheBytes)
 
   private def newOptions(): Options = {
     val table = new BlockBasedTableConfig().setBlockCache(blockCache)
