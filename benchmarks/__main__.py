@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--providers", help=f"providers, comma-separated ({','.join(PROVIDERS)}); default all")
     ap.add_argument("--rows", type=int, help="rows per batch for every selected workload (W3: per side); "
                     "default per workload (W1/W2/W5 1M, W3/W4 200k)")
-    ap.add_argument("--batches", type=int, default=5, help="measured batches per run (default 5)")
+    ap.add_argument("--batches", type=int, help="measured batches per run (default per workload: W1/W2 10, else 5)")
     ap.add_argument("--warmup", type=int, help="warm-up batches (default per workload: 1, W3 4)")
     ap.add_argument("--conf", action="append", default=[], metavar="[PROVIDER:]KEY=VALUE",
                     help="extra Spark conf for one provider (or all); repeatable")
@@ -62,8 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         import pytest
         pytest_args = [str(BENCH_DIR / "test_providers.py"), "-p", "no:cacheprovider", "-q", "-s",
                        f"--benchmark-json={args.json}", "--benchmark-columns=min,rounds",
-                       f"--bench-batches={args.batches}", f"--bench-timeout={args.timeout}",
-                       f"--bench-near-cache={args.near_cache}"]
+                       f"--bench-timeout={args.timeout}", f"--bench-near-cache={args.near_cache}"]
+        if args.batches:
+            pytest_args.append(f"--bench-batches={args.batches}")
         if args.only:
             pytest_args.append(f"--bench-only={args.only}")
         if args.providers:

@@ -23,7 +23,7 @@ def pytest_addoption(parser):
     g.addoption("--bench-only", help=f"comma-separated workloads ({','.join(WORKLOADS)}); default all")
     g.addoption("--bench-providers", help=f"comma-separated providers ({','.join(PROVIDERS)}); default all")
     g.addoption("--bench-rows", type=int, help="rows per batch for every workload (default: per workload)")
-    g.addoption("--bench-batches", type=int, default=5, help="measured batches per run (default 5)")
+    g.addoption("--bench-batches", type=int, help="measured batches per run (default: per workload)")
     g.addoption("--bench-warmup", type=int, help="warm-up batches (default: per workload)")
     g.addoption("--bench-conf", action="append", default=[],
                 help="extra conf, [provider:]key=value; repeatable")

@@ -150,7 +150,7 @@ def _header(results: dict, command: str | None, duration: str | None) -> list[st
         "default trigger.",
         "",
         "Definitions: **batch** = `triggerExecution` of the batch's progress, median over the "
-        "measured batches (warm-up and seed batches excluded). **commit** = sum of "
+        "measured batches (warm-up and seed batches excluded; 10 for W1/W2, 5 for the others). **commit** = sum of "
         "`stateOperators[].commitTimeMs` per batch, p50/p99 over measured batches (linear "
         "interpolation; with 5 batches p99 ≈ max). **RSS** = peak `VmHWM` of the JVM, and the sum "
         "over keyedstate state-server processes (Python). **ckpt/batch** = bytes of files under "
@@ -313,9 +313,10 @@ def _ttl_overhead(by_wl: dict[str, dict[str, dict]]) -> list[str]:
         return []
     out = ["## TTL overhead: keyedstate with `ttl=24h` vs without", "",
            "Same workloads and session, TTL on: every value carries its write time (8 bytes), "
-           "every read checks it, every commit asks for cleanup candidates, and every 5 versions "
-           "(`ttl.cleanupInterval=5`, twice the default rate, so that it falls inside the measured "
-           "batches) the state server scans up to 1M entries per partition in the background. "
+           "every read checks it, every commit asks for cleanup candidates, and every 10 versions "
+           "(the default `ttl.cleanupInterval`, aligned with `snapshotInterval`; W1/W2 measure 10 "
+           "batches so that one scan and one snapshot fall inside them for both) the state server "
+           "scans up to 1M entries per partition in the background. "
            "Target: <= 1.10x.", "",
            "| workload | keyedstate ms | keyedstate_ttl ms | ttl ÷ no ttl | TTL cleanup ms/batch (median) | commit p50 ms (no ttl / ttl) |",
            "|---|---:|---:|---:|---:|---:|"]

@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workload", required=True, choices=sorted(WORKLOADS))
     ap.add_argument("--provider", required=True, choices=list(PROVIDERS))
     ap.add_argument("--rows", type=int)
-    ap.add_argument("--batches", type=int, default=5)
+    ap.add_argument("--batches", type=int, help="measured batches (default: the workload's)")
     ap.add_argument("--warmup", type=int)
     ap.add_argument("--conf", action="append", default=[])
     ap.add_argument("--near-cache", default="auto")

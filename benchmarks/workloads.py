@@ -60,9 +60,10 @@ PROVIDERS: dict[str, dict[str, str]] = {
                           STATE_PREFIX + "rocksdb.changelogCheckpointing.enabled": "true"},
     "keyedstate": {},  # keyedstate.configure() adds the jar and the provider class
     # The same with state TTL on (24h: nothing expires during a run, so the work is the same
-    # as without TTL plus timestamps, expiry checks and incremental cleanup scans). Cleanup
-    # every 5 versions instead of 10, so that a full-store scan falls inside the measured batches.
-    "keyedstate_ttl": {KS_PREFIX + "ttl": "24h", KS_PREFIX + "ttl.cleanupInterval": "5"},
+    # as without TTL plus timestamps, expiry checks and incremental cleanup scans). Default
+    # cleanup interval (10 versions, aligned with snapshotInterval): W1/W2 measure 10 batches,
+    # so one full cleanup scan and one snapshot fall inside them, as they would in production.
+    "keyedstate_ttl": {KS_PREFIX + "ttl": "24h"},
 }
 TTL_WORKLOADS = ("W1", "W2")
 """Workloads that run keyedstate_ttl by default (the TTL issue's W1/W2 overhead target)."""
@@ -102,6 +103,7 @@ class Workload:
     seed_rows: Callable[[Params], int] | None = None  # one extra batch of this size, then restart
     near_cache_default: bool = False  # keyedstate gets nearCacheBytes = 10% of estimated state
     warmup: int = 1  # batches run before the measured ones (after the seed batch, if any)
+    batches: int = 5  # measured batches unless --batches says otherwise
 
 
 def rate(spark, rows: int):
@@ -168,9 +170,9 @@ def _sessions(spark, source_rows: int, p: Params):
 
 WORKLOADS: dict[str, Workload] = {w.name: w for w in (
     Workload("W1", "aggregation", "groupBy(value % rows).count(), update; every batch updates all keys",
-             1_000_000, keys=lambda rows: rows, build=_aggregation, no_data_batches=False),
+             1_000_000, keys=lambda rows: rows, build=_aggregation, no_data_batches=False, batches=10),
     Workload("W2", "dedup", "dropDuplicates(id = value), append; state grows by `rows` every batch",
-             1_000_000, keys=lambda rows: rows, build=_dedup, no_data_batches=False),
+             1_000_000, keys=lambda rows: rows, build=_dedup, no_data_batches=False, batches=10),
     Workload("W3", "stream-stream join",
              "inner join of two rate sources (`rows` per side) on key + event time +-1 s, watermark 1 s; "
              "state steady at ~4 batches per side after 4 warm-up batches",
@@ -377,7 +379,7 @@ class RunSpec:
     workload: str
     provider: str
     rows: int | None = None  # None: the workload's default
-    batches: int = 5  # measured batches; one warm-up batch comes first
+    batches: int | None = None  # measured batches (after the warm-up); None: the workload's default
     warmup: int | None = None  # None: the workload's default
     confs: list[str] = field(default_factory=list)  # "provider:key=value" or "key=value" (all)
     near_cache: str = "auto"  # auto (10% of W5 state) | off | a size such as 512m
@@ -387,6 +389,9 @@ class RunSpec:
 
     def resolved_warmup(self) -> int:
         return WORKLOADS[self.workload].warmup if self.warmup is None else self.warmup
+
+    def resolved_batches(self) -> int:
+        return WORKLOADS[self.workload].batches if self.batches is None else self.batches
 
     def resolved_rows(self) -> int:
         return self.rows or WORKLOADS[self.workload].default_rows
@@ -590,7 +595,7 @@ def run_in_process(spec: RunSpec, out: Path, run_dir: Path) -> dict:
     result: dict[str, Any] = {
         "workload": spec.workload, "workload_title": wl.title, "workload_shape": wl.shape,
         "provider": spec.provider, "status": "running", "rows_per_batch": rows, "keys": params.keys,
-        "batches_requested": spec.batches, "warmup_batches": spec.resolved_warmup(),
+        "batches_requested": spec.resolved_batches(), "warmup_batches": spec.resolved_warmup(),
         "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "timeout_s": spec.timeout, "env": environment(), "notes": notes, "batches": [],
     }
@@ -613,7 +618,7 @@ def run_in_process(spec: RunSpec, out: Path, run_dir: Path) -> dict:
             first_measured = 1 + spec.resolved_warmup()
         if result["status"] == "running":
             _drive(spark, spec, params, rows, checkpoint, first_measured,
-                   first_measured + spec.batches - 1, deadline, result, out, sampler, "measure")
+                   first_measured + spec.resolved_batches() - 1, deadline, result, out, sampler, "measure")
         if result["status"] == "running":
             result["status"] = "ok"
     except BaseException as exc:  # noqa: BLE001 - everything goes into the result
@@ -655,7 +660,7 @@ def run_pair(spec: RunSpec, work_dir: Path = WORK_DIR) -> dict:
     out.unlink(missing_ok=True)
     log_path = logs / f"{spec.slug()}.log"
     cmd = [sys.executable, "-m", "benchmarks.run_one", "--workload", spec.workload,
-           "--provider", spec.provider, "--batches", str(spec.batches),
+           "--provider", spec.provider, "--batches", str(spec.resolved_batches()),
            "--near-cache", spec.near_cache, "--timeout", str(spec.timeout),
            "--out", str(out), "--run-dir", str(run_dir)]
     if spec.rows:
