@@ -121,7 +121,28 @@ def to_write_batch(log_: Changelog) -> tuple[WriteBatch, int, list[bytes], list[
     the key-count delta the writer knew, the keys whose previous existence it did not, and
     the number of deletes."""
     batch = WriteBatch(raw_mode=True)
-    put, delete = batch.put, batch.delete
+    return _decode(log_, batch.put, batch.delete, batch)
+
+
+def split_by_key_group(log_: Changelog, partitions: int) -> list[WriteBatch]:
+    """A changelog's records as one write batch per partition ``key group % partitions``: the
+    offline rescale routes whole key groups this way without building the old partition."""
+    batches = [WriteBatch(raw_mode=True) for _ in range(partitions)]
+    unpack_group = _U32.unpack_from
+
+    def put(key: bytes, value: bytes) -> None:
+        batches[unpack_group(key, 0)[0] % partitions].put(key, value)
+
+    def delete(key: bytes) -> None:
+        batches[unpack_group(key, 0)[0] % partitions].delete(key)
+
+    _decode(log_, put, delete, None)
+    return batches
+
+
+def _decode(log_: Changelog, put, delete, batch: WriteBatch | None):
+    """The single decoding loop behind both: calls ``put``/``delete`` per record and returns
+    ``batch`` with what :func:`to_write_batch` documents."""
     delta = deletes = 0
     unknown_puts: list[bytes] = []
     unknown_deletes: list[bytes] = []

@@ -304,8 +304,10 @@ def link_tree(source: Path, dest: Path) -> None:
             _link_or_copy(f, dest / f.name)
 
 
-def open_copy(db_dir: Path, read_only: bool) -> Rdict:
-    """Open a private copy; read-write only when changelogs are to be applied on top.
+def open_copy(db_dir: Path, read_only: bool, hold_bytes: int = 0) -> Rdict:
+    """Open a private copy; read-write only when changelogs are to be applied on top. With
+    ``hold_bytes``, writes up to that size stay in one memtable until an explicit flush (one
+    L0 file) and nothing compacts on its own.
 
     The default column family gets explicit options: otherwise rocksdict takes them from the
     snapshot's OPTIONS file, i.e. the state server's vector memtable, which RocksDB refuses
@@ -320,6 +322,9 @@ def open_copy(db_dir: Path, read_only: bool) -> Rdict:
     for opts in (options, families["default"]):
         opts.set_memtable_factory(MemtableFactory.vector())
         opts.set_allow_concurrent_memtable_write(False)
+        if hold_bytes:
+            opts.set_write_buffer_size(max(hold_bytes, 64 << 20))
+            opts.set_disable_auto_compactions(True)
     options.create_if_missing(True)
     db = Rdict(str(db_dir), options=options, column_families=families)
     write_options = WriteOptions()
@@ -347,6 +352,18 @@ def _link_snapshot(store_dir: Path, manifest_path: Path, manifest: dict, db_dir:
 def apply_changelog(db: Rdict, path: Path, version: int, key_groups: int | None) -> int:
     """Write one changelog's records into ``db``; returns its key-group count (checked against
     the previous file's, since the count is fixed for a checkpoint)."""
+    log_ = read_changelog(path, version, key_groups)
+    try:
+        batch = changelog.to_write_batch(log_)[0]
+    except changelog.CorruptChangelogError as exc:
+        raise CheckpointError(f"{path}: {exc}") from exc
+    db.write(batch)
+    return log_.key_groups
+
+
+def read_changelog(path: Path, version: int, key_groups: int | None) -> changelog.Changelog:
+    """Read and check one changelog: framing, version, and the key-group count of the files
+    before it (None: the first one)."""
     try:
         log_ = changelog.read_file(str(path))
     except changelog.CorruptChangelogError as exc:
@@ -358,9 +375,4 @@ def apply_changelog(db: Rdict, path: Path, version: int, key_groups: int | None)
     if key_groups is not None and log_.key_groups != key_groups:
         raise CheckpointError(f"{path} was written with {log_.key_groups} key groups, the files before "
                               f"it with {key_groups}: corrupt or mixed checkpoint")
-    try:
-        batch = changelog.to_write_batch(log_)[0]
-    except changelog.CorruptChangelogError as exc:
-        raise CheckpointError(f"{path}: {exc}") from exc
-    db.write(batch)
-    return log_.key_groups
+    return log_

@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import changelog
 from . import checkpoint as ckpt
 from . import keygroups
 
@@ -239,7 +240,7 @@ class _Rescale:
             read_version, write_version = read_batch + 1, batch + 1
             splits = [_SplitTask(op, name, str(s.path), s.partition, read_version,
                                  str(work / str(op) / name / f"from-{s.partition}"), self.n, key_groups,
-                                 None if whole else _hash_spec(op, name, s.path), direct)
+                                 None if whole else _hash_spec(op, name, s.path), direct, old_n)
                       for op, name, parts in stores for s in parts]
             split_results = self._run_tasks(_split, splits, "split")
             counts: dict[tuple[int, str, int], int] = {}
@@ -380,6 +381,7 @@ class _SplitTask:
     key_groups: int
     hash_spec: dict | None  # None: route by key group
     direct: bool  # only rebuild the version, for the merge tasks to filter (see run)
+    from_partitions: int
 
 
 @dataclass(frozen=True)
@@ -410,6 +412,8 @@ def _split(task: _SplitTask) -> dict:
     files = ckpt.list_store(Path(task.store_path), task.partition)
     if files is None:
         raise ckpt.CheckpointError(f"{task.store_path} holds no keyedstate files")
+    if task.direct and not any(v <= task.version for v in files.snapshots):
+        return _finish_split(temp, out, _replay_split(files, task, temp))
     if task.direct:
         with ckpt.rebuild(files, task.version, keep=temp / "db") as rebuilt:
             _check_key_groups(rebuilt, task)
@@ -433,6 +437,56 @@ def _split(task: _SplitTask) -> dict:
     for writer in writers.values():
         writer.finish()
     return _finish_split(temp, out, {"keys": {str(q): c for q, c in counts.items()}, "ttl": ttl})
+
+
+def _replay_split(files: ckpt.StoreFiles, task: _SplitTask, temp: Path) -> dict:
+    """Direct split of a partition whose version is changelogs only (no snapshot yet, as in a
+    young query): each record goes by its key group straight into the RocksDB of the new
+    partition that owns it -- one pass, no rebuild of the old partition, no compaction. Each
+    new DB is flushed once, into one file: its entries are its keys, bar the tombstones of
+    keys deleted on the way. The merge publishes ``to-<q>`` as the new partition's snapshot."""
+    from rocksdict import Checkpoint
+
+    needed = range(1, task.version + 1)
+    missing = [v for v in needed if v not in files.changelogs]
+    if missing:
+        raise ckpt.CheckpointError(
+            f"cannot read version {task.version} of {files.path}: missing "
+            f"{', '.join(str(files.changelog_path(v)) for v in missing[:3])}{' ...' if len(missing) > 3 else ''}")
+    hold = 2 * sum(files.changelog_path(v).stat().st_size for v in needed)
+    dbs: dict[int, Any] = {}
+    counts: dict[str, int] = {}
+    try:
+        for q in range(task.partition, task.partitions, task.from_partitions):  # this one's heirs
+            dbs[q] = ckpt.open_copy(temp / f"db-{q}", read_only=False, hold_bytes=hold)
+        for v in needed:
+            log_ = ckpt.read_changelog(files.changelog_path(v), v, task.key_groups)
+            try:
+                batches = changelog.split_by_key_group(log_, task.partitions)
+            except changelog.CorruptChangelogError as exc:
+                raise ckpt.CheckpointError(f"{files.changelog_path(v)}: {exc}") from exc
+            for q, batch in enumerate(batches):
+                if batch.len():
+                    if q not in dbs:
+                        raise ckpt.CheckpointError(
+                            f"{files.changelog_path(v)} holds keys of key groups that partition "
+                            f"{task.partition} of {task.from_partitions} does not own: corrupt or misplaced")
+                    dbs[q].write(batch)
+            del batches
+        for q, db in dbs.items():
+            db.flush()
+            live = db.live_files()
+            if len(live) == 1:
+                counts[str(q)] = live[0]["num_entries"] - live[0]["num_deletions"]
+            else:  # the memtable was flushed early after all: count what is there
+                counts[str(q)] = sum(1 for _ in db.keys())
+            Checkpoint(db).create_checkpoint(str(temp / f"to-{q}"))
+    finally:
+        for db in dbs.values():
+            db.close()
+    for q in dbs:
+        shutil.rmtree(temp / f"db-{q}")
+    return {"keys": counts, "ttl": None}
 
 
 def _check_key_groups(rebuilt: ckpt.RebuiltVersion, task: _SplitTask) -> None:
@@ -484,6 +538,11 @@ def _merge(task: _MergeTask) -> dict:
     target.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="keyedstate-merge-", dir=task.staging) as tmp:
         if task.direct_source:
+            replayed = Path(task.direct_source).parent / f"to-{task.partition}"
+            if replayed.is_dir():  # see _replay_split
+                ckpt.write_snapshot(replayed, target, task.version, task.key_groups, task.num_keys, task.ttl,
+                                    {"rescale": task.origin})
+                return {"partition": task.partition, "keys": task.num_keys}
             return _filter_merge(task, Path(tmp), target)
         db = _open(Path(tmp) / "db")
         try:

@@ -131,6 +131,38 @@ def _run(spark, stream: FileStream, batches: range, out: dict, partitions: int =
             query.stop()
 
 
+@pytest.mark.parametrize("snapshots", [False, True], ids=["changelogs-only", "from-snapshots"])
+def test_scale_up_by_a_multiple_moves_whole_key_groups(spark, tmp_path, snapshots):
+    """4 -> 8 takes each new partition from one old one: changelogs are routed by key group
+    straight into the new partitions; a snapshot is filtered by range deletes instead."""
+    stream = FileStream(spark, tmp_path, "k LONG")
+    out: dict = {}
+    interval = {"spark.sql.streaming.stateStore.keyedstate.snapshotInterval": "1" if snapshots else "100"}
+    with session_confs(spark, interval):
+        _run(spark, stream, range(3), out)
+    stores = ckpt.discover_stores(Path(stream.checkpoint) / "state" / "0")["default"]
+    if snapshots:  # maintenance (every second in the tests) uploads them
+        deadline = time.monotonic() + 60
+        while not all(s.snapshots for s in stores):
+            assert time.monotonic() < deadline, "no snapshot uploaded"
+            time.sleep(0.5)
+            stores = ckpt.discover_stores(Path(stream.checkpoint) / "state" / "0")["default"]
+    else:
+        assert not any(s.snapshots for s in stores)
+    result = keyedstate.rescale(stream.checkpoint, 8, spark=spark)
+    assert result.whole_key_groups and result.keys == len(_expected(3))
+    report = keyedstate.inspect(stream.checkpoint)
+    store = report["operators"][0]["stores"][0]
+    assert len(store["partitions"]) == 8 and store["distribution"]["misplacedKeys"] == 0
+    assert sum(p["keys"] for p in store["partitions"]) == len(_expected(3))
+    for p in store["partitions"]:  # the snapshot's recorded count is the exact one Spark reports
+        files = ckpt.list_store(Path(p["path"]), p["partitionId"])
+        version = result.batch + 1
+        assert ckpt.read_manifest(files.manifest_path(version), version)["numKeys"] == p["keys"] > 0
+    _run(spark, stream, range(3, 5), out)
+    assert out == _expected(5)
+
+
 def _cli(*args: str, **kwargs) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "keyedstate.cli", "rescale", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
