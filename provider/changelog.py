@@ -100,14 +100,19 @@ def decode(data: bytes | memoryview, source: str) -> Changelog:
 
 def encode(version: int, key_groups: int, records: list[tuple[int, bytes, bytes | None]]) -> bytes:
     """Encode a changelog; the JVM shim has its own encoder, this one serves tests and tools."""
-    parts = [_HEADER.pack(MAGIC, FORMAT_VERSION, version, key_groups)]
+    parts = []
     for op, key, value in records:
         parts.append(bytes([op]) + _U32.pack(len(key)) + key)
         if op in PUTS:
             assert value is not None
             parts.append(_U32.pack(len(value)) + value)
-    body = b"".join(parts)
-    return body + _TRAILER.pack(_END, len(records), zlib.crc32(body))
+    return _frame(version, key_groups, parts, len(records))
+
+
+def _frame(version: int, key_groups: int, records: list[bytes], count: int) -> bytes:
+    """Header + encoded records + trailer."""
+    body = b"".join([_HEADER.pack(MAGIC, FORMAT_VERSION, version, key_groups), *records])
+    return body + _TRAILER.pack(_END, count, zlib.crc32(body))
 
 
 def read_file(path: str) -> Changelog:
@@ -124,25 +129,87 @@ def to_write_batch(log_: Changelog) -> tuple[WriteBatch, int, list[bytes], list[
     return _decode(log_, batch.put, batch.delete, batch)
 
 
-def split_by_key_group(log_: Changelog, partitions: int) -> list[WriteBatch]:
-    """A changelog's records as one write batch per partition ``key group % partitions``: the
-    offline rescale routes whole key groups this way without building the old partition."""
-    batches = [WriteBatch(raw_mode=True) for _ in range(partitions)]
-    unpack_group = _U32.unpack_from
+def route_by_key_group(logs: list[Changelog], partitions: int, version: int,
+                       key_groups: int) -> dict[int, tuple[bytes, int]]:
+    """Consecutive changelogs of one partition, replayed from empty, as one changelog of
+    ``version`` per partition ``key group % partitions``: replayed from empty, each gives that
+    partition's share of the last log's state. The offline rescale moves whole key groups this
+    way, copying records without building RocksDB. Returns ``{partition: (changelog, keys)}``.
 
-    def put(key: bytes, value: bytes) -> None:
-        batches[unpack_group(key, 0)[0] % partitions].put(key, value)
+    Records whose op says whether the key existed (the JVM knows it for almost every write)
+    are copied as they are (~0.5 us a record). Concatenated logs cannot keep an op that leaves
+    it to the reader (put/delete of a key of unknown existence: the reader would look in the
+    store before the file, not at the records before it in the file), so when one occurs, ops
+    are rewritten from an exact set of live keys instead."""
+    routed = _route_known(logs, partitions)
+    if routed is None:
+        routed = _route_tracking(logs, partitions)
+    return {q: (_frame(version, key_groups, parts, count), keys)
+            for q, (parts, count, keys) in enumerate(zip(*routed)) if parts}
 
-    def delete(key: bytes) -> None:
-        batches[unpack_group(key, 0)[0] % partitions].delete(key)
 
-    _decode(log_, put, delete, None)
-    return batches
+def _route_known(logs: list[Changelog], partitions: int):
+    """Per partition: (records as copied, record count, key count); None at the first op of
+    unknown existence."""
+    parts: list[list[bytes]] = [[] for _ in range(partitions)]
+    records = [0] * partitions
+    keys = [0] * partitions
+    unpack = _unpack_u32
+    for log_ in logs:
+        buf = bytes(log_.payload)
+        pos, end = 0, len(buf)
+        while pos < end:
+            op = buf[pos]
+            key_end = pos + 5 + unpack(buf, pos + 1)[0]
+            q = unpack(buf, pos + 5)[0] % partitions  # the key-group prefix
+            if op == OP_PUT_NEW:
+                record_end = key_end + 4 + unpack(buf, key_end)[0]
+                keys[q] += 1
+            elif op == OP_PUT_EXISTING:
+                record_end = key_end + 4 + unpack(buf, key_end)[0]
+            elif op == OP_DELETE_EXISTING:
+                record_end = key_end
+                keys[q] -= 1
+            elif op in PUTS or op in DELETES:
+                return None
+            else:
+                raise CorruptChangelogError(f"unknown record op {op} at byte {pos}")
+            parts[q].append(buf[pos:record_end])
+            records[q] += 1
+            pos = record_end
+    return parts, records, keys
 
 
-def _decode(log_: Changelog, put, delete, batch: WriteBatch | None):
-    """The single decoding loop behind both: calls ``put``/``delete`` per record and returns
-    ``batch`` with what :func:`to_write_batch` documents."""
+def _route_tracking(logs: list[Changelog], partitions: int):
+    """:func:`_route_known` for logs with ops of unknown existence: ops rewritten from the set
+    of live keys (deletes of absent keys vanish, a key's first put is new)."""
+    parts: list[list[bytes]] = [[] for _ in range(partitions)]
+    records = [0] * partitions
+    keys = [0] * partitions
+    live: set[bytes] = set()
+    put_new, put_existing, delete_existing = (bytes([op]) for op in (OP_PUT_NEW, OP_PUT_EXISTING, OP_DELETE_EXISTING))
+    for log_ in logs:
+        for op, key, value in log_.records():
+            q = _unpack_u32(key, 0)[0] % partitions
+            head = _U32.pack(len(key)) + key
+            if value is not None:
+                if key in live:
+                    parts[q] += (put_existing, head, _U32.pack(len(value)), value)
+                else:
+                    live.add(key)
+                    parts[q] += (put_new, head, _U32.pack(len(value)), value)
+                    keys[q] += 1
+                records[q] += 1
+            elif key in live:
+                live.remove(key)
+                parts[q] += (delete_existing, head)
+                keys[q] -= 1
+                records[q] += 1
+    return parts, records, keys
+
+
+def _decode(log_: Changelog, put, delete, batch: WriteBatch):
+    """The decoding loop behind :func:`to_write_batch`."""
     delta = deletes = 0
     unknown_puts: list[bytes] = []
     unknown_deletes: list[bytes] = []

@@ -188,22 +188,32 @@ def read_manifest(path: Path, version: int) -> dict[str, Any]:
     return node
 
 
-def write_snapshot(db_dir: Path, target: Path, version: int, key_groups: int, num_keys: int,
-                   ttl: dict | None = None, extra: dict | None = None) -> dict[str, Any]:
+def write_snapshot(db_dir: Path | None, target: Path, version: int, key_groups: int, num_keys: int,
+                   ttl: dict | None = None, extra: dict | None = None,
+                   replay: Path | None = None) -> dict[str, Any]:
     """Publish the RocksDB checkpoint in ``db_dir`` as snapshot ``version`` of the store
     partition at ``target``: files first (fresh names, never shared with another writer), then
-    the manifest, atomically, so a reader sees all of the snapshot or none of it."""
+    the manifest, atomically, so a reader sees all of the snapshot or none of it.
+
+    ``replay``: a changelog of version ``version`` to apply on top of ``db_dir`` (None: empty)
+    taken as version ``version - 1``; the rescale publishes a partition this way, routed from
+    the old partitions' changelogs, where building RocksDB would cost a sort of every key."""
     files_dir = target / FILES_DIR
     files_dir.mkdir(parents=True, exist_ok=True)
     batch = uuid.uuid4()
     listed = []
-    for local in sorted(p for p in db_dir.iterdir() if p.is_file()):
+    for local in sorted(p for p in db_dir.iterdir() if p.is_file()) if db_dir is not None else ():
         rel = f"{FILES_DIR}/{batch}-{local.name}"
         _link_or_copy(local, target / rel, sync=True)
         listed.append({"name": local.name, "path": rel, "size": local.stat().st_size})
     manifest: dict[str, Any] = {
         "format": MANIFEST_FORMAT, "formatVersion": MANIFEST_FORMAT_VERSION, "version": version,
         "keyGroups": key_groups, "numKeys": num_keys, "files": listed}
+    if replay is not None:
+        name = f"replay-{version}{CHANGELOG_SUFFIX}"
+        rel = f"{FILES_DIR}/{batch}-{name}"
+        _link_or_copy(replay, target / rel, sync=True)
+        manifest["replay"] = {"name": name, "path": rel, "size": replay.stat().st_size}
     if ttl is not None:
         manifest["ttl"] = ttl
     manifest.update(extra or {})
@@ -283,13 +293,16 @@ def rebuild(store: StoreFiles, version: int, manifests: dict[int, dict] | None =
             if db_dir.exists():
                 shutil.rmtree(db_dir)
         db_dir.mkdir(parents=True)
+        replay = manifest.get("replay") if manifest is not None else None
         if manifest is not None:
             _link_snapshot(store.path, store.manifest_path(base), manifest, db_dir)
-        db = open_copy(db_dir, read_only=manifest is not None and not needed)
+        db = open_copy(db_dir, read_only=manifest is not None and not needed and not replay)
         try:
+            if replay:  # the snapshot's version itself, as a changelog (see write_snapshot)
+                key_groups = apply_changelog(db, store.path / replay["path"], base, key_groups)
             for v in needed:
                 key_groups = apply_changelog(db, store.changelog_path(v), v, key_groups)
-            if needed:
+            if needed or replay:
                 db.flush()
             yield RebuiltVersion(db, base, len(needed), key_groups, manifest)
         finally:

@@ -240,7 +240,8 @@ class _Rescale:
             read_version, write_version = read_batch + 1, batch + 1
             splits = [_SplitTask(op, name, str(s.path), s.partition, read_version,
                                  str(work / str(op) / name / f"from-{s.partition}"), self.n, key_groups,
-                                 None if whole else _hash_spec(op, name, s.path), direct, old_n)
+                                 None if whole else _hash_spec(op, name, s.path), direct, old_n,
+                                 write_version)
                       for op, name, parts in stores for s in parts]
             split_results = self._run_tasks(_split, splits, "split")
             counts: dict[tuple[int, str, int], int] = {}
@@ -331,8 +332,6 @@ class _Rescale:
 
     def _key_groups(self, stores, version: int) -> int:
         """The checkpoint's key-group count, from any manifest or changelog (it is fixed)."""
-        from . import changelog
-
         for _, _, parts in stores:
             for files in parts:
                 for v in sorted(files.snapshots, reverse=True):
@@ -382,6 +381,7 @@ class _SplitTask:
     hash_spec: dict | None  # None: route by key group
     direct: bool  # only rebuild the version, for the merge tasks to filter (see run)
     from_partitions: int
+    target_version: int  # the version the new partitions get
 
 
 @dataclass(frozen=True)
@@ -441,51 +441,32 @@ def _split(task: _SplitTask) -> dict:
 
 def _replay_split(files: ckpt.StoreFiles, task: _SplitTask, temp: Path) -> dict:
     """Direct split of a partition whose version is changelogs only (no snapshot yet, as in a
-    young query): each record goes by its key group straight into the RocksDB of the new
-    partition that owns it -- one pass, no rebuild of the old partition, no compaction. Each
-    new DB is flushed once, into one file: its entries are its keys, bar the tombstones of
-    keys deleted on the way. The merge publishes ``to-<q>`` as the new partition's snapshot."""
-    from rocksdict import Checkpoint
-
+    young query): its records are routed by key group into one changelog per new partition
+    (see changelog.route_by_key_group), which the merge publishes as that partition's snapshot
+    to replay (checkpoint.write_snapshot). No RocksDB is built: a flush would sort every key
+    (~3 us each here), and the restarted query replays the file the way it replays any
+    changelog."""
     needed = range(1, task.version + 1)
     missing = [v for v in needed if v not in files.changelogs]
     if missing:
         raise ckpt.CheckpointError(
             f"cannot read version {task.version} of {files.path}: missing "
             f"{', '.join(str(files.changelog_path(v)) for v in missing[:3])}{' ...' if len(missing) > 3 else ''}")
-    hold = 2 * sum(files.changelog_path(v).stat().st_size for v in needed)
-    dbs: dict[int, Any] = {}
-    counts: dict[str, int] = {}
+    logs = [ckpt.read_changelog(files.changelog_path(v), v, task.key_groups) for v in needed]
     try:
-        for q in range(task.partition, task.partitions, task.from_partitions):  # this one's heirs
-            dbs[q] = ckpt.open_copy(temp / f"db-{q}", read_only=False, hold_bytes=hold)
-        for v in needed:
-            log_ = ckpt.read_changelog(files.changelog_path(v), v, task.key_groups)
-            try:
-                batches = changelog.split_by_key_group(log_, task.partitions)
-            except changelog.CorruptChangelogError as exc:
-                raise ckpt.CheckpointError(f"{files.changelog_path(v)}: {exc}") from exc
-            for q, batch in enumerate(batches):
-                if batch.len():
-                    if q not in dbs:
-                        raise ckpt.CheckpointError(
-                            f"{files.changelog_path(v)} holds keys of key groups that partition "
-                            f"{task.partition} of {task.from_partitions} does not own: corrupt or misplaced")
-                    dbs[q].write(batch)
-            del batches
-        for q, db in dbs.items():
-            db.flush()
-            live = db.live_files()
-            if len(live) == 1:
-                counts[str(q)] = live[0]["num_entries"] - live[0]["num_deletions"]
-            else:  # the memtable was flushed early after all: count what is there
-                counts[str(q)] = sum(1 for _ in db.keys())
-            Checkpoint(db).create_checkpoint(str(temp / f"to-{q}"))
-    finally:
-        for db in dbs.values():
-            db.close()
-    for q in dbs:
-        shutil.rmtree(temp / f"db-{q}")
+        routed = changelog.route_by_key_group(logs, task.partitions, task.target_version, task.key_groups)
+    except changelog.CorruptChangelogError as exc:
+        raise ckpt.CheckpointError(f"{files.path}: {exc}") from exc
+    heirs = range(task.partition, task.partitions, task.from_partitions)
+    strays = set(routed) - set(heirs)
+    if strays:
+        raise ckpt.CheckpointError(
+            f"changelogs of {files.path} hold keys of key groups that partition {task.partition} "
+            f"of {task.from_partitions} does not own (for new partitions {sorted(strays)[:5]}): corrupt or misplaced")
+    counts = {}
+    for q in heirs:
+        data, counts[str(q)] = routed.get(q) or (changelog.encode(task.target_version, task.key_groups, []), 0)
+        (temp / f"to-{q}{ckpt.CHANGELOG_SUFFIX}").write_bytes(data)
     return {"keys": counts, "ttl": None}
 
 
@@ -538,10 +519,10 @@ def _merge(task: _MergeTask) -> dict:
     target.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="keyedstate-merge-", dir=task.staging) as tmp:
         if task.direct_source:
-            replayed = Path(task.direct_source).parent / f"to-{task.partition}"
-            if replayed.is_dir():  # see _replay_split
-                ckpt.write_snapshot(replayed, target, task.version, task.key_groups, task.num_keys, task.ttl,
-                                    {"rescale": task.origin})
+            routed = Path(task.direct_source).parent / f"to-{task.partition}{ckpt.CHANGELOG_SUFFIX}"
+            if routed.is_file():  # see _replay_split
+                ckpt.write_snapshot(None, target, task.version, task.key_groups, task.num_keys, task.ttl,
+                                    {"rescale": task.origin}, replay=routed)
                 return {"partition": task.partition, "keys": task.num_keys}
             return _filter_merge(task, Path(tmp), target)
         db = _open(Path(tmp) / "db")

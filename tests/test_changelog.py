@@ -40,3 +40,55 @@ def test_foreign_file_is_named_as_foreign():
 def test_empty_version_round_trips():
     log = cl.decode(cl.encode(1, 5, []), "x")
     assert log.record_count == 0 and list(log.records()) == []
+
+
+def _history(known: bool, seed: int = 3):
+    """Three versions of random puts/deletes over 60 keys in 12 key groups, with the ops the
+    JVM writes (existence known) or the ones it writes when it does not know."""
+    import random
+
+    rnd = random.Random(seed)
+    live: set[bytes] = set()
+    logs = []
+    for version in (1, 2, 3):
+        records = {}
+        for _ in range(40):
+            key = (rnd.randrange(12)).to_bytes(4, "big") + bytes([rnd.randrange(5)])
+            if rnd.random() < 0.7:
+                records[key] = (cl.OP_PUT_EXISTING if key in live else cl.OP_PUT_NEW) if known else cl.OP_PUT
+                live.add(key)
+            else:
+                records[key] = (cl.OP_DELETE_EXISTING if key in live else None) if known else cl.OP_DELETE
+                live.discard(key)
+        encoded = [(op, k, None if op in cl.DELETES else b"v%d" % version) for k, op in records.items() if op]
+        logs.append(cl.decode(cl.encode(version, 12, encoded), f"v{version}"))
+    return logs
+
+
+def _replay(logs) -> dict:
+    state: dict = {}
+    for log in logs:
+        for op, key, value in log.records():
+            if value is None:
+                state.pop(key, None)
+            else:
+                state[key] = value
+    return state
+
+
+@pytest.mark.parametrize("known", [True, False], ids=["ops-known", "ops-unknown"])
+def test_routing_by_key_group_splits_the_state_exactly(known):
+    logs = _history(known)
+    final = _replay(logs)
+    routed = cl.route_by_key_group(logs, 4, 9, 12)
+    for q in range(4):
+        data, keys = routed.get(q, (cl.encode(9, 12, []), 0))
+        log = cl.decode(data, f"to-{q}")
+        assert (log.version, log.key_groups) == (9, 12)
+        mine = {k: v for k, v in final.items() if int.from_bytes(k[:4], "big") % 4 == q}
+        assert _replay([log]) == mine
+        assert keys == len(mine)
+        # Every op states the key's existence, so a reader counts without looking up.
+        ops = [op for op, _, _ in log.records()]
+        assert set(ops) <= {cl.OP_PUT_NEW, cl.OP_PUT_EXISTING, cl.OP_DELETE_EXISTING}
+        assert ops.count(cl.OP_PUT_NEW) - ops.count(cl.OP_DELETE_EXISTING) == keys

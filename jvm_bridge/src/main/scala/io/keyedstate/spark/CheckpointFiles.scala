@@ -19,9 +19,14 @@ class CheckpointFileException(message: String, cause: Throwable = null)
 
 final case class SnapshotFile(name: String, path: String, size: Long)
 
-/** Which files make up the RocksDB snapshot of one version. */
+/**
+ * Which files make up the RocksDB snapshot of one version. `replay`: a changelog (in ks-files)
+ * that holds the whole version on top of the files (written by the offline rescale, which
+ * routes an old partition's changelogs into its new partitions without building RocksDB);
+ * loading applies it as version `version` onto `files` taken as version `version - 1`.
+ */
 final case class SnapshotManifest(version: Long, keyGroups: Int, numKeys: Long, files: Seq[SnapshotFile],
-    ttl: Option[java.util.Map[String, AnyRef]] = None)
+    ttl: Option[java.util.Map[String, AnyRef]] = None, replay: Option[SnapshotFile] = None)
 
 final case class Listing(changelogs: SortedSet[Long], snapshots: SortedSet[Long], foreign: Seq[String]) {
   def latest: Option[Long] = (changelogs ++ snapshots).lastOption
@@ -33,7 +38,8 @@ final case class Listing(changelogs: SortedSet[Long], snapshots: SortedSet[Long]
  *
  *   <v>.ks-changelog     the writes of version v (the commit record; see changelog.py)
  *   <v>.ks-snapshot      JSON manifest of the RocksDB snapshot of version v
- *   ks-files/<uuid>-<n>  snapshot files; immutable, shared by every manifest that lists them
+ *   ks-files/<uuid>-<n>  snapshot files (and a rescale's replay changelogs); immutable, shared
+ *                        by every manifest that lists them
  *
  * Files appear atomically (temp file + rename), so a reader never sees half a file under its
  * final name.
@@ -100,10 +106,12 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
       if (formatVersion != ManifestFormatVersion) {
         throw new IllegalArgumentException(s"manifest format version $formatVersion, this keyedstate reads $ManifestFormatVersion")
       }
-      val files = node.get("files").elements().asScala.map { f =>
+      def file(f: com.fasterxml.jackson.databind.JsonNode) =
         SnapshotFile(f.get("name").asText(), f.get("path").asText(), f.get("size").asLong())
-      }.toSeq
-      val m = SnapshotManifest(node.get("version").asLong(), node.get("keyGroups").asInt(), node.get("numKeys").asLong(), files)
+      val files = node.get("files").elements().asScala.map(file).toSeq
+      val replay = Option(node.get("replay")).filterNot(_.isNull).map(file)
+      val m = SnapshotManifest(node.get("version").asLong(), node.get("keyGroups").asInt(),
+        node.get("numKeys").asLong(), files, replay = replay)
       if (m.version != version) throw new IllegalArgumentException(s"it describes version ${m.version}")
       m
     } catch {
@@ -137,7 +145,7 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
     l.changelogs.filter(_ <= base).foreach(v => delete(changelog(v)))
     l.snapshots.filter(_ < base).foreach(v => delete(manifest(v)))
     val kept = l.snapshots.filter(_ >= base).toSeq
-    val referenced = kept.flatMap(v => readManifest(v).files.map(_.path)).toSet
+    val referenced = kept.flatMap { v => val m = readManifest(v); (m.files ++ m.replay).map(_.path) }.toSet
     // Files newer than the oldest kept manifest may belong to an upload in progress.
     val horizon = fs.getFileStatus(manifest(base)).getModificationTime
     if (fs.exists(filesDir)) {

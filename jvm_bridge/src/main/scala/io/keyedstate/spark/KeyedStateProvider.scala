@@ -191,7 +191,19 @@ class KeyedStateProvider extends StateStoreProvider {
             val snapDir = Files.createDirectories(localRoot.resolve("snapshot"))
             manifest.files.foreach(f => files.download(files.resolve(f.path), snapDir.resolve(f.name)))
             val id = newLineage(manifest.files)
-            live.control(s"restoring snapshot ${files.manifest(s)}")(_.restore(handle, s, snapDir.toString, id, manifest.numKeys))
+            manifest.replay match {
+              case None =>
+                live.control(s"restoring snapshot ${files.manifest(s)}")(_.restore(handle, s, snapDir.toString, id, manifest.numKeys))
+              case Some(r) => // the files as version s - 1, then the version itself as a changelog
+                val base = if (manifest.files.isEmpty) null else snapDir.toString
+                live.control(s"restoring snapshot ${files.manifest(s)}")(_.restore(handle, s - 1, base, id, 0))
+                val local = localRoot.resolve(r.name)
+                files.download(files.resolve(r.path), local)
+                val listJson = Json.writeValueAsString(java.util.List.of(
+                  java.util.List.of(Long.box(s), local.toString, files.resolve(r.path).toString)))
+                live.control(s"replaying ${files.resolve(r.path)}")(_.replay(handle, listJson))
+                Files.deleteIfExists(local)
+            }
           case None =>
             live.control(s"loading version $version of $describe")(_.restore(handle, 0, null, newLineage(Nil), 0))
         }
