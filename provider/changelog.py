@@ -39,6 +39,7 @@ _HEADER = struct.Struct(">8sHQI")
 _TRAILER = struct.Struct(">BQI")
 _U32 = struct.Struct(">I")
 _unpack_u32 = _U32.unpack_from
+_U32_PAIR = struct.Struct(">II")
 
 
 class CorruptChangelogError(ValueError):
@@ -152,32 +153,32 @@ def _route_known(logs: list[Changelog], partitions: int):
     """Per partition: (records as copied, record count, key count); None at the first op of
     unknown existence."""
     parts: list[list[bytes]] = [[] for _ in range(partitions)]
-    records = [0] * partitions
+    appends = [p.append for p in parts]
     keys = [0] * partitions
+    length_and_group = _U32_PAIR.unpack_from  # key length, then the key's key-group prefix
     unpack = _unpack_u32
     for log_ in logs:
         buf = bytes(log_.payload)
         pos, end = 0, len(buf)
         while pos < end:
             op = buf[pos]
-            key_end = pos + 5 + unpack(buf, pos + 1)[0]
-            q = unpack(buf, pos + 5)[0] % partitions  # the key-group prefix
+            klen, group = length_and_group(buf, pos + 1)
+            q = group % partitions
+            record_end = pos + 5 + klen
             if op == OP_PUT_NEW:
-                record_end = key_end + 4 + unpack(buf, key_end)[0]
+                record_end += 4 + unpack(buf, record_end)[0]
                 keys[q] += 1
             elif op == OP_PUT_EXISTING:
-                record_end = key_end + 4 + unpack(buf, key_end)[0]
+                record_end += 4 + unpack(buf, record_end)[0]
             elif op == OP_DELETE_EXISTING:
-                record_end = key_end
                 keys[q] -= 1
             elif op in PUTS or op in DELETES:
                 return None
             else:
                 raise CorruptChangelogError(f"unknown record op {op} at byte {pos}")
-            parts[q].append(buf[pos:record_end])
-            records[q] += 1
+            appends[q](buf[pos:record_end])
             pos = record_end
-    return parts, records, keys
+    return parts, [len(p) for p in parts], keys
 
 
 def _route_tracking(logs: list[Changelog], partitions: int):

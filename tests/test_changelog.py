@@ -51,14 +51,16 @@ def _history(known: bool, seed: int = 3):
     live: set[bytes] = set()
     logs = []
     for version in (1, 2, 3):
+        before = set(live)  # a version's ops are relative to the version before it
         records = {}
         for _ in range(40):
             key = (rnd.randrange(12)).to_bytes(4, "big") + bytes([rnd.randrange(5)])
             if rnd.random() < 0.7:
-                records[key] = (cl.OP_PUT_EXISTING if key in live else cl.OP_PUT_NEW) if known else cl.OP_PUT
+                records[key] = (cl.OP_PUT_EXISTING if key in before else cl.OP_PUT_NEW) if known else cl.OP_PUT
                 live.add(key)
             else:
-                records[key] = (cl.OP_DELETE_EXISTING if key in live else None) if known else cl.OP_DELETE
+                # the JVM does not log a delete it knows to be of an absent key
+                records[key] = (cl.OP_DELETE_EXISTING if key in before else None) if known else cl.OP_DELETE
                 live.discard(key)
         encoded = [(op, k, None if op in cl.DELETES else b"v%d" % version) for k, op in records.items() if op]
         logs.append(cl.decode(cl.encode(version, 12, encoded), f"v{version}"))
