@@ -33,6 +33,7 @@ setup(
         "py4j>=0.10.9.9",
         "rocksdict>=0.3.29",
         "cloudpickle>=2.1",
+        "numpy>=1.23",  # the offline rescale routes fixed-width changelog records vectorised
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-benchmark>=4", "pytest-timeout>=2", "hypothesis>=6",
