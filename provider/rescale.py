@@ -238,14 +238,17 @@ class _Rescale:
             # does not own -- range deletes and one RocksDB compaction, no key through Python.
             direct = whole and key_groups % old_n == 0 and self.n % old_n == 0
             read_version, write_version = read_batch + 1, batch + 1
+            origin = {"batch": batch, "fromPartitions": old_n, "toPartitions": self.n}
             splits = [_SplitTask(op, name, str(s.path), s.partition, read_version,
                                  str(work / str(op) / name / f"from-{s.partition}"), self.n, key_groups,
                                  None if whole else _hash_spec(op, name, s.path), direct, old_n,
-                                 write_version)
+                                 write_version, str(self.root / "state" / str(op)), origin)
                       for op, name, parts in stores for s in parts]
             split_results = self._run_tasks(_split, splits, "split")
             counts: dict[tuple[int, str, int], int] = {}
             ttl: dict[tuple[int, str], dict | None] = {}
+            published = {(task.operator, task.store, q) for task, result in zip(splits, split_results)
+                         for q in result.get("published", [])}
             for task, result in zip(splits, split_results):
                 for q, c in result["keys"].items():
                     counts[(task.operator, task.store, int(q))] = counts.get((task.operator, task.store, int(q)), 0) + c
@@ -253,11 +256,10 @@ class _Rescale:
                     ttl[(task.operator, task.store)] = result["ttl"]
             merges = [_MergeTask(str(work / str(op) / name), q, str(ckpt.store_dir(self.root / "state" / str(op), q, name)),
                                  write_version, key_groups, counts.get((op, name, q), 0), ttl.get((op, name)),
-                                 {"batch": batch, "fromPartitions": old_n, "toPartitions": self.n},
-                                 str(work / str(op) / name / f"from-{q % old_n}" / "db") if direct else None,
+                                 origin, str(work / str(op) / name / f"from-{q % old_n}" / "db") if direct else None,
                                  self.n)
-                      for op, name, _ in stores for q in range(self.n)]
-            keys = sum(r["keys"] for r in self._run_tasks(_merge, merges, "merge"))
+                      for op, name, _ in stores for q in range(self.n) if (op, name, q) not in published]
+            keys = sum(counts[p] for p in published) + sum(r["keys"] for r in self._run_tasks(_merge, merges, "merge"))
 
             if self._latest(self.offsets) != batch:
                 raise RescaleError(f"{self.root / 'offsets'} moved past batch {batch} while rescaling: the query is running")
@@ -382,6 +384,8 @@ class _SplitTask:
     direct: bool  # only rebuild the version, for the merge tasks to filter (see run)
     from_partitions: int
     target_version: int  # the version the new partitions get
+    targets: str  # the operator's state directory, holding the new partitions
+    origin: dict  # what the published snapshots record about the rescale
 
 
 @dataclass(frozen=True)
@@ -442,8 +446,8 @@ def _split(task: _SplitTask) -> dict:
 def _replay_split(files: ckpt.StoreFiles, task: _SplitTask, temp: Path) -> dict:
     """Direct split of a partition whose version is changelogs only (no snapshot yet, as in a
     young query): its records are routed by key group into one changelog per new partition
-    (see changelog.route_by_key_group), which the merge publishes as that partition's snapshot
-    to replay (checkpoint.write_snapshot). No RocksDB is built: a flush would sort every key
+    (see changelog.route_by_key_group), published right here as that partition's snapshot to
+    replay (checkpoint.write_snapshot), so these partitions need no merge task. No RocksDB is built: a flush would sort every key
     (~3 us each here), and the restarted query replays the file the way it replays any
     changelog."""
     needed = range(1, task.version + 1)
@@ -464,10 +468,13 @@ def _replay_split(files: ckpt.StoreFiles, task: _SplitTask, temp: Path) -> dict:
             f"changelogs of {files.path} hold keys of key groups that partition {task.partition} "
             f"of {task.from_partitions} does not own (for new partitions {sorted(strays)[:5]}): corrupt or misplaced")
     counts = {}
-    for q in heirs:
+    for q in heirs:  # published here: a merge task would only copy the file
         data, counts[str(q)] = routed.get(q) or (changelog.encode(task.target_version, task.key_groups, []), 0)
-        (temp / f"to-{q}{ckpt.CHANGELOG_SUFFIX}").write_bytes(data)
-    return {"keys": counts, "ttl": None}
+        routed_file = temp / f"to-{q}{ckpt.CHANGELOG_SUFFIX}"
+        routed_file.write_bytes(data)
+        ckpt.write_snapshot(None, ckpt.store_dir(Path(task.targets), q, task.store), task.target_version,
+                            task.key_groups, counts[str(q)], None, {"rescale": task.origin}, replay=routed_file)
+    return {"keys": counts, "ttl": None, "published": list(heirs)}
 
 
 def _check_key_groups(rebuilt: ckpt.RebuiltVersion, task: _SplitTask) -> None:
@@ -519,11 +526,6 @@ def _merge(task: _MergeTask) -> dict:
     target.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="keyedstate-merge-", dir=task.staging) as tmp:
         if task.direct_source:
-            routed = Path(task.direct_source).parent / f"to-{task.partition}{ckpt.CHANGELOG_SUFFIX}"
-            if routed.is_file():  # see _replay_split
-                ckpt.write_snapshot(None, target, task.version, task.key_groups, task.num_keys, task.ttl,
-                                    {"rescale": task.origin}, replay=routed)
-                return {"partition": task.partition, "keys": task.num_keys}
             return _filter_merge(task, Path(tmp), target)
         db = _open(Path(tmp) / "db")
         try:
