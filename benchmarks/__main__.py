@@ -80,12 +80,13 @@ def main(argv: list[str] | None = None) -> int:
         pytest_args += [f"--bench-conf={c}" for c in args.conf] + args.pytest_args
         os.environ["KEYEDSTATE_BENCH_COMMAND"] = command
         started = time.time()
+        commit = report.commit_of(REPO_DIR)  # what ran, not what HEAD is when the report is re-rendered
         os.chdir(REPO_DIR)
         rc = int(pytest.main(pytest_args))
         meta_path.write_text(json.dumps({
             "command": command, "results": args.json, "merge": args.merge,
             "started_at": datetime.fromtimestamp(started, timezone.utc).isoformat(timespec="seconds"),
-            "duration_s": round(time.time() - started, 1), "pytest_exit_code": rc}, indent=1))
+            "duration_s": round(time.time() - started, 1), "pytest_exit_code": rc, "commit": commit}, indent=1))
     if args.no_report:
         return rc
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
@@ -97,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no results found ({results})", file=sys.stderr)
         return rc or 1
     report.main([*sources, "--command", meta.get("command", command),
-                 "--duration", str(meta.get("duration_s", ""))])
+                 "--duration", str(meta.get("duration_s", ""))]
+                + (["--commit", meta["commit"]] if meta.get("commit") else []))
     return rc
 
 

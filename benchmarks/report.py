@@ -116,7 +116,14 @@ def _sh(cmd: list[str]) -> str | None:
         return None
 
 
-def _header(results: dict, command: str | None, duration: str | None) -> list[str]:
+def commit_of(path: Path) -> str:
+    """Short HEAD of the repository at ``path``, marked when the working tree has changes."""
+    head = _sh(['git', '-C', str(path), 'rev-parse', '--short', 'HEAD']) or '?'
+    dirty = _sh(['git', '-C', str(path), 'status', '--porcelain', '--untracked-files=no'])
+    return head + (" (working tree has uncommitted changes)" if dirty else "")
+
+
+def _header(results: dict, command: str | None, duration: str | None, commit: str | None = None) -> list[str]:
     envs = [r.get("env") or {} for r in results.values()]
     env = next((e for e in envs if e.get("java")), envs[0] if envs else {})
     starts = sorted(r["started_at"] for r in results.values() if r.get("started_at"))
@@ -132,9 +139,7 @@ def _header(results: dict, command: str | None, duration: str | None) -> list[st
         f"{fmt_bytes(mem)} RAM; {env.get('platform', '?')}",
         f"- Versions: Python {env.get('python', '?')}, Java {env.get('java', '?')}, "
         f"pyspark {env.get('pyspark', '?')}",
-        f"- Commit: `{_sh(['git', '-C', str(BENCH_DIR), 'rev-parse', '--short', 'HEAD']) or '?'}`"
-        + (" (working tree has uncommitted changes)"
-           if _sh(['git', '-C', str(BENCH_DIR), 'status', '--porcelain', '--untracked-files=no']) else ""),
+        f"- Commit: `{commit or commit_of(BENCH_DIR)}`",
         f"- Command: `{command or '?'}`",
     ]
     busy = sorted(f"{r['workload']}/{r['provider']}" for r in results.values() if contended(r))
@@ -387,14 +392,14 @@ def _rescale_section(path: Path | None) -> list[str]:
 
 def render(results: dict[tuple[str, str], dict], out: Path, plots_dir: Path,
            command: str | None = None, duration: str | None = None, plots: bool = True,
-           rescale_json: Path | None = WORK_DIR / "rescale.json") -> str:
+           rescale_json: Path | None = WORK_DIR / "rescale.json", commit: str | None = None) -> str:
     by_wl: dict[str, dict[str, dict]] = {}
     for (wl, provider), r in sorted(results.items()):
         by_wl.setdefault(wl, {})[provider] = r
     by_wl = {wl: by_wl[wl] for wl in sorted(by_wl, key=lambda w: (w not in WORKLOADS, w))}
     made = plot(by_wl, plots_dir) if plots else {}
 
-    lines = _header(results, command, duration)
+    lines = _header(results, command, duration, commit)
     # summary
     lines += ["## Summary: median batch time (ms)", "",
               "| workload | " + " | ".join(PROVIDER_ORDER) + " | keyedstate ÷ rocksdb | keyedstate ÷ hdfs |",
@@ -450,6 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--command", help="command line to show in the header")
     ap.add_argument("--duration", help="seconds the run took (header)")
+    ap.add_argument("--commit", help="commit the runs used (header; default: HEAD now)")
     ap.add_argument("--rescale", type=Path, default=WORK_DIR / "rescale.json",
                     help="rescale comparison to include if present (python3 -m benchmarks.rescale)")
     args = ap.parse_args(argv)
@@ -458,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"report: no results in {', '.join(args.results)}", file=sys.stderr)
         return 1
     render(results, args.out, args.plots, args.command, args.duration or None, plots=not args.no_plots,
-           rescale_json=args.rescale)
+           rescale_json=args.rescale, commit=args.commit)
     print(f"wrote {args.out} ({len(results)} runs) and plots in {args.plots}")
     return 0
 
