@@ -317,10 +317,8 @@ def link_tree(source: Path, dest: Path) -> None:
             _link_or_copy(f, dest / f.name)
 
 
-def open_copy(db_dir: Path, read_only: bool, hold_bytes: int = 0) -> Rdict:
-    """Open a private copy; read-write only when changelogs are to be applied on top. With
-    ``hold_bytes``, writes up to that size stay in one memtable until an explicit flush (one
-    L0 file) and nothing compacts on its own.
+def open_copy(db_dir: Path, read_only: bool) -> Rdict:
+    """Open a private copy; read-write only when changelogs are to be applied on top.
 
     The default column family gets explicit options: otherwise rocksdict takes them from the
     snapshot's OPTIONS file, i.e. the state server's vector memtable, which RocksDB refuses
@@ -335,9 +333,6 @@ def open_copy(db_dir: Path, read_only: bool, hold_bytes: int = 0) -> Rdict:
     for opts in (options, families["default"]):
         opts.set_memtable_factory(MemtableFactory.vector())
         opts.set_allow_concurrent_memtable_write(False)
-        if hold_bytes:
-            opts.set_write_buffer_size(max(hold_bytes, 64 << 20))
-            opts.set_disable_auto_compactions(True)
     options.create_if_missing(True)
     db = Rdict(str(db_dir), options=options, column_families=families)
     write_options = WriteOptions()
