@@ -163,6 +163,22 @@ def test_scale_up_by_a_multiple_moves_whole_key_groups(spark, tmp_path, snapshot
     assert out == _expected(5)
 
 
+def test_a_rescaled_checkpoint_rescales_again(spark, tmp_path):
+    """The snapshots a changelog-only scale-up publishes (changelogs to replay) are read back by
+    the next rescale, here a rehash to a count that does not divide the key groups."""
+    stream = FileStream(spark, tmp_path, "k LONG")
+    out: dict = {}
+    with session_confs(spark, {"spark.sql.streaming.stateStore.keyedstate.snapshotInterval": "100"}):
+        _run(spark, stream, range(3), out)
+    first = keyedstate.rescale(stream.checkpoint, 8, spark=spark)
+    second = keyedstate.rescale(stream.checkpoint, 11, spark=spark)
+    assert (first.to_partitions, second.from_partitions, second.to_partitions) == (8, 8, 11)
+    assert first.keys == second.keys == len(_expected(3)) and not second.whole_key_groups
+    _run(spark, stream, range(3, 5), out)
+    assert out == _expected(5)
+    assert keyedstate.inspect(stream.checkpoint)["operators"][0]["numPartitions"] == 11
+
+
 def _cli(*args: str, **kwargs) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "keyedstate.cli", "rescale", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
