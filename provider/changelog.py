@@ -127,7 +127,37 @@ def to_write_batch(log_: Changelog) -> tuple[WriteBatch, int, list[bytes], list[
     the key-count delta the writer knew, the keys whose previous existence it did not, and
     the number of deletes."""
     batch = WriteBatch(raw_mode=True)
-    return _decode(log_, batch.put, batch.delete, batch)
+    put, delete = batch.put, batch.delete
+    delta = deletes = 0
+    unknown_puts: list[bytes] = []
+    unknown_deletes: list[bytes] = []
+    buf = bytes(log_.payload)
+    pos, end = 0, len(buf)
+    while pos < end:
+        op = buf[pos]
+        klen = _unpack_u32(buf, pos + 1)[0]
+        pos += 5
+        key = buf[pos:pos + klen]
+        pos += klen
+        if op in PUTS:
+            vlen = _unpack_u32(buf, pos)[0]
+            pos += 4
+            put(key, buf[pos:pos + vlen])
+            pos += vlen
+            if op == OP_PUT_NEW:
+                delta += 1
+            elif op == OP_PUT:
+                unknown_puts.append(key)
+        elif op in DELETES:
+            delete(key)
+            deletes += 1
+            if op == OP_DELETE_EXISTING:
+                delta -= 1
+            elif op == OP_DELETE:
+                unknown_deletes.append(key)
+        else:
+            raise CorruptChangelogError(f"unknown record op {op} at byte {pos - 5 - klen}")
+    return batch, delta, unknown_puts, unknown_deletes, deletes
 
 
 def route_by_key_group(logs: list[Changelog], partitions: int, version: int,
@@ -249,37 +279,3 @@ def _route_tracking(logs: list[Changelog], partitions: int):
                 keys[q] -= 1
                 records[q] += 1
     return parts, records, keys
-
-
-def _decode(log_: Changelog, put, delete, batch: WriteBatch):
-    """The decoding loop behind :func:`to_write_batch`."""
-    delta = deletes = 0
-    unknown_puts: list[bytes] = []
-    unknown_deletes: list[bytes] = []
-    buf = bytes(log_.payload)
-    pos, end = 0, len(buf)
-    while pos < end:
-        op = buf[pos]
-        klen = _unpack_u32(buf, pos + 1)[0]
-        pos += 5
-        key = buf[pos:pos + klen]
-        pos += klen
-        if op in PUTS:
-            vlen = _unpack_u32(buf, pos)[0]
-            pos += 4
-            put(key, buf[pos:pos + vlen])
-            pos += vlen
-            if op == OP_PUT_NEW:
-                delta += 1
-            elif op == OP_PUT:
-                unknown_puts.append(key)
-        elif op in DELETES:
-            delete(key)
-            deletes += 1
-            if op == OP_DELETE_EXISTING:
-                delta -= 1
-            elif op == OP_DELETE:
-                unknown_deletes.append(key)
-        else:
-            raise CorruptChangelogError(f"unknown record op {op} at byte {pos - 5 - klen}")
-    return batch, delta, unknown_puts, unknown_deletes, deletes

@@ -119,7 +119,7 @@ final class KeyedStateStore(provider: KeyedStateProvider, override val version: 
       override def next(): (Array[Byte], Array[Byte]) = { hasNext; chunk.next() }
     }).filterNot { case (k, _) => overwritten.contains(new Bytes(k)) }
     val own = pending.iterator.collect {
-      case (k, v) if !(v eq WriteBuffer.Tombstone) && startsWith(k.bytes, prefix) => (k.bytes, v)
+      case (k, v) if !(v eq WriteBuffer.Tombstone) && Bytes.startsWith(k.bytes, prefix) => (k.bytes, v)
     }
     // Scans never refresh a TTL: Spark's operators scan all state for watermarks and timeouts.
     val visible = if (!ttl.perEntry || ttl.returnExpired) committed ++ own else (committed ++ own).filter {
@@ -129,8 +129,6 @@ final class KeyedStateStore(provider: KeyedStateProvider, override val version: 
     new StateStoreIterator(rows, () => ())
   }
 
-  private def startsWith(key: Array[Byte], prefix: Array[Byte]): Boolean =
-    key.length >= prefix.length && java.util.Arrays.equals(key, 0, prefix.length, prefix, 0, prefix.length)
 
   override def commit(): Long = {
     checkWritable()

@@ -49,9 +49,8 @@ final class NativeReader(secondaryDir: Path) extends AutoCloseable {
   def get(key: Array[Byte]): Array[Byte] = read(db.get(key))
 
   /** Entries with `prefix` after `startAfter` (null = from the start), as the Python scan op
-   *  returns them: at most `maxBytes` and (unless 0) `maxEntries`, plus whether more remain. */
-  def scan(prefix: Array[Byte], startAfter: Array[Byte], maxBytes: Int, keysOnly: Boolean,
-      maxEntries: Int = 0): ScanChunk = read {
+   *  returns them: about `maxBytes`, plus whether more remain. */
+  def scan(prefix: Array[Byte], startAfter: Array[Byte], maxBytes: Int, keysOnly: Boolean): ScanChunk = read {
     val keys = Array.newBuilder[Array[Byte]]
     val values = Array.newBuilder[Array[Byte]]
     val it = db.newIterator()
@@ -62,19 +61,17 @@ final class NativeReader(secondaryDir: Path) extends AutoCloseable {
         if (it.isValid && java.util.Arrays.equals(it.key(), startAfter)) it.next()
       }
       var size = 0L
-      var n = 0
       var more = false
       var done = false
       while (!done && it.isValid) {
         val key = it.key()
-        if (!startsWith(key, prefix)) done = true
-        else if (size >= maxBytes || (maxEntries > 0 && n == maxEntries)) { more = true; done = true }
+        if (!Bytes.startsWith(key, prefix)) done = true
+        else if (size >= maxBytes) { more = true; done = true }
         else {
           val value = if (keysOnly) Array.emptyByteArray else it.value()
           keys += key
           values += value
           size += key.length + value.length + 8
-          n += 1
           it.next()
         }
       }
@@ -82,9 +79,6 @@ final class NativeReader(secondaryDir: Path) extends AutoCloseable {
       ScanChunk(keys.result(), values.result(), more)
     } finally it.close()
   }
-
-  private def startsWith(key: Array[Byte], prefix: Array[Byte]): Boolean =
-    key.length >= prefix.length && java.util.Arrays.equals(key, 0, prefix.length, prefix, 0, prefix.length)
 
   private def read[T](f: => T): T = {
     lock.readLock().lock()

@@ -13,6 +13,12 @@ final class Bytes(val bytes: Array[Byte]) {
   }
 }
 
+object Bytes {
+  /** Whether `key` starts with `prefix` (scans by key prefix, in the cache and natively). */
+  def startsWith(key: Array[Byte], prefix: Array[Byte]): Boolean =
+    key.length >= prefix.length && Arrays.equals(key, 0, prefix.length, prefix, 0, prefix.length)
+}
+
 /**
  * One version's pending writes, deduplicated per key (last write wins), kept in the JVM until
  * commit so that no write crosses to Python per key. Reads consult it first, so a version
