@@ -1,7 +1,7 @@
 """keyedstate: a RocksDB-backed, Python-owned state store provider for Spark Structured Streaming."""
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
 
@@ -26,7 +26,7 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.11",
-    packages=["keyedstate"],
+    packages=["keyedstate"] + [f"keyedstate.{p}" for p in find_packages("provider")],
     package_dir={"keyedstate": "provider"},
     install_requires=[
         "pyspark==4.3.*",
@@ -36,11 +36,13 @@ setup(
         "numpy>=1.23",  # the offline rescale routes fixed-width changelog records vectorised
     ],
     extras_require={
+        # pandas 3 is not supported by PySpark 4.3 (it warns, and applyInPandas* may misbehave)
         "test": ["pytest>=8", "pytest-benchmark>=4", "pytest-timeout>=2", "hypothesis>=6",
-                 "pandas>=2", "pyarrow>=15"],
-        "bench": ["pytest-benchmark>=4", "matplotlib>=3.8", "pandas>=2", "pyarrow>=15"],
+                 "pandas>=2,<3", "pyarrow>=15"],
+        "bench": ["pytest-benchmark>=4", "matplotlib>=3.8", "pandas>=2,<3", "pyarrow>=15"],
     },
     entry_points={"console_scripts": ["keyedstate=keyedstate.cli:main"]},
+    package_data={"keyedstate.shim": ["*.properties"]},
     cmdclass={"build_py": BuildPyWithShimSources},
     classifiers=[
         "Programming Language :: Python :: 3.11",

@@ -6,6 +6,9 @@ socket (bulk data). Enable it with :func:`configure`, or with spark-submit::
 
     --jars $(keyedstate jar) \\
     --conf spark.sql.streaming.stateStore.providerClass=io.keyedstate.spark.KeyedStateProvider
+
+The package: :mod:`.formats` (byte formats shared with the JVM), :mod:`.server` (the state
+server), :mod:`.offline` (tools on stopped queries' checkpoints), :mod:`.shim` (the JVM jar).
 """
 from __future__ import annotations
 
@@ -13,18 +16,19 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from . import conf
-from .inspect import InspectError, inspect
-from .jar import jar_path
-from .rescale import RescaleError, rescale
+from .offline.checkpoint import CheckpointError
+from .offline.inspection import InspectError, inspect
+from .offline.rescaling import RescaleError, rescale
+from .shim import PROVIDER_CLASS
+from .shim.jar import jar_path
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["PROVIDER_CLASS", "InspectError", "RescaleError", "configure", "inspect", "jar_path", "rescale",
-           "__version__"]
+__all__ = ["PROVIDER_CLASS", "CheckpointError", "InspectError", "RescaleError", "configure", "inspect",
+           "jar_path", "rescale", "__version__"]
 __version__ = "0.1.0"
 
-PROVIDER_CLASS = "io.keyedstate.spark.KeyedStateProvider"
 PROVIDER_CLASS_CONF = "spark.sql.streaming.stateStore.providerClass"
 
 

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             sys.stdout.write(text)
     elif args.command == "inspect":
-        from .inspect import InspectError, inspect, render
+        from .offline.inspection import InspectError, inspect, render
 
         try:
             report = inspect(args.checkpoint)
@@ -60,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         sys.stdout.write(json.dumps(report) + "\n" if args.json else render(report))
     elif args.command == "rescale":
-        from .checkpoint import CheckpointError
-        from .rescale import RescaleError, rescale
+        from .offline.checkpoint import CheckpointError
+        from .offline.rescaling import RescaleError, rescale
 
         if args.partitions is None and not args.rollback:
             parser.error("rescale needs --partitions (or --rollback)")

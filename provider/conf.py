@@ -48,15 +48,17 @@ def parse_bytes(raw: str) -> int:
 
 parse_bytes.allowed = "a byte size such as 64m, 1g or 1048576"  # type: ignore[attr-defined]
 
-_DURATION_UNITS = {"ms": 0.001, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+_DURATION_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
 
 
 def parse_duration(raw: str) -> float:
-    """Parse a duration in seconds from ``500ms``, ``30s``, ``15m``, ``24h``, ``7d``."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", raw.lower())
-    if not match or match.group(2) not in _DURATION_UNITS:
+    """A duration in seconds, in Spark's time-string format with a unit: ``500ms``, ``30s``,
+    ``15m``, ``24h``, ``7d`` (the JVM reads the bridge's durations with Spark's own parser,
+    ``JavaUtils.timeStringAsMs``; a test holds the two to the same values)."""
+    match = re.fullmatch(r"\s*(\d+)\s*(us|ms|s|m|min|h|d)\s*", raw.lower())
+    if not match:
         raise ValueError("a duration such as 500ms, 30s, 15m, 24h or 7d")
-    return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    return int(match.group(1)) * _DURATION_UNITS[match.group(2)]
 
 
 parse_duration.allowed = "a duration such as 500ms, 30s, 15m, 24h or 7d"  # type: ignore[attr-defined]

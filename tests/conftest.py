@@ -1,26 +1,27 @@
-"""Shared fixtures: one local SparkSession for the whole run, and the provider under test."""
+"""Shared fixtures: one local SparkSession for the whole run, the provider under test, a TTL
+test clock, and hypothesis settings for a loaded 2-core machine."""
 from __future__ import annotations
 
 import os
-import tempfile
-from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 CANDIDATE_ENV = "KEYEDSTATE_TEST_PROVIDER"
-# TTL tests set "now" through this file (see TtlClock in the shim): a JVM system property,
-# given to the test JVM only, so no Spark conf can enable it in production. Empty = real time.
-TEST_CLOCK_FILE = Path(tempfile.gettempdir()) / f"keyedstate-test-clock-{os.getpid()}"
+
+# No test may depend on the machine's speed: hypothesis examples have no deadline.
+settings.register_profile("keyedstate", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("keyedstate")
 
 
 def pytest_configure(config):
-    # Python UDF workers cannot import the tests' helper modules: ship them by value.
+    # Python UDF workers cannot import the tests' support package: ship it by value.
     from pyspark import cloudpickle
 
-    import harness
-    import stream_utils
+    import support.driver
+    import support.scenarios
 
-    for module in (harness, stream_utils):
+    for module in (support.driver, support.scenarios):
         cloudpickle.register_pickle_by_value(module)
 
 
@@ -37,45 +38,48 @@ def spark():
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.session.timeZone", "UTC")
                # snapshot upload and cleanup tests wait for maintenance; don't make them wait 60 s
-               .config("spark.sql.streaming.stateStore.maintenanceInterval", "1s")
-               .config("spark.driver.extraJavaOptions",
-                       f"-Dkeyedstate.testing.clockFile={TEST_CLOCK_FILE}"))
+               .config("spark.sql.streaming.stateStore.maintenanceInterval", "1s"))
     # The suite is about keyedstate: if the shim does not build, every test must fail loudly.
     session = keyedstate.configure(builder).getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     yield session
     session.stop()
-    TEST_CLOCK_FILE.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def jvm(spark):
+    """The test session's JVM (in local mode also the executor's), for layer tests."""
+    return spark._jvm
 
 
 class TestClock:
-    """The processing time keyedstate's TTL sees, in epoch ms, set by the test."""
+    """The processing time keyedstate's TTL sees, in epoch ms, set by the test: a ManualClock
+    installed in the JVM (TtlClocks.installForTesting); every store opened while it is installed
+    uses it."""
 
-    def __init__(self, path: Path, start_ms: int) -> None:
-        self.path, self.now_ms = path, start_ms
-        self.set(start_ms)
+    def __init__(self, jvm, start_ms: int) -> None:
+        self._clock = jvm.io.keyedstate.engine.TtlClocks.installForTesting(start_ms)
+        self.now_ms = start_ms
 
     def set(self, now_ms: int) -> None:
         self.now_ms = now_ms
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(str(now_ms))
-        tmp.replace(self.path)
+        self._clock.set(now_ms)
 
     def advance(self, seconds: float) -> None:
         self.set(self.now_ms + int(seconds * 1000))
 
 
 @pytest.fixture
-def ttl_clock(spark):
-    clock = TestClock(TEST_CLOCK_FILE, 1_700_000_000_000)
+def ttl_clock(jvm):
+    clock = TestClock(jvm, 1_700_000_000_000)
     yield clock
-    TEST_CLOCK_FILE.unlink(missing_ok=True)
+    jvm.io.keyedstate.engine.TtlClocks.uninstallForTesting()
 
 
 @pytest.fixture(scope="session")
 def candidate_provider() -> str:
     """The state store provider under test: keyedstate's, unless $KEYEDSTATE_TEST_PROVIDER names
     another (e.g. Spark's RocksDB provider, to check the harness itself against a known-good one)."""
-    import keyedstate
+    from support.constants import KS
 
-    return os.environ.get(CANDIDATE_ENV) or keyedstate.PROVIDER_CLASS
+    return os.environ.get(CANDIDATE_ENV) or KS

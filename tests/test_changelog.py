@@ -1,7 +1,8 @@
 """Changelog framing: round trips, and refusal of foreign, truncated or corrupt files."""
 import pytest
 
-from keyedstate import changelog as cl
+from keyedstate.formats import changelog as cl
+from keyedstate.offline import routing
 
 
 def sample():
@@ -82,7 +83,7 @@ def _replay(logs) -> dict:
 def test_routing_by_key_group_splits_the_state_exactly(known):
     logs = _history(known)
     final = _replay(logs)
-    routed = cl.route_by_key_group(logs, 4, 9, 12)
+    routed = routing.route_by_key_group(logs, 4, 9, 12)
     for q in range(4):
         data, keys = routed.get(q, (cl.encode(9, 12, []), 0))
         log = cl.decode(data, f"to-{q}")
@@ -91,7 +92,7 @@ def test_routing_by_key_group_splits_the_state_exactly(known):
         assert _replay([log]) == mine
         assert keys == len(mine)
         # Every op states the key's existence, so a reader counts without looking up.
-        ops = [op for op, _, _ in log.records()]
+        ops = [r.op for r in log.records()]
         assert set(ops) <= {cl.OP_PUT_NEW, cl.OP_PUT_EXISTING, cl.OP_DELETE_EXISTING}
         assert ops.count(cl.OP_PUT_NEW) - ops.count(cl.OP_DELETE_EXISTING) == keys
 
@@ -106,13 +107,14 @@ def test_fixed_width_routing_matches_the_record_by_record_one():
     second = cl.decode(cl.encode(2, 1000, [(cl.OP_PUT_EXISTING, k, rnd.randbytes(9)) for k in keys[:200]]
                                  + [(cl.OP_PUT_NEW, rnd.randrange(1000).to_bytes(4, "big") + rnd.randbytes(12),
                                      rnd.randbytes(9)) for _ in range(50)]), "v2")
-    vectorised = cl._route_fixed_width([first, second], 8)
-    plain = cl._route_known([first, second], 8)
+    vectorised = routing._route_fixed_width([first, second], 8, 1000)
+    plain = routing._route_known([first, second], 8, 1000)
     assert vectorised is not None
     assert [b"".join(p) for p in vectorised[0]] == [b"".join(p) for p in plain[0]]
     assert vectorised[1:] == plain[1:] and sum(vectorised[2]) == 550
     # One record of another length: the layout check refuses it (the parse would differ).
     odd = cl.decode(cl.encode(3, 1000, [(cl.OP_PUT_NEW, keys[0] + b"x", b"1" * 8), (cl.OP_PUT_NEW, keys[1], b"1" * 9)]), "v3")
-    assert cl._route_fixed_width([first, odd], 8) is None
-    assert cl.route_by_key_group([first, odd], 8, 4, 1000) == {
-        q: (cl._frame(4, 1000, parts, n), k) for q, (parts, n, k) in enumerate(zip(*cl._route_known([first, odd], 8))) if parts}
+    assert routing._route_fixed_width([first, odd], 8, 1000) is None
+    assert routing.route_by_key_group([first, odd], 8, 4, 1000) == {
+        q: (cl.frame(4, 1000, parts, n), k)
+        for q, (parts, n, k) in enumerate(zip(*routing._route_known([first, odd], 8, 1000))) if parts}

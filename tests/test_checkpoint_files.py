@@ -11,17 +11,10 @@ import pytest
 from pyspark.sql import functions as F
 
 import keyedstate
-from keyedstate import changelog, keygroups
+from keyedstate.formats import changelog, keygroups
 
-from stream_utils import (HDFS_PROVIDER, PROVIDER_CONF, FileStream, collect_into, session_confs,
-                          wait_for)
-
-KS = keyedstate.PROVIDER_CLASS
-PFX = "spark.sql.streaming.stateStore.keyedstate."
-
-
-def count_by_key(df):
-    return df.groupBy("k").agg(F.count("*").alias("n"))
+from support.constants import HDFS_PROVIDER, KS, PFX, PROVIDER_CONF
+from support.driver import FileStream, collect_into, count_by_key, session_confs, wait_for
 
 
 def versions(directory: Path, suffix: str) -> list[int]:
@@ -43,8 +36,7 @@ def test_snapshots_are_incremental_and_cleanup_keeps_only_retained_versions(spar
             for batch in range(12):
                 rows = [{"k": f"key-{(batch * 37 + i) % 300}"} for i in range(120)]
                 expected.update(r["k"] for r in rows)
-                stream.add(rows)
-                query.processAllAvailable()
+                stream.step(query, rows)
             part = stream.partition_dir()
 
             def cleaned() -> bool:
@@ -88,7 +80,7 @@ def test_snapshots_are_incremental_and_cleanup_keeps_only_retained_versions(spar
         expected.update(["key-0", "brand-new"])
         query = stream.start(count_by_key, collect_into(out))
         try:
-            query.processAllAvailable()
+            stream.settle(query)
         finally:
             query.stop()
     assert {k: v[1] for k, v in out.items()} == dict(expected)
@@ -100,8 +92,7 @@ def test_stored_key_groups_match_sparks_partitioning_hash(spark, tmp_path):
     with session_confs(spark, {PROVIDER_CONF: KS}):
         query = stream.start(count_by_key, collect_into({}))
         try:
-            stream.add([{"k": k} for k in keys])
-            query.processAllAvailable()
+            stream.step(query, [{"k": k} for k in keys])
         finally:
             query.stop()
     groups = keyedstate.conf.parse({})["keyGroups"]
@@ -125,8 +116,7 @@ def _three_batches(spark, stream, confs, provider=KS):
         query = stream.start(count_by_key, collect_into({}))
         try:
             for batch in range(3):
-                stream.add([{"k": f"k{i}"} for i in range(batch, batch + 20)])
-                query.processAllAvailable()
+                stream.step(query, [{"k": f"k{i}"} for i in range(batch, batch + 20)])
         finally:
             query.stop()
 
@@ -200,8 +190,7 @@ def test_state_reader_sees_what_the_query_wrote(spark, tmp_path):
         query = stream.start(count_by_key, collect_into(out))
         try:
             for batch in range(3):
-                stream.add([{"k": f"k{i % 7}"} for i in range(batch * 5, batch * 5 + 11)])
-                query.processAllAvailable()
+                stream.step(query, [{"k": f"k{i % 7}"} for i in range(batch * 5, batch * 5 + 11)])
         finally:
             query.stop()
         state = spark.read.format("statestore").load(stream.checkpoint)

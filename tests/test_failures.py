@@ -9,11 +9,10 @@ from pathlib import Path
 import pandas as pd
 from pyspark.sql.streaming.state import GroupStateTimeout
 
-import keyedstate
+from support.constants import KS
+from support.driver import run_query
+from support.processes import state_server_pids
 
-from stream_utils import PROVIDER_CONF, FileStream, session_confs, state_server_pids
-
-KS = keyedstate.PROVIDER_CLASS
 BATCHES = [[{"k": f"k{(b * 3 + i) % 10}", "v": b * 100 + i} for i in range(12)] for b in range(4)]
 
 
@@ -50,18 +49,8 @@ def our_state_servers(spark) -> set[int]:
 
 def run(spark, root: Path, kill_marker: str | None) -> list:
     victims = sorted(our_state_servers(spark)) if kill_marker else []
-    stream = FileStream(spark, root, "k STRING, v LONG")
-    out = []
-    sink = lambda batch, batch_id: out.extend((batch_id, *r) for r in sorted(map(tuple, batch.collect())))  # noqa: E731
-    with session_confs(spark, {PROVIDER_CONF: KS}):
-        query = stream.start(running_totals(kill_marker, victims), sink)
-        try:
-            for rows in BATCHES:
-                stream.add(rows)
-                query.processAllAvailable()
-        finally:
-            query.stop()
-    return out
+    return run_query(spark, KS, running_totals(kill_marker, victims), "k STRING, v LONG", BATCHES,
+                     root / "checkpoint", root / "input", "update")
 
 
 def test_sigkill_of_state_server_mid_batch_recovers_exactly(spark, tmp_path):

@@ -15,13 +15,11 @@ import pytest
 from pyspark.sql import functions as F
 
 import keyedstate
-from keyedstate import changelog
-from keyedstate.inspect import render
+from keyedstate.formats import changelog
+from keyedstate.offline.inspection import render
 
-from stream_utils import HDFS_PROVIDER, PROVIDER_CONF, FileStream, collect_into, session_confs, wait_for
-
-KS = keyedstate.PROVIDER_CLASS
-PFX = "spark.sql.streaming.stateStore.keyedstate."
+from support.constants import HDFS_PROVIDER, KS, PFX, PROVIDER_CONF
+from support.driver import FileStream, collect_into, session_confs, wait_for
 JOIN_STORES = ["left-keyToNumValues", "left-keyWithIndexToValue",
                "right-keyToNumValues", "right-keyWithIndexToValue"]
 T0 = dt.datetime(2024, 1, 1)
@@ -50,9 +48,8 @@ def agg_checkpoint(spark, tmp_path_factory) -> str:
                 if batch == 2:  # the last version must replay a changelog over snapshot 2
                     wait_for(lambda: all((stream.partition_dir(partition=p) / "2.ks-snapshot").exists()
                                          for p in (0, 1)), what="snapshot of version 2")
-                stream.add([{"k": f"k{(batch * 7 + i) % 40}", "ts": at(batch * 20 + i % 10)}
-                            for i in range(60)])
-                query.processAllAvailable()
+                stream.step(query, [{"k": f"k{(batch * 7 + i) % 40}", "ts": at(batch * 20 + i % 10)}
+                                    for i in range(60)])
         finally:
             query.stop()
     return stream.checkpoint
@@ -63,7 +60,7 @@ def join_checkpoint(spark, tmp_path_factory) -> str:
     """An inner stream-stream join with watermarks; the second step evicts the first's rows."""
     root = tmp_path_factory.mktemp("join")
     left = FileStream(spark, root / "left", "lk LONG, lts TIMESTAMP")
-    right = FileStream(spark, root / "right", "rk LONG, rts TIMESTAMP")
+    right = FileStream(spark, root / "right", "rk LONG, rts TIMESTAMP", checkpoint=left.checkpoint)
     joined = left.df().withWatermark("lts", "10 seconds").join(
         right.df().withWatermark("rts", "10 seconds"),
         F.expr("lk = rk AND rts >= lts AND rts <= lts + interval 5 seconds"))
@@ -72,10 +69,9 @@ def join_checkpoint(spark, tmp_path_factory) -> str:
                  .option("checkpointLocation", left.checkpoint).start())
         try:
             for step in range(2):
-                left.add([{"lk": k, "lts": at(step * 30 + k % 5)} for k in range(12)])
-                query.processAllAvailable()
-                right.add([{"rk": k, "rts": at(step * 30 + k % 5 + 2)} for k in range(0, 16, 2)])
-                query.processAllAvailable()
+                left.step(query, [{"lk": k, "lts": at(step * 30 + k % 5)} for k in range(12)], also=[right])
+                right.step(query, [{"rk": k, "rts": at(step * 30 + k % 5 + 2)} for k in range(0, 16, 2)],
+                           also=[left])
         finally:
             query.stop()
     return left.checkpoint
@@ -88,7 +84,7 @@ def _deletes_in(store: dict) -> int:
         first = (part["countedFrom"]["snapshot"] or 0) + 1
         for v in range(first, part["countedVersion"] + 1):
             log = changelog.read_file(str(Path(part["path"]) / f"{v}.ks-changelog"))
-            n += sum(op in changelog.DELETES for op, _, _ in log.records())
+            n += sum(r.op in changelog.DELETES for r in log.records())
     return n
 
 
@@ -179,8 +175,7 @@ def test_checkpoint_of_hdfs_provider_is_refused(spark, tmp_path):
         query = stream.start(lambda df: df.groupBy("k").count(), collect_into({}))
         try:
             for batch in range(2):
-                stream.add([{"k": f"k{i}", "ts": at(i)} for i in range(batch, batch + 10)])
-                query.processAllAvailable()
+                stream.step(query, [{"k": f"k{i}", "ts": at(i)} for i in range(batch, batch + 10)])
         finally:
             query.stop()
     with pytest.raises(keyedstate.InspectError) as err:

@@ -14,14 +14,8 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 
 import keyedstate
 
-from stream_utils import HDFS_PROVIDER, PROVIDER_CONF, FileStream, collect_into, session_confs
-
-KS = keyedstate.PROVIDER_CLASS
-PFX = "spark.sql.streaming.stateStore.keyedstate."
-
-
-def count_by_key(df):
-    return df.groupBy("k").agg(F.count("*").alias("n"))
+from support.constants import HDFS_PROVIDER, KS, PFX, PROVIDER_CONF
+from support.driver import FileStream, collect_into, count_by_key, run_query, session_confs
 
 
 @pytest.mark.parametrize("native_reads", [True, False], ids=["native-reads", "round-trips"])
@@ -39,8 +33,7 @@ def test_state_larger_than_the_cache_budget_stays_exact_and_within_budget(spark,
                 # ~2000 distinct keys of ~60 bytes: far more than the budget holds.
                 rows = [{"k": f"{'x' * 40}-{(batch * 700 + i) % 2500:05d}"} for i in range(1500)]
                 expected.update(r["k"] for r in rows)
-                stream.add(rows)
-                query.processAllAvailable()
+                stream.step(query, rows)
             progress = query.recentProgress
         finally:
             query.stop()
@@ -74,8 +67,7 @@ def test_batch_executed_twice_reloads_the_older_version(spark, tmp_path):
         try:
             for batch in range(4):
                 rows = [{"k": f"k{(batch + i) % 6}"} for i in range(9)]
-                stream.add(rows)
-                query.processAllAvailable()
+                stream.step(query, rows)
                 expected.update(r["k"] for r in rows)
                 batch_id, first, second = runs[-1]
                 assert first == second, f"batch {batch_id} changed when re-executed"
@@ -100,18 +92,9 @@ def _totals_failing_once(marker: str | None):
 
 
 def _run_totals(spark, root, provider, marker):
-    stream = FileStream(spark, root, "k STRING")
-    out = []
-    sink = lambda batch, batch_id: out.extend((batch_id, *r) for r in sorted(map(tuple, batch.collect())))  # noqa: E731
-    with session_confs(spark, {PROVIDER_CONF: provider}):
-        query = stream.start(_totals_failing_once(marker), sink)
-        try:
-            for batch in range(4):
-                stream.add([{"k": f"k{(batch * 2 + i) % 5}"} for i in range(7)])
-                query.processAllAvailable()
-        finally:
-            query.stop()
-    return out
+    steps = [[{"k": f"k{(batch * 2 + i) % 5}"} for i in range(7)] for batch in range(4)]
+    return run_query(spark, provider, _totals_failing_once(marker), "k STRING", steps,
+                     root / "checkpoint", root / "input", "update")
 
 
 def test_aborted_attempt_leaves_no_trace_in_the_cache(spark, tmp_path):

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 import keyedstate
-from harness import REFERENCE_PROVIDER, assert_same_output, run_query
-from keyedstate import checkpoint as ckpt
-from stream_utils import HDFS_PROVIDER, PROVIDER_CONF, FileStream, collect_into, session_confs
-from test_operators import SCENARIOS
+from keyedstate.offline import checkpoint as ckpt
+from support.constants import HDFS_PROVIDER, KS, PROVIDER_CONF, REFERENCE_PROVIDER
+from support.driver import FileStream, assert_same_output, collect_into, run_query, session_confs
+from support.scenarios import SCENARIOS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -125,8 +125,7 @@ def _run(spark, stream: FileStream, batches: range, out: dict, partitions: int =
         query = stream.start(_agg, lambda df, _: out.update({r.k: r.n for r in df.collect()}))
         try:
             for b in batches:
-                stream.add(_batch_rows(b))
-                query.processAllAvailable()
+                stream.step(query, _batch_rows(b))
         finally:
             query.stop()
 
@@ -158,7 +157,7 @@ def test_scale_up_by_a_multiple_moves_whole_key_groups(spark, tmp_path, snapshot
     for p in store["partitions"]:  # the snapshot's recorded count is the exact one Spark reports
         files = ckpt.list_store(Path(p["path"]), p["partitionId"])
         version = result.batch + 1
-        assert ckpt.read_manifest(files.manifest_path(version), version)["numKeys"] == p["keys"] > 0
+        assert ckpt.read_manifest(files.manifest_path(version), version).num_keys == p["keys"] > 0
     _run(spark, stream, range(3, 5), out)
     assert out == _expected(5)
 
@@ -208,7 +207,7 @@ def test_rescale_killed_midway_and_rerun_gives_the_same_result(spark, tmp_path, 
     deadline = time.monotonic() + 180
     for line in proc.stderr:  # the CLI logs each step at INFO
         seen.append(line)
-        if f"keyedstate.rescale: {kill_after}" in line:
+        if f"keyedstate.offline.rescaling: {kill_after}" in line:
             os.killpg(proc.pid, signal.SIGKILL)
             break
         assert time.monotonic() < deadline, "".join(seen)
@@ -297,7 +296,7 @@ def test_rescale_after_skipping_a_failed_batch_resumes_from_the_committed_state(
     seen = []
     for line in proc.stderr:
         seen.append(line)
-        if "keyedstate.rescale: split:" in line:
+        if "keyedstate.offline.rescaling: split:" in line:
             os.killpg(proc.pid, signal.SIGKILL)
             break
     proc.wait(60)
@@ -314,8 +313,7 @@ def test_foreign_or_unready_checkpoints_are_refused(spark, tmp_path):
     with session_confs(spark, {PROVIDER_CONF: HDFS_PROVIDER}):
         query = hdfs.start(_agg, collect_into({}))
         try:
-            hdfs.add(_batch_rows(0))
-            query.processAllAvailable()
+            hdfs.step(query, _batch_rows(0))
         finally:
             query.stop()
     with pytest.raises(keyedstate.RescaleError, match="HDFSBackedStateStoreProvider, not keyedstate"):
@@ -334,7 +332,7 @@ def test_foreign_or_unready_checkpoints_are_refused(spark, tmp_path):
         keyedstate.rescale(missing, 4, spark=spark)
 
     # A corrupt changelog fails the split task with the file's name; nothing is committed.
-    victim = ckpt.store_dir(Path(stream.checkpoint) / "state" / "0", 1, ckpt.DEFAULT_STORE) / "1.ks-changelog"
+    victim = ckpt.store_dir(Path(stream.checkpoint) / "state" / "0", 1, "default") / "1.ks-changelog"
     victim.write_bytes(victim.read_bytes()[:-5])
     with pytest.raises(Exception, match=str(victim)):
         keyedstate.rescale(stream.checkpoint, 2, spark=spark)

@@ -14,7 +14,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from keyedstate.sparkhash import RowHasher, UnsupportedKeyType, read_key_schema
+from keyedstate.offline.sparkhash import RowHasher, UnsupportedKeyType, read_key_schema
 
 HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 

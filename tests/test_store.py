@@ -1,8 +1,8 @@
 """VersionedStore on real RocksDB: versions, exact key counts, scans, snapshots, restore."""
 import pytest
 
-from keyedstate import changelog as cl
-from keyedstate.store import StoreStateError, VersionedStore
+from keyedstate.formats import changelog as cl
+from keyedstate.server.store import StoreStateError, VersionedStore
 
 
 def key(group: int, name: bytes) -> bytes:

@@ -15,10 +15,8 @@ from pyspark.sql import functions as F
 
 import keyedstate
 
-from stream_utils import PROVIDER_CONF, FileStream, session_confs, wait_for
-
-KS = keyedstate.PROVIDER_CLASS
-PFX = "spark.sql.streaming.stateStore.keyedstate."
+from support.constants import KS, PFX, PROVIDER_CONF
+from support.driver import FileStream, session_confs, wait_for
 # Cleanup scans every version (default: every 10), so each test sees it within a batch or two.
 EVERY_VERSION = {PFX + "ttl.cleanupInterval": "1"}
 
@@ -27,9 +25,9 @@ class Steps:
     """Runs a query step by step: set the clock, add one input file, process it."""
 
     def __init__(self, spark, root: Path, schema: str, build: Callable, mode: str, confs: dict,
-                 clock) -> None:
+                 clock, readers: int = 1) -> None:
         self.spark, self.build, self.mode, self.confs, self.clock = spark, build, mode, confs, clock
-        self.stream = FileStream(spark, root, schema)
+        self.stream = FileStream(spark, root, schema, readers=readers)
         self.start_ms = clock.now_ms
         self.emitted: list = []
         self.query = None
@@ -49,8 +47,7 @@ class Steps:
         """The rows emitted and the progress reports of the batches that processed ``rows``."""
         self.clock.set(self.start_ms + int(at_seconds * 1000))
         self.emitted = []
-        self.stream.add(rows)
-        self.query.processAllAvailable()
+        self.stream.step(self.query, rows)
         progress = [p for p in self.query.recentProgress if p["batchId"] > self.last_batch]
         self.last_batch = max([self.last_batch] + [p["batchId"] for p in progress])
         return sorted(self.emitted), progress
@@ -148,7 +145,7 @@ def _join(df):
 
 def test_join_rows_expire_with_their_key_and_stores_stay_consistent(spark, tmp_path, ttl_clock):
     run = Steps(spark, tmp_path, "side STRING, k STRING, v STRING", _join, "append",
-                {**EVERY_VERSION, PFX + "ttl": "10s"}, ttl_clock)
+                {**EVERY_VERSION, PFX + "ttl": "10s"}, ttl_clock, readers=2)
     run.start()
     try:
         assert run.step(0, [{"side": "L", "k": "k1", "v": "L1"}, {"side": "L", "k": "k1", "v": "L1b"},

@@ -30,6 +30,40 @@ final case class ServerLaunch(
     callTimeoutMs: Int,
     processes: Int)
 
+object ServerLaunch {
+  val ConfPrefix = "spark.sql.streaming.stateStore.keyedstate."
+
+  /**
+   * The launch knobs from the query's keyedstate confs (Python validates every conf again when
+   * a store opens). Durations use Spark's own time-string parser, the rule conf.py implements.
+   */
+  def fromConfs(confs: Map[String, String]): ServerLaunch = {
+    val sparkConf = Option(org.apache.spark.SparkEnv.get).map(_.conf)
+    // Same Python as the query's PySpark workers first; then our own knob (which
+    // keyedstate.configure() sets to the driver's interpreter); then python3.
+    val python = sparkConf.flatMap(_.getOption("spark.pyspark.python"))
+      .orElse(sys.env.get("PYSPARK_PYTHON"))
+      .orElse(confs.get(ConfPrefix + "pythonExec"))
+      .getOrElse("python3")
+    val processes = confs.get(ConfPrefix + "serverProcesses").flatMap(_.trim.toIntOption).filter(_ > 0)
+      .orElse(sparkConf.flatMap(_.getOption("spark.executor.cores")).flatMap(_.toIntOption))
+      .getOrElse(Runtime.getRuntime.availableProcessors())
+    ServerLaunch(python, confs.get(ConfPrefix + "localDir"),
+      durationMs(confs, "serverStartupTimeout", 60000L),
+      math.min(Int.MaxValue.toLong, durationMs(confs, "bridgeTimeout", 600000L)).toInt,
+      processes)
+  }
+
+  private def durationMs(confs: Map[String, String], name: String, default: Long): Long =
+    confs.get(ConfPrefix + name).map { raw =>
+      try org.apache.spark.network.util.JavaUtils.timeStringAsMs(raw.trim)
+      catch {
+        case NonFatal(_) => throw new IllegalArgumentException(
+          s"Invalid value '$raw' for conf '$ConfPrefix$name': expected a duration such as 500ms, 30s, 15m, 24h or 7d")
+      }
+    }.getOrElse(default)
+}
+
 /** A gateway entry point through which the Python side announces that it is ready. */
 final class GatewayEntry {
   private[bridge] val ready = new CountDownLatch(1)

@@ -1,0 +1,33 @@
+package io.keyedstate.engine
+
+import org.apache.spark.sql.execution.streaming.state.{StateStoreCustomMetric, StateStoreCustomSizeMetric,
+  StateStoreCustomSumMetric, StateStoreCustomTimingMetric}
+
+/** Every custom metric keyedstate reports, shown in `lastProgress.stateOperators[].customMetrics`. */
+object Metrics {
+  val commitLatency = StateStoreCustomTimingMetric("keyedstateCommitLatencyMs", "keyedstate: commit time")
+  val loadLatency = StateStoreCustomTimingMetric("keyedstateLoadLatencyMs", "keyedstate: version load time")
+  val changelogBytes = StateStoreCustomSizeMetric("keyedstateChangelogBytes", "keyedstate: changelog bytes committed")
+  val writesShipped = StateStoreCustomSumMetric("keyedstateWritesShipped", "keyedstate: keys written per commit")
+  val bridgeGets = StateStoreCustomSumMetric("keyedstateBridgeGets", "keyedstate: reads that crossed to Python")
+  val nativeGets = StateStoreCustomSumMetric("keyedstateNativeGets", "keyedstate: near-cache misses read from RocksDB's files in the JVM")
+  val snapshotBytes = StateStoreCustomSizeMetric("keyedstateSnapshotBytesUploaded", "keyedstate: snapshot bytes uploaded")
+  val filesUploaded = StateStoreCustomSumMetric("keyedstateSnapshotFilesUploaded", "keyedstate: snapshot files uploaded")
+  val filesReused = StateStoreCustomSumMetric("keyedstateSnapshotFilesReused", "keyedstate: snapshot files reused")
+  val cacheHits = StateStoreCustomSumMetric("keyedstateCacheHits", "keyedstate: reads answered by the near cache")
+  val cacheAbsent = StateStoreCustomSumMetric("keyedstateCacheAbsent", "keyedstate: reads answered 'absent' locally (complete cache or Bloom filter)")
+  val cacheEvictions = StateStoreCustomSumMetric("keyedstateCacheEvictions", "keyedstate: near-cache evictions")
+  val cacheBytes = StateStoreCustomSizeMetric("keyedstateCacheBytes", "keyedstate: near-cache bytes")
+  val bloomBytes = StateStoreCustomSizeMetric("keyedstateBloomBytes", "keyedstate: Bloom filter bytes")
+  val commitEncode = StateStoreCustomTimingMetric("keyedstateCommitEncodeMs", "keyedstate: commit, encoding the changelog and updating the near cache")
+  val commitWrite = StateStoreCustomTimingMetric("keyedstateCommitWriteMs", "keyedstate: commit, writing the changelog to the checkpoint")
+  val commitShip = StateStoreCustomTimingMetric("keyedstateCommitShipMs", "keyedstate: commit, shipping the changelog to Python")
+  val ttlExpired = StateStoreCustomSumMetric("keyedstateTtlExpired", "keyedstate: expired entries hidden from reads and scans")
+  val ttlCleanedUp = StateStoreCustomSumMetric("keyedstateTtlCleanedUp", "keyedstate: expired entries deleted by cleanup")
+  val ttlCleanupMs = StateStoreCustomTimingMetric("keyedstateTtlCleanupMs", "keyedstate: commit, TTL cleanup time")
+
+  val all: Seq[StateStoreCustomMetric] =
+    Seq(commitLatency, loadLatency, changelogBytes, writesShipped, bridgeGets, nativeGets, snapshotBytes, filesUploaded,
+      filesReused, cacheHits, cacheAbsent, cacheEvictions, cacheBytes, bloomBytes, commitEncode, commitWrite,
+      commitShip, ttlExpired, ttlCleanedUp, ttlCleanupMs)
+}

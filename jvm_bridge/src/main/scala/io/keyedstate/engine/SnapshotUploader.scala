@@ -1,0 +1,89 @@
+package io.keyedstate.engine
+
+import java.nio.file.Paths
+import java.util.UUID
+import java.util.concurrent.atomic.AtomicLong
+
+import scala.jdk.CollectionConverters._
+import scala.util.control.NonFatal
+
+import com.fasterxml.jackson.databind.ObjectMapper
+import org.slf4j.LoggerFactory
+
+import io.keyedstate.checkpoint.CheckpointFiles
+import io.keyedstate.format.{KeyLayout, SnapshotFile, SnapshotManifest}
+
+/**
+ * Uploads the snapshots the state server staged (RocksDB checkpoints of committed versions) to
+ * the checkpoint, incrementally: an SST file already uploaded for the same RocksDB lineage is
+ * listed again, not copied. A lineage starts whenever the server's database is replaced (a load)
+ * and lists the files the load installed; SST names never repeat within one lineage.
+ */
+final class SnapshotUploader(files: CheckpointFiles, describe: String) {
+  import SnapshotUploader._
+
+  private val lock = new Object // `lineage`, `uploaded`
+  private var lineage = ""
+  // Snapshot files of the current lineage, uploaded or loaded: (name, size) -> path.
+  private var uploaded: Map[(String, Long), String] = Map.empty
+
+  val bytesUploaded = new AtomicLong
+  val filesUploaded = new AtomicLong
+  val filesReused = new AtomicLong
+
+  /** A new lineage that starts with the snapshot files a load installed; its id for the server. */
+  def newLineage(installed: Seq[SnapshotFile]): String = {
+    val id = UUID.randomUUID().toString
+    lock.synchronized {
+      lineage = id
+      uploaded = installed.map(f => (f.name, f.size) -> f.path).toMap
+    }
+    id
+  }
+
+  /** Uploads every staged snapshot of the store, then asks the server to drop it. */
+  def upload(session: ServerSession, keyGroups: Int, keyLayout: KeyLayout, ttl: Option[java.util.Map[String, AnyRef]]): Unit = {
+    val staged = Json.readTree(session.maintenance("listing staged snapshots")((api, h) => api.stagedSnapshots(h)))
+    staged.elements().asScala.foreach { snap =>
+      val version = snap.get("version").asLong()
+      val snapLineage = snap.get("lineage").asText()
+      val (sameLineage, known) = lock.synchronized((snapLineage == lineage, uploaded))
+      try {
+        val dir = Paths.get(snap.get("dir").asText())
+        val entries = snap.get("files").elements().asScala.map { f =>
+          val name = f.get("name").asText()
+          val size = f.get("size").asLong()
+          val reusable = if (sameLineage && name.endsWith(".sst")) known.get((name, size)) else None
+          val path = reusable.getOrElse {
+            val (rel, target) = files.newSnapshotFilePath(name)
+            files.upload(dir.resolve(name), target)
+            bytesUploaded.addAndGet(size)
+            filesUploaded.incrementAndGet()
+            rel
+          }
+          if (reusable.isDefined) filesReused.incrementAndGet()
+          SnapshotFile(name, path, size)
+        }.toSeq
+        files.writeManifest(SnapshotManifest(version, keyGroups, snap.get("numKeys").asLong(), entries,
+          keyLayout = Some(keyLayout), ttl = ttl))
+        lock.synchronized {
+          if (snapLineage == lineage) uploaded ++= entries.filter(_.name.endsWith(".sst")).map(f => (f.name, f.size) -> f.path)
+        }
+        log.info(s"keyedstate: uploaded snapshot of version $version of $describe " +
+          s"(${entries.size} files, ${entries.count(e => !known.get((e.name, e.size)).contains(e.path))} new)")
+      } catch {
+        case NonFatal(e) =>
+          log.warn(s"keyedstate: snapshot upload of version $version of $describe failed; will retry later", e)
+          return
+      } finally {
+        // Either uploaded or failed; a failed staged copy is dropped too (the changelogs stay).
+        try session.maintenance("dropping a staged snapshot")((api, h) => api.dropStaged(h, version)) catch { case NonFatal(_) => }
+      }
+    }
+  }
+}
+
+object SnapshotUploader {
+  private val log = LoggerFactory.getLogger(classOf[SnapshotUploader])
+  private val Json = new ObjectMapper()
+}

@@ -1,0 +1,48 @@
+package io.keyedstate.engine
+
+import java.nio.charset.StandardCharsets
+
+import scala.jdk.CollectionConverters._
+
+import com.fasterxml.jackson.databind.ObjectMapper
+import org.apache.hadoop.conf.Configuration
+import org.apache.hadoop.fs.Path
+import org.apache.hadoop.io.IOUtils
+
+/**
+ * What the engine reads of Spark's own checkpoint files (the offline tools' twin is
+ * `keyedstate/offline/checkpoint.py`). Executors have no SparkSession, so Spark's
+ * OffsetSeqLog cannot be used here; both files start with a version line and then JSON.
+ */
+object SparkMetadata {
+  private val Json = new ObjectMapper()
+
+  /** `batchTimestampMs` of `offsets/<batch>` under `queryRoot`; None when absent. */
+  def batchTimestamp(queryRoot: Path, batch: Long, hadoopConf: Configuration): Option[Long] = {
+    val offsets = new Path(new Path(queryRoot, "offsets"), batch.toString)
+    val fs = offsets.getFileSystem(hadoopConf)
+    if (!fs.exists(offsets)) None
+    else readText(offsets, hadoopConf).linesIterator.toSeq.lift(1).map(Json.readTree).map(_.path("batchTimestampMs"))
+      .filter(_.isNumber).map(_.asLong())
+  }
+
+  /** operator id -> (operator name, store names), from `state/<op>/_metadata/metadata` (v1). */
+  def operators(stateRoot: Path, hadoopConf: Configuration): Map[Int, (String, Seq[String])] = {
+    val fs = stateRoot.getFileSystem(hadoopConf)
+    if (!fs.exists(stateRoot)) return Map.empty
+    fs.listStatus(stateRoot).filter(_.isDirectory).flatMap { st =>
+      val meta = new Path(new Path(st.getPath, "_metadata"), "metadata")
+      st.getPath.getName.toIntOption.filter(_ => fs.exists(meta)).map { op =>
+        val json = Json.readTree(readText(meta, hadoopConf).linesIterator.drop(1).mkString("\n"))
+        val name = json.path("operatorInfo").path("operatorName").asText("?")
+        val stores = json.path("stateStoreInfo").elements().asScala.map(_.path("storeName").asText()).toSeq
+        op -> (name, stores)
+      }
+    }.toMap
+  }
+
+  private def readText(path: Path, hadoopConf: Configuration): String = {
+    val in = path.getFileSystem(hadoopConf).open(path)
+    try new String(IOUtils.readFullyToByteArray(in), StandardCharsets.UTF_8) finally in.close()
+  }
+}

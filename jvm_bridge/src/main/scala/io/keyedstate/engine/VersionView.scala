@@ -1,0 +1,105 @@
+package io.keyedstate.engine
+
+import io.keyedstate.format.{KeyCodec, ScanChunk}
+
+/**
+ * One store version's entries as a task sees them, in stored bytes. Two layers share this
+ * interface: [[TtlView]] (expiry and write times) over [[BufferedVersion]] (the version's own
+ * writes over the committed version). The Spark-facing store encodes rows above them.
+ */
+trait KeyValueView {
+  /** The stored value visible in this version, or null. */
+  def get(key: Bytes): Array[Byte]
+  def put(key: Bytes, value: Array[Byte]): Unit
+  def delete(key: Bytes): Unit
+  /** Entries with `prefix`, in no promised order; tolerates writes while it runs. */
+  def scan(prefix: Array[Byte]): Iterator[(Array[Byte], Array[Byte])]
+}
+
+/**
+ * The version's writes ([[WriteBuffer]]) over the committed version ([[CachedReads]]): reads see
+ * the version's own writes first. Scans read a point-in-time copy of the buffer, so callers may
+ * remove keys while iterating (watermark eviction does).
+ */
+final class BufferedVersion(val version: Long, val committed: CachedReads, holdsVersion: () => Boolean)
+    extends KeyValueView {
+  val buffer = new WriteBuffer
+
+  override def get(key: Bytes): Array[Byte] = {
+    val pending = buffer.lookup(key)
+    if (pending == null) committed.get(key) else if (pending eq WriteBuffer.Tombstone) null else pending
+  }
+
+  override def put(key: Bytes, value: Array[Byte]): Unit = buffer.put(key, value)
+  override def delete(key: Bytes): Unit = buffer.delete(key)
+
+  override def scan(prefix: Array[Byte]): Iterator[(Array[Byte], Array[Byte])] = {
+    val pending = buffer.snapshot()
+    val overwritten = new java.util.HashSet[Bytes](pending.length * 2)
+    pending.foreach { case (k, _) => overwritten.add(k) }
+    // A complete near cache serves full scans locally; prefix scans (one per key in session
+    // windows) would walk the whole cache, so they go to RocksDB's sorted index.
+    val cached = if (prefix.isEmpty && holdsVersion()) committed.completeSnapshot() else None
+    val stored = cached.map(_.iterator).getOrElse(chunks(prefix))
+      .filterNot { case (k, _) => overwritten.contains(new Bytes(k)) }
+    val own = pending.iterator.collect {
+      case (k, v) if !(v eq WriteBuffer.Tombstone) && Bytes.startsWith(k.bytes, prefix) => (k.bytes, v)
+    }
+    stored ++ own
+  }
+
+  private def chunks(prefix: Array[Byte]): Iterator[(Array[Byte], Array[Byte])] = new Iterator[(Array[Byte], Array[Byte])] {
+    private var chunk: ScanChunk = committed.scan(prefix, null, keysOnly = false)
+    private var i = 0
+    override def hasNext: Boolean = {
+      while (i >= chunk.keys.length && chunk.hasMore) {
+        chunk = committed.scan(prefix, chunk.keys(chunk.keys.length - 1), keysOnly = false)
+        i = 0
+      }
+      i < chunk.keys.length
+    }
+    override def next(): (Array[Byte], Array[Byte]) = {
+      if (!hasNext) throw new NoSuchElementException
+      val e = (chunk.keys(i), chunk.values(i))
+      i += 1
+      e
+    }
+  }
+}
+
+/**
+ * Time to live over a version (Flink's TtlValueState): values written carry the write time, an
+ * expired entry is hidden from reads and scans (unless the policy returns it until cleanup), and
+ * with OnReadAndWrite a point read writes the entry again with a new time. Scans never refresh a
+ * TTL: Spark's operators scan all state for watermarks and timeouts.
+ */
+final class TtlView(inner: KeyValueView, policy: TtlPolicy, nowMs: Long, writable: () => Boolean) extends KeyValueView {
+  private val expireBefore = policy.expireBefore(nowMs)
+  /** Expired entries hidden from (or, per the policy, returned to) reads and scans. */
+  var expiredSeen = 0L
+
+  private def expired(stored: Array[Byte]): Boolean = policy.perEntry && policy.isExpired(stored, expireBefore)
+
+  override def get(key: Bytes): Array[Byte] = {
+    val stored = inner.get(key)
+    if (stored == null) null
+    else if (expired(stored)) {
+      expiredSeen += 1
+      if (policy.returnExpired) stored else null
+    } else {
+      if (policy.refreshesOnRead(stored, nowMs) && writable()) inner.put(key, KeyCodec.withWriteTime(stored, nowMs))
+      stored
+    }
+  }
+
+  // Join index rows carry a write time too: it tells cleanup which rows may have outlived their
+  // count (a row is never older than its count's last write).
+  override def put(key: Bytes, value: Array[Byte]): Unit =
+    inner.put(key, if (policy.enabled) KeyCodec.withWriteTime(value, nowMs) else value)
+
+  override def delete(key: Bytes): Unit = inner.delete(key)
+
+  override def scan(prefix: Array[Byte]): Iterator[(Array[Byte], Array[Byte])] =
+    if (!policy.perEntry || policy.returnExpired) inner.scan(prefix)
+    else inner.scan(prefix).filter { case (_, v) => if (expired(v)) { expiredSeen += 1; false } else true }
+}

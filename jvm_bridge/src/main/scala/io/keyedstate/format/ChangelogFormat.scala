@@ -1,0 +1,212 @@
+package io.keyedstate.format
+
+import java.io.{ByteArrayOutputStream, OutputStream}
+import java.nio.{ByteBuffer, ByteOrder}
+import java.nio.charset.StandardCharsets
+import java.util.zip.CRC32
+
+/** A changelog is truncated, corrupt or foreign; the message names it. */
+class CorruptChangelogException(message: String) extends IllegalArgumentException(message)
+
+/**
+ * The changelog: one version's writes (spec: FORMATS.md, "Changelog"; the Python twin is
+ * `keyedstate/formats/changelog.py`; golden files in `tests/golden/`). Format 1, big-endian:
+ *
+ *   header   8s magic "KSCHLOG1" | u16 format version | u64 version | u32 key groups
+ *   record   u8 op | u32 key length | key | (puts only) u32 value length | value
+ *   trailer  u8 0xFF | u64 record count | u32 CRC-32 of header and records
+ *
+ * Ops carry what the writer knew of the key's existence before the record (see `Op*`), so that
+ * the reader keeps an exact key count without a read when the writer knew.
+ */
+object ChangelogFormat {
+  val Magic: Array[Byte] = "KSCHLOG1".getBytes(StandardCharsets.US_ASCII)
+  val FormatVersion = 1
+  val HeaderBytes = 22
+  val TrailerBytes = 13
+  val End: Byte = 0xFF.toByte
+
+  val OpPut: Byte = 1 // existence unknown
+  val OpDelete: Byte = 2 // existence unknown
+  val OpPutNew: Byte = 3
+  val OpPutExisting: Byte = 4
+  val OpDeleteExisting: Byte = 5
+
+  def isPut(op: Byte): Boolean = op == OpPut || op == OpPutNew || op == OpPutExisting
+  def isDelete(op: Byte): Boolean = op == OpDelete || op == OpDeleteExisting
+
+  /** Refines an op of unknown existence with what a read learnt (null: nothing); 0 drops the
+   *  record (deleting a key known to be absent changes nothing). */
+  def settle(op: Byte, existed: java.lang.Boolean): Byte =
+    if (existed == null) op
+    else if (op == OpPut) { if (existed) OpPutExisting else OpPutNew }
+    else if (op == OpDelete) { if (existed) OpDeleteExisting else 0.toByte }
+    else op
+
+  /**
+   * Writes one changelog to `out`: the header now, records as they come, the trailer on
+   * [[finish]]. Buffers 64 KiB at a time and checksums what it passes on.
+   */
+  final class Writer(out: OutputStream, version: Long, keyGroups: Int) {
+    private val buf = ByteBuffer.allocate(1 << 16).order(ByteOrder.BIG_ENDIAN)
+    private val crc = new CRC32()
+    private var records = 0L
+    private var written = 0L
+    buf.put(Magic).putShort(FormatVersion.toShort).putLong(version).putInt(keyGroups)
+
+    def put(op: Byte, key: Array[Byte], value: Array[Byte]): Unit = {
+      require(isPut(op), s"op $op is not a put")
+      header(op, key)
+      putInt(value.length)
+      putBytes(value)
+      records += 1
+    }
+
+    def delete(op: Byte, key: Array[Byte]): Unit = {
+      require(isDelete(op), s"op $op is not a delete")
+      header(op, key)
+      records += 1
+    }
+
+    def recordCount: Long = records
+    /** Bytes written so far (header and records, trailer excluded until finished). */
+    def bytesWritten: Long = written + buf.position()
+
+    /** Writes the trailer and flushes; `out` stays open. */
+    def finish(): Unit = {
+      flushBuffer()
+      buf.put(End).putLong(records).putInt(crc.getValue.toInt)
+      out.write(buf.array(), 0, buf.position())
+      written += buf.position()
+      buf.clear()
+      out.flush()
+    }
+
+    private def header(op: Byte, key: Array[Byte]): Unit = {
+      room(5)
+      buf.put(op).putInt(key.length)
+      putBytes(key)
+    }
+
+    private def putInt(v: Int): Unit = { room(4); buf.putInt(v) }
+
+    private def putBytes(bytes: Array[Byte]): Unit = {
+      if (bytes.length > buf.remaining()) flushBuffer()
+      if (bytes.length > buf.remaining()) {
+        crc.update(bytes, 0, bytes.length)
+        out.write(bytes)
+        written += bytes.length
+      } else buf.put(bytes)
+    }
+
+    private def room(n: Int): Unit = if (buf.remaining() < n) flushBuffer()
+
+    private def flushBuffer(): Unit = {
+      crc.update(buf.array(), 0, buf.position())
+      out.write(buf.array(), 0, buf.position())
+      written += buf.position()
+      buf.clear()
+    }
+  }
+
+  /** At most this many bytes per changelog (one Java array). */
+  val MaxBytes: Long = Int.MaxValue - 64L
+
+  /** A whole changelog in memory, written with [[Writer]] (fails beyond [[MaxBytes]]). */
+  def encode(version: Long, keyGroups: Int)(records: Writer => Unit): ByteBuffer = {
+    val out = new ExposedBytes
+    val writer = new Writer(out, version, keyGroups)
+    records(writer)
+    writer.finish()
+    out.view
+  }
+
+  private final class ExposedBytes extends ByteArrayOutputStream(1 << 16) {
+    override def write(b: Array[Byte], off: Int, len: Int): Unit = {
+      if (count.toLong + len > MaxBytes) {
+        throw new IllegalStateException(s"keyedstate: a version writes more than $MaxBytes changelog bytes; " +
+          "at most 2 GB per commit")
+      }
+      super.write(b, off, len)
+    }
+    def view: ByteBuffer = ByteBuffer.wrap(buf, 0, count)
+  }
+
+  /** One record; `value` is null for deletes. */
+  final case class Record(op: Byte, key: Array[Byte], value: Array[Byte])
+
+  /** A changelog whose framing and checksum were checked. */
+  final class Changelog private[ChangelogFormat] (val version: Long, val keyGroups: Int, val recordCount: Long,
+      data: Array[Byte], source: String) {
+    /** Every record in order; fails naming the file on any length, op or count that does not
+     *  fit (a CRC proves the bytes are the writer's, not that they parse). */
+    def iterator: Iterator[Record] = new Iterator[Record] {
+      private val b = ByteBuffer.wrap(data, HeaderBytes, data.length - HeaderBytes - TrailerBytes).slice()
+      private var count = 0L
+
+      override def hasNext: Boolean = b.hasRemaining || {
+        if (count != recordCount) {
+          throw new CorruptChangelogException(s"$source holds $count records but its trailer says $recordCount: corrupt")
+        }
+        false
+      }
+
+      override def next(): Record = {
+        if (!hasNext) throw new NoSuchElementException
+        val op = b.get()
+        val key = bytes(int("key length"), "key")
+        val record =
+          if (isPut(op)) Record(op, key, bytes(int("value length"), "value"))
+          else if (isDelete(op)) Record(op, key, null)
+          else throw new CorruptChangelogException(s"$source: unknown record op $op in record $count")
+        count += 1
+        record
+      }
+
+      private def bytes(n: Int, what: String): Array[Byte] = {
+        if (n < 0 || n > b.remaining()) {
+          throw new CorruptChangelogException(s"$source: record $count ($what of $n bytes) overruns the file")
+        }
+        val out = new Array[Byte](n)
+        b.get(out)
+        out
+      }
+
+      private def int(what: String): Int = {
+        if (b.remaining() < 4) throw new CorruptChangelogException(s"$source: record $count ($what) overruns the file")
+        b.getInt()
+      }
+    }
+  }
+
+  /** Checks framing and checksum; `source` names the file in errors. */
+  def read(data: Array[Byte], source: String): Changelog = {
+    if (data.length < HeaderBytes || !java.util.Arrays.equals(data, 0, 8, Magic, 0, 8)) {
+      throw new CorruptChangelogException(s"$source is not a keyedstate changelog (bad magic; written by another " +
+        "state store provider, or corrupt)")
+    }
+    val head = ByteBuffer.wrap(data)
+    head.position(8)
+    val format = head.getShort() & 0xFFFF
+    if (format != FormatVersion) {
+      throw new CorruptChangelogException(s"$source has changelog format version $format; this keyedstate reads " +
+        s"format $FormatVersion")
+    }
+    val version = head.getLong()
+    val keyGroups = head.getInt()
+    if (data.length < HeaderBytes + TrailerBytes) {
+      throw new CorruptChangelogException(s"$source is truncated (${data.length} bytes)")
+    }
+    val trailer = ByteBuffer.wrap(data, data.length - TrailerBytes, TrailerBytes)
+    val end = trailer.get()
+    val count = trailer.getLong()
+    val expected = trailer.getInt()
+    val crc = new CRC32()
+    crc.update(data, 0, data.length - TrailerBytes)
+    if (end != End || crc.getValue.toInt != expected) {
+      throw new CorruptChangelogException(s"$source is truncated or corrupt (trailer or CRC-32 mismatch, " +
+        s"${data.length} bytes)")
+    }
+    new Changelog(version, keyGroups, count, data, source)
+  }
+}

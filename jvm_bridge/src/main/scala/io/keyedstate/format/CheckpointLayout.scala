@@ -1,0 +1,55 @@
+package io.keyedstate.format
+
+import scala.util.matching.Regex
+
+/** A checkpoint file names a path outside the directories keyedstate may touch. */
+class UnsafePathException(message: String) extends IllegalArgumentException(message)
+
+/**
+ * The layout of one store partition's checkpoint directory (spec: FORMATS.md, "Checkpoint
+ * layout"; the Python twin is `keyedstate/formats/layout.py`):
+ *
+ *   <v>.ks-changelog      the writes of version v (the commit record; [[ChangelogFormat]])
+ *   <v>.ks-snapshot       the manifest of a snapshot of version v ([[ManifestFormat]])
+ *   ks-files/<id>-<name>  snapshot files, immutable, shared by every manifest that lists them
+ *
+ * A tampered manifest could name anything: every name or path read from a checkpoint file goes
+ * through [[checkedFileName]] / [[checkedRelativePath]] before it is joined to a directory.
+ */
+object CheckpointLayout {
+  val ChangelogSuffix = ".ks-changelog"
+  val ManifestSuffix = ".ks-snapshot"
+  val FilesDir = "ks-files"
+
+  /** Files of Spark's HDFS-backed and RocksDB providers: a directory holding them is not ours. */
+  val ForeignFile: Regex = """\d+(?:_[0-9a-fA-F-]+)?\.(?:delta|snapshot|zip|changelog)""".r
+
+  /** A snapshot file's local name: what RocksDB puts in a checkpoint, or a rescale's replay log. */
+  val FileName: Regex =
+    ("""(?:\d{1,20}\.(?:sst|log|blob)|(?:MANIFEST|OPTIONS)-\d{1,20}|CURRENT|IDENTITY|rocksdict-config\.json""" +
+      """|replay-\d{1,20}\.ks-changelog)""").r
+
+  /** Where a manifest may say a snapshot file lives: directly inside `ks-files/`. */
+  val RelativePath: Regex = (FilesDir + """/[A-Za-z0-9][A-Za-z0-9._-]{0,254}""").r
+
+  def checkedFileName(name: String, source: String): String =
+    if (name != null && FileName.matches(name)) name
+    else throw new UnsafePathException(s"$source names the snapshot file '$name', which is not a RocksDB or " +
+      "keyedstate file name: the manifest is corrupt or was tampered with")
+
+  def checkedRelativePath(path: String, source: String): String =
+    if (path != null && RelativePath.matches(path) && !path.contains("..")) path
+    else throw new UnsafePathException(s"$source lists the path '$path', which is not a file directly inside " +
+      s"$FilesDir/: the manifest is corrupt or was tampered with")
+
+  def changelogName(version: Long): String = s"$version$ChangelogSuffix"
+  def manifestName(version: Long): String = s"$version$ManifestSuffix"
+
+  /** The version in `<v><suffix>`, or None for any other name. */
+  def versionOf(name: String, suffix: String): Option[Long] =
+    if (!name.endsWith(suffix)) None
+    else {
+      val digits = name.stripSuffix(suffix)
+      if (digits.nonEmpty && digits.length <= 19 && digits.forall(_.isDigit)) digits.toLongOption else None
+    }
+}

@@ -1,0 +1,116 @@
+package io.keyedstate.format
+
+import java.nio.charset.StandardCharsets
+
+import scala.jdk.CollectionConverters._
+import scala.util.control.NonFatal
+
+import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
+
+/** A manifest is truncated, corrupt or foreign; the message names it. */
+class CorruptManifestException(message: String, cause: Throwable = null)
+  extends IllegalArgumentException(message, cause)
+
+final case class SnapshotFile(name: String, path: String, size: Long)
+
+/** How a store lays out its keys ([[KeyCodec]]): recorded so offline tools never guess it. */
+final case class KeyLayout(keyColumns: Int, partitionKeyColumns: Int, prefixColumns: Int)
+
+/**
+ * Which files make up the RocksDB snapshot of one version. `replay`: a changelog that holds the
+ * whole version, applied onto `files` taken as version `version - 1` (written by the offline
+ * rescale). `ttl` and `rescale` are informational objects, kept as read.
+ */
+final case class SnapshotManifest(version: Long, keyGroups: Int, numKeys: Long, files: Seq[SnapshotFile],
+    replay: Option[SnapshotFile] = None, keyLayout: Option[KeyLayout] = None,
+    ttl: Option[java.util.Map[String, AnyRef]] = None, rescale: Option[JsonNode] = None)
+
+/**
+ * The snapshot manifest (spec: FORMATS.md, "Snapshot manifest"; the Python twin is
+ * `keyedstate/formats/manifest.py`): compact UTF-8 JSON, keys in this order:
+ *
+ *   {"format":"keyedstate-snapshot","formatVersion":1,"version":v,"keyGroups":n,"numKeys":n,
+ *    "files":[{"name":..,"path":..,"size":..},..],["replay":{..},]["keyLayout":{..},]["ttl":{..},]["rescale":{..}]}
+ *
+ * Names and paths are checked with [[CheckpointLayout]]'s rule when a manifest is read.
+ */
+object ManifestFormat {
+  val Format = "keyedstate-snapshot"
+  val FormatVersion = 1
+  private val Json = new ObjectMapper()
+
+  def encode(m: SnapshotManifest): Array[Byte] = {
+    val tree = new java.util.LinkedHashMap[String, AnyRef]()
+    tree.put("format", Format)
+    tree.put("formatVersion", Int.box(FormatVersion))
+    tree.put("version", Long.box(m.version))
+    tree.put("keyGroups", Int.box(m.keyGroups))
+    tree.put("numKeys", Long.box(m.numKeys))
+    tree.put("files", m.files.map(file).asJava)
+    m.replay.foreach(r => tree.put("replay", file(r)))
+    m.keyLayout.foreach { l =>
+      val layout = new java.util.LinkedHashMap[String, AnyRef]()
+      layout.put("keyColumns", Int.box(l.keyColumns))
+      layout.put("partitionKeyColumns", Int.box(l.partitionKeyColumns))
+      layout.put("prefixColumns", Int.box(l.prefixColumns))
+      tree.put("keyLayout", layout)
+    }
+    m.ttl.foreach(t => tree.put("ttl", t))
+    m.rescale.foreach(r => tree.put("rescale", r))
+    Json.writeValueAsBytes(tree)
+  }
+
+  private def file(f: SnapshotFile): java.util.Map[String, AnyRef] = {
+    val out = new java.util.LinkedHashMap[String, AnyRef]()
+    out.put("name", f.name)
+    out.put("path", f.path)
+    out.put("size", Long.box(f.size))
+    out
+  }
+
+  /** Parses and checks a manifest (of `version`, if >= 0); `source` names it in errors. */
+  def decode(data: Array[Byte], source: String, version: Long = -1): SnapshotManifest =
+    try {
+      val node = Json.readTree(new String(data, StandardCharsets.UTF_8))
+      if (node == null || !node.isObject || node.path("format").asText() != Format) {
+        throw new IllegalArgumentException("not a keyedstate snapshot manifest")
+      }
+      val formatVersion = node.path("formatVersion").asInt(-1)
+      if (formatVersion != FormatVersion) {
+        throw new IllegalArgumentException(s"manifest format version $formatVersion, this keyedstate reads $FormatVersion")
+      }
+      val found = long(node, "version")
+      if (version >= 0 && found != version) throw new IllegalArgumentException(s"it describes version $found")
+      val files = node.get("files")
+      if (files == null || !files.isArray) throw new IllegalArgumentException("field 'files' is not a list")
+      val keyLayout = Option(node.get("keyLayout")).filterNot(_.isNull).map { l =>
+        KeyLayout(long(l, "keyColumns").toInt, long(l, "partitionKeyColumns").toInt, long(l, "prefixColumns").toInt)
+      }
+      val ttl = Option(node.get("ttl")).filterNot(_.isNull).map { t =>
+        if (!t.isObject) throw new IllegalArgumentException("field 'ttl' is not an object")
+        Json.convertValue(t, classOf[java.util.LinkedHashMap[String, AnyRef]]): java.util.Map[String, AnyRef]
+      }
+      SnapshotManifest(found, long(node, "keyGroups").toInt, long(node, "numKeys"),
+        files.elements().asScala.map(fileOf(_, source)).toSeq,
+        Option(node.get("replay")).filterNot(_.isNull).map(fileOf(_, source)), keyLayout, ttl,
+        Option(node.get("rescale")).filterNot(_.isNull))
+    } catch {
+      case e: UnsafePathException => throw e
+      case NonFatal(e) => throw new CorruptManifestException(
+        s"snapshot manifest $source is truncated or corrupt (${e.getMessage})", e)
+    }
+
+  private def long(node: JsonNode, field: String): Long = {
+    val v = node.get(field)
+    if (v == null || !v.canConvertToLong || !v.isIntegralNumber || v.asLong() < 0) {
+      throw new IllegalArgumentException(s"field '$field' is $v, expected a non-negative integer")
+    }
+    v.asLong()
+  }
+
+  private def fileOf(node: JsonNode, source: String): SnapshotFile = {
+    if (!node.isObject) throw new IllegalArgumentException("a file entry is not an object")
+    SnapshotFile(CheckpointLayout.checkedFileName(node.path("name").asText(null), source),
+      CheckpointLayout.checkedRelativePath(node.path("path").asText(null), source), long(node, "size"))
+  }
+}

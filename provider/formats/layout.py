@@ -1,0 +1,68 @@
+"""The layout of a store partition's checkpoint directory, and the one rule for paths read from it.
+
+Spec: FORMATS.md, "Checkpoint layout"; the JVM twin is ``CheckpointLayout.scala``. One store
+partition (``<checkpoint>/state/<operator>/<partition>[/<store>]``) holds::
+
+    <v>.ks-changelog      the writes of version v (the commit record; formats/changelog.py)
+    <v>.ks-snapshot       the manifest of a snapshot of version v (formats/manifest.py)
+    ks-files/<id>-<name>  snapshot files, immutable, shared by every manifest that lists them
+
+A manifest names files, and a tampered one could name anything. Every name or path read from a
+checkpoint file goes through :func:`checked_file_name` / :func:`checked_relative_path` before it
+is joined to a directory, so that it can only ever mean a file inside ``ks-files/`` (in the
+checkpoint) or inside the local directory being filled.
+"""
+from __future__ import annotations
+
+import re
+
+CHANGELOG_SUFFIX = ".ks-changelog"
+MANIFEST_SUFFIX = ".ks-snapshot"
+FILES_DIR = "ks-files"
+DEFAULT_STORE = "default"
+
+FOREIGN_FILE = re.compile(r"\d+(?:_[0-9a-fA-F-]+)?\.(?:delta|snapshot|zip|changelog)")
+"""Files of Spark's HDFS-backed and RocksDB providers: a directory holding them is not ours."""
+
+FILE_NAME = re.compile(
+    r"(?:\d{1,20}\.(?:sst|log|blob)|(?:MANIFEST|OPTIONS)-\d{1,20}|CURRENT|IDENTITY|rocksdict-config\.json"
+    r"|replay-\d{1,20}\.ks-changelog)")
+"""A snapshot file's local name: what RocksDB puts in a checkpoint, or a rescale's replay log."""
+
+RELATIVE_PATH = re.compile(FILES_DIR + r"/[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
+"""Where a manifest may say a snapshot file lives: directly inside ``ks-files/``."""
+
+
+class UnsafePathError(ValueError):
+    """A checkpoint file names a path outside the directories keyedstate may touch."""
+
+
+def checked_file_name(name: object, source: str) -> str:
+    if not isinstance(name, str) or not FILE_NAME.fullmatch(name):
+        raise UnsafePathError(f"{source} names the snapshot file {name!r}, which is not a RocksDB or "
+                              "keyedstate file name: the manifest is corrupt or was tampered with")
+    return name
+
+
+def checked_relative_path(path: object, source: str) -> str:
+    if not isinstance(path, str) or not RELATIVE_PATH.fullmatch(path) or ".." in path:
+        raise UnsafePathError(f"{source} lists the path {path!r}, which is not a file directly inside "
+                              f"{FILES_DIR}/: the manifest is corrupt or was tampered with")
+    return path
+
+
+def changelog_name(version: int) -> str:
+    return f"{version}{CHANGELOG_SUFFIX}"
+
+
+def manifest_name(version: int) -> str:
+    return f"{version}{MANIFEST_SUFFIX}"
+
+
+def version_of(name: str, suffix: str) -> int | None:
+    """The version in ``<v><suffix>``, or None for any other name."""
+    if name.endswith(suffix):
+        digits = name[: -len(suffix)]
+        if digits.isdigit() and len(digits) <= 19:
+            return int(digits)
+    return None

@@ -1,0 +1,599 @@
+"""Rescale a stopped query's keyedstate checkpoint to a new partition count, Flink-style.
+
+Spark freezes a stateful query at the partition count of its first batch (the offset log
+records ``spark.sql.shuffle.partitions``). Spark 4.2's offline repartition rereads all state
+through the state data source, shuffles it and rewrites it, and only for its own RocksDB
+provider. keyedstate moves key groups instead: every stored key starts with its key group, so a
+new partition's state is the key groups it owns, cut out of the old partitions' RocksDB
+snapshots in key order and ingested as SST files, with no shuffle and no decoding of rows.
+
+What is written follows Spark's own repartition, so that Spark treats the result (and any
+interrupted attempt) exactly as it treats its own:
+
+1. ``offsets/B`` (B = last committed batch + 1): a copy of the last committed entry with only
+   ``spark.sql.shuffle.partitions`` changed -- a "repartition batch". Until step 4, a restart is
+   refused by Spark with STREAMING_UNFINISHED_REPARTITION_DETECTED, so nothing half-done runs.
+2. *split* (a Spark job, one task per old store partition): rebuild the committed version, scan
+   it once, write each key to an SST file for the new partition that owns it (its key group
+   mod N when N divides the key-group count, else Spark's Murmur3 partition hash of the key).
+3. *merge* (one task per new store partition): ingest its SST files into an empty RocksDB and
+   publish it as snapshot version B + 1 of that partition (files, then the manifest).
+4. ``commits/B``: a copy of the last commit; from now on the query runs with N partitions.
+
+Everything before the commit only adds files, so an interrupted rescale can be rerun (finished
+splits are reused) or rolled back (:func:`rescale` with ``rollback=True``); the old state is
+never modified. Old partitions beyond N are left on disk, as Spark's repartition leaves them.
+Spark's logs are read and written through Spark's own ``OffsetSeqLog``/``CommitLog`` classes.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..formats import changelog, keygroups, rocksdb
+from ..formats.layout import CHANGELOG_SUFFIX, DEFAULT_STORE
+from ..formats.stored import KeyLayout
+from ..shim import PROVIDER_CLASS
+from . import checkpoint as ckpt
+from .routing import route_by_key_group
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+_PROVIDER_KEY = "spark.sql.streaming.stateStore.providerClass"
+_PARTITIONS_KEY = "spark.sql.shuffle.partitions"
+_FORMAT_KEY = "spark.sql.streaming.stateStore.checkpointFormatVersion"
+_STAGING = "_keyedstate_rescale"
+_JOURNAL = "journal.json"
+
+
+class RescaleError(RuntimeError):
+    """The checkpoint cannot be rescaled as asked; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class RescaleResult:
+    checkpoint: str
+    batch: int  # the repartition batch written (offsets/B, commits/B); state version B + 1
+    from_partitions: int
+    to_partitions: int
+    stores: int  # operator stores rescaled
+    keys: int
+    whole_key_groups: bool  # routed by key group (N divides the key-group count)
+    resumed: bool
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def rescale(checkpoint: str | os.PathLike, partitions: int, *, spark: "SparkSession | None" = None,
+            skip_failed_batch: bool = False, rollback: bool = False,
+            idle_seconds: float = 30.0) -> RescaleResult | None:
+    """Redistribute the state of the stopped query at ``checkpoint`` over ``partitions``
+    partitions; restart the unchanged query afterwards and it runs with that many.
+
+    ``skip_failed_batch``: if the last batch started but never committed (it failed), mark it
+    done, like Spark's ``enforceExactlyOnceSink=False``: its input is dropped from the state
+    (and whatever it wrote to the sink stays). Without it such a checkpoint is refused: restart
+    the query once to complete the batch, stop it, then rescale -- the lossless way. Also
+    refused if that batch started less than ``idle_seconds`` ago (the query may be running). ``rollback``: undo an unfinished repartition batch -- one
+    this function was interrupted in, or the orphan that Spark's own repartition leaves on a
+    keyedstate checkpoint -- and return ``None``. Uses ``spark`` (or the active session, or a
+    local one it starts and stops) to run the work as Spark tasks.
+    """
+    if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
+        raise RescaleError(f"partitions must be an integer >= 1, got {partitions!r}")
+    root = ckpt.local_path(checkpoint)
+    for sub in ("offsets", "commits", "state"):
+        if not (root / sub).is_dir():
+            raise RescaleError(f"{root} has no {sub}/ directory: not the checkpoint of a stateful streaming query")
+    owned = spark is None
+    if spark is None:
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.getActiveSession()
+        owned = spark is None
+        if spark is None:
+            spark = (SparkSession.builder.master("local[*]").appName("keyedstate rescale")
+                     .config("spark.ui.enabled", "false")
+                     .config("spark.pyspark.python", sys.executable)
+                     .getOrCreate())
+    try:
+        return _Rescale(spark, root, partitions).run(skip_failed_batch, rollback, idle_seconds)
+    finally:
+        if owned:
+            spark.stop()
+
+
+class _Rescale:
+    """One invocation: Spark's logs through the JVM, the state through Spark tasks."""
+
+    def __init__(self, spark: "SparkSession", root: Path, partitions: int) -> None:
+        self.spark = spark
+        self.root = root
+        self.n = partitions
+        jvm = spark._jvm
+        js = spark._jsparkSession
+        logs = jvm.org.apache.spark.sql.execution.streaming.checkpointing
+        self.offsets = logs.OffsetSeqLog(js, str(root / "offsets"), False)
+        self.commits = logs.CommitLog(js, str(root / "commits"), False)
+        self.utils = jvm.org.apache.spark.sql.execution.streaming.state.OfflineStateRepartitionUtils
+
+    # -- Spark's logs ----------------------------------------------------------------------------
+    def _latest(self, log_) -> int | None:
+        latest = log_.getLatestBatchId()
+        return int(latest.get()) if latest.isDefined() else None
+
+    def _offset_entry(self, batch: int):
+        entry = self.offsets.get(batch)
+        if not entry.isDefined():
+            raise RescaleError(f"{self.root / 'offsets' / str(batch)} is missing")
+        seq = entry.get()
+        if seq.getClass().getSimpleName() != "OffsetSeq":
+            raise RescaleError(f"{self.root / 'offsets' / str(batch)} uses offset log format "
+                               f"{seq.getClass().getSimpleName()}; keyedstate rescale supports Spark's default (v1)")
+        meta = seq.metadataOpt()
+        if not meta.isDefined():
+            raise RescaleError(f"{self.root / 'offsets' / str(batch)} has no metadata (written by a Spark before 2.1?)")
+        return seq, meta.get()
+
+    def _conf(self, meta, key: str) -> str | None:
+        value = meta.conf().get(key)
+        return str(value.get()) if value.isDefined() else None
+
+    def _partitions_of(self, batch: int) -> int:
+        _, meta = self._offset_entry(batch)
+        value = self._conf(meta, _PARTITIONS_KEY)
+        if value is None:
+            raise RescaleError(f"{self.root / 'offsets' / str(batch)} does not record {_PARTITIONS_KEY}")
+        return int(value)
+
+    # -- the procedure ---------------------------------------------------------------------------
+    def run(self, skip_failed_batch: bool, rollback: bool, idle_seconds: float) -> RescaleResult | None:
+        started = time.monotonic()
+        committed = self._latest(self.commits)
+        latest = self._latest(self.offsets)
+        if committed is None or latest is None:
+            raise RescaleError(f"{self.root} has no committed batch yet: nothing to rescale")
+        seq, meta = self._offset_entry(committed)
+        provider = self._conf(meta, _PROVIDER_KEY)
+        if provider != PROVIDER_CLASS:
+            raise RescaleError(
+                f"{self.root} was written by state store provider {provider or 'HDFSBackedStateStoreProvider (default)'}, "
+                f"not keyedstate ({PROVIDER_CLASS}); use Spark's own repartition for it")
+        if (self._conf(meta, _FORMAT_KEY) or "1") != "1":
+            raise RescaleError(f"{self.root} uses {_FORMAT_KEY}={self._conf(meta, _FORMAT_KEY)}; keyedstate writes format 1 only")
+        old_n = self._partitions_of(committed)
+        staging = self.root / _STAGING
+
+        resumed = False
+        if latest > committed and self.utils.isRepartitionBatch(latest, self.offsets):
+            pending_n = self._partitions_of(latest)
+            ours = (staging / f"batch-{latest}" / _JOURNAL).is_file()
+            who = ("an interrupted keyedstate rescale" if ours else
+                   "Spark's own repartition, which does not support keyedstate and stopped after writing it")
+            if rollback:
+                self._rollback(latest)
+                log.warning("rolled back the unfinished repartition batch %d (left by %s); the checkpoint "
+                            "is back at batch %d with %d partitions", latest, who, committed, old_n)
+                return None
+            if pending_n != self.n:
+                raise RescaleError(
+                    f"the latest batch {latest} of {self.root} is an unfinished repartition to {pending_n} "
+                    f"partitions, left by {who}; the query cannot restart until it is finished or removed: "
+                    f"rerun with --partitions {pending_n} to finish it, or with --rollback to remove it")
+            if not ours:
+                log.warning("finishing the repartition batch %d that Spark's own repartition left unfinished", latest)
+            # The journal knows which version the batch reads: after --skip-failed-batch the
+            # commits before it include skipped batches, whose state versions are not committed.
+            read_batch = json.loads((staging / f"batch-{latest}" / _JOURNAL).read_text())["readBatch"] \
+                if ours else committed
+            batch, resumed = latest, True
+        else:
+            if rollback:
+                raise RescaleError(f"{self.root} has no unfinished repartition to roll back "
+                                   f"(latest batch {latest}, last committed {committed})")
+            if latest > committed:
+                self._skip_failed(latest, committed, skip_failed_batch, idle_seconds)
+                # The new batch continues from the skipped batch's end offsets: a file source
+                # cannot step back to the last committed offsets (Spark asserts on restart).
+                seq, meta = self._offset_entry(latest)
+            if old_n == self.n:
+                raise RescaleError(f"{self.root} already runs with {self.n} partitions")
+            batch, read_batch = latest + 1, committed
+            stale = staging / f"batch-{batch}"
+            if stale.exists():  # a journal without its offsets entry: killed before step 1
+                shutil.rmtree(stale)
+
+        work = staging / f"batch-{batch}"
+        work.mkdir(parents=True, exist_ok=True)
+        if not resumed:
+            ckpt.write_atomically(work / _JOURNAL, json.dumps({
+                "batch": batch, "readBatch": read_batch, "fromPartitions": old_n, "toPartitions": self.n,
+                "startedAt": time.time()}).encode())
+            new_meta = meta.copy(meta.batchWatermarkMs(), meta.batchTimestampMs(),
+                                 meta.conf().updated(_PARTITIONS_KEY, str(self.n)))
+            new_seq = seq.copy(seq.offsets(), self.spark._jvm.scala.Some(new_meta))
+            if not self.offsets.add(batch, new_seq):
+                raise RescaleError(f"{self.root / 'offsets' / str(batch)} appeared while rescaling: "
+                                   "the query is running; stop it first")
+            log.info("offsets/%d written: batch %d runs with %d partitions (was %d)", batch, batch, self.n, old_n)
+
+        try:
+            stores = self._stores(old_n)
+            key_groups = self._key_groups(stores, read_batch + 1)
+            whole = keygroups.divides(self.n, key_groups)
+            # Scale-up by a multiple from a key-group-aligned layout: new partition q's keys all
+            # sit in old partition q mod old_n, so it is that partition minus the key groups it
+            # does not own -- range deletes and one RocksDB compaction, no key through Python.
+            direct = whole and keygroups.divides(old_n, key_groups) and self.n % old_n == 0
+            read_version, write_version = read_batch + 1, batch + 1
+            origin = {"batch": batch, "fromPartitions": old_n, "toPartitions": self.n}
+            layouts = {(op, name): _key_layout(parts) for op, name, parts in stores}
+            splits = [_SplitTask(op, name, str(s.path), s.partition, read_version,
+                                 str(work / str(op) / name / f"from-{s.partition}"), self.n, key_groups,
+                                 None if whole else _hash_spec(op, name, s.path, layouts[(op, name)]), direct, old_n,
+                                 write_version, str(self.root / "state" / str(op)), origin,
+                                 _json_or_none(layouts[(op, name)]))
+                      for op, name, parts in stores for s in parts]
+            split_results = self._run_tasks(_split, splits, "split")
+            counts: dict[tuple[int, str, int], int] = {}
+            ttl: dict[tuple[int, str], dict | None] = {}
+            published = {(task.operator, task.store, q) for task, result in zip(splits, split_results)
+                         for q in result.get("published", [])}
+            for task, result in zip(splits, split_results):
+                for q, c in result["keys"].items():
+                    counts[(task.operator, task.store, int(q))] = counts.get((task.operator, task.store, int(q)), 0) + c
+                if ttl.get((task.operator, task.store)) is None:
+                    ttl[(task.operator, task.store)] = result["ttl"]
+            merges = [_MergeTask(str(work / str(op) / name), q, str(ckpt.store_dir(self.root / "state" / str(op), q, name)),
+                                 write_version, key_groups, counts.get((op, name, q), 0), ttl.get((op, name)),
+                                 origin, str(work / str(op) / name / f"from-{q % old_n}" / "db") if direct else None,
+                                 self.n, _json_or_none(layouts[(op, name)]))
+                      for op, name, _ in stores for q in range(self.n) if (op, name, q) not in published]
+            keys = sum(counts[p] for p in published) + sum(r["keys"] for r in self._run_tasks(_merge, merges, "merge"))
+
+            if self._latest(self.offsets) != batch:
+                raise RescaleError(f"{self.root / 'offsets'} moved past batch {batch} while rescaling: the query is running")
+            if not self.commits.add(batch, self.commits.get(read_batch).get()):
+                raise RescaleError(f"{self.root / 'commits' / str(batch)} appeared while rescaling: the query is running")
+        except BaseException:
+            if not resumed and self._latest(self.commits) != batch and self._latest(self.offsets) == batch:
+                # Undo what this call started, so that the query can restart as it was;
+                # a kill leaves it to a rerun or to rollback=True instead.
+                log.error("rescale failed; rolling back the repartition batch %d", batch)
+                self._rollback(batch)
+            raise
+        shutil.rmtree(work, ignore_errors=True)
+        if staging.is_dir() and not any(staging.iterdir()):
+            staging.rmdir()
+        result = RescaleResult(str(self.root), batch, old_n, self.n, len(stores), keys,
+                               whole, resumed, round(time.monotonic() - started, 3))
+        log.info("rescaled %s: %s", self.root, result)
+        return result
+
+    def _skip_failed(self, latest: int, committed: int, skip: bool, idle_seconds: float) -> None:
+        offsets_file = self.root / "offsets" / str(latest)
+        age = time.time() - offsets_file.stat().st_mtime
+        if age < idle_seconds:
+            raise RescaleError(
+                f"batch {latest} of {self.root} started {age:.0f} s ago and has not committed: the query "
+                "looks running; stop it first (or wait, if it failed)")
+        if not skip:
+            raise RescaleError(
+                f"the last batch {latest} of {self.root} did not commit (the query failed or was killed "
+                f"during it; last committed batch {committed}): restart the query once so that it "
+                "completes the batch, then stop it and rescale; or pass --skip-failed-batch to drop "
+                "the batch: its input does not reach the state, what it wrote to the sink stays")
+        for b in range(committed + 1, latest + 1):
+            # Like Spark's enforceExactlyOnceSink=false, but keeping the watermark of the last commit.
+            if not self.commits.add(b, self.commits.get(committed).get()):
+                raise RescaleError(f"{self.root / 'commits' / str(b)} appeared while rescaling: the query is running")
+        log.warning("skipped the uncommitted batches %d..%d: their input does not reach the state",
+                    committed + 1, latest)
+
+    def _rollback(self, latest: int) -> None:
+        """Remove the uncommitted repartition batch ``latest``: its snapshots, offsets, staging."""
+        work = self.root / _STAGING / f"batch-{latest}"
+        version = latest + 1
+        for op_dir in ckpt.numbered_dirs(self.root / "state"):
+            for parts in ckpt.discover_stores(op_dir).values():
+                for files in parts:
+                    manifest = files.manifest_path(version)
+                    if manifest.is_file() and ckpt.read_manifest(manifest, version).rescale is not None:
+                        manifest.unlink()  # its files become unreferenced; the provider's cleanup drops them
+        self.offsets.purgeAfter(latest - 1)
+        crc = self.root / "offsets" / f".{latest}.crc"
+        crc.unlink(missing_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+    def _stores(self, old_n: int) -> list[tuple[int, str, list[ckpt.StoreFiles]]]:
+        out = []
+        for op_dir in sorted(ckpt.numbered_dirs(self.root / "state"), key=lambda p: int(p.name)):
+            if (op_dir / "_metadata" / "v2").is_dir():
+                raise RescaleError(f"{op_dir} has versioned operator metadata (transformWithState), which "
+                                   "keyedstate does not serve")
+            discovered = ckpt.discover_stores(op_dir)
+            for name in sorted(discovered):
+                parts = [p for p in discovered[name] if p.partition < old_n]
+                missing = sorted(set(range(old_n)) - {p.partition for p in parts})
+                if missing:
+                    raise RescaleError(f"store {name} of {op_dir} has no keyedstate files for partitions {missing}")
+                out.append((int(op_dir.name), name, parts))
+        if not out:
+            raise RescaleError(f"{self.root / 'state'} holds no keyedstate state")
+        return out
+
+    def _key_groups(self, stores, version: int) -> int:
+        """The checkpoint's key-group count, from any manifest or changelog (it is fixed)."""
+        for _, _, parts in stores:
+            for files in parts:
+                for v in sorted(files.snapshots, reverse=True):
+                    return ckpt.read_manifest(files.manifest_path(v), v).key_groups
+                for v in sorted(files.changelogs, reverse=True):
+                    try:
+                        return changelog.read_file(str(files.changelog_path(v))).key_groups
+                    except changelog.CorruptChangelogError as exc:
+                        raise RescaleError(str(exc)) from exc
+        raise RescaleError(f"no manifest or changelog at or below version {version} in {self.root / 'state'}")
+
+    def _run_tasks(self, fn, tasks: list, phase: str) -> list[dict]:
+        if not tasks:
+            return []
+        sc = self.spark.sparkContext
+        sc.setJobGroup(f"keyedstate-rescale-{phase}", f"keyedstate rescale: {phase} {len(tasks)} store partitions")
+        started = time.monotonic()
+        results = sc.parallelize(tasks, len(tasks)).map(fn).collect()
+        log.info("%s: %d tasks in %.1f s", phase, len(tasks), time.monotonic() - started)
+        return results
+
+
+def _key_layout(parts: list[ckpt.StoreFiles]) -> KeyLayout | None:
+    """The store's key layout as its newest manifest records it (None: not recorded)."""
+    for files in parts:
+        for v in sorted(files.snapshots, reverse=True):
+            found = ckpt.read_manifest(files.manifest_path(v), v).key_layout
+            if found is not None:
+                return found
+    return None
+
+
+def _hash_spec(op: int, store: str, path: Path, key_layout: KeyLayout | None) -> dict:
+    """How to recompute Spark's partition hash of a stored key (when key groups cannot say):
+    the key schema from Spark's schema file, and the key layout (which columns are hashed)."""
+    from .sparkhash import read_key_schema
+
+    op_dir = path.parent if store == DEFAULT_STORE else path.parent.parent
+    schema_file = ckpt.store_dir(op_dir, 0, store) / "_metadata" / "schema"
+    if not schema_file.is_file():
+        raise RescaleError(f"{schema_file} is missing: rescaling to a partition count that does not divide "
+                           "the key-group count needs Spark's state schema to rehash keys")
+    if key_layout is None:
+        key_layout = _legacy_key_layout(store, ckpt.operator_metadata(op_dir)[0] or "",
+                                        len(read_key_schema(str(schema_file))["fields"]))
+    return {"schemaFile": str(schema_file), "keyLayout": key_layout.to_json()}
+
+
+def _json_or_none(layout: KeyLayout | None) -> dict | None:
+    return None if layout is None else layout.to_json()
+
+
+def _layout_or_none(node: dict | None) -> KeyLayout | None:
+    return None if node is None else KeyLayout.from_json(node)
+
+
+def _legacy_key_layout(store: str, operator: str, fields: int) -> KeyLayout:
+    """The key layout of a checkpoint written before manifests recorded it, as KeyCodec.scala
+    chose it then: a join's index store and session windows do not hash their last column."""
+    if store.endswith("keyWithIndexToValue"):
+        return KeyLayout(fields, fields - 1)
+    if "session" in operator.lower():
+        return KeyLayout(fields, fields - 1, prefix_columns=fields - 1)
+    return KeyLayout(fields, fields)
+
+
+# -- the tasks (run on executors; plain data in, plain data out) ------------------------------------
+
+@dataclass(frozen=True)
+class _SplitTask:
+    operator: int
+    store: str
+    store_path: str
+    partition: int
+    version: int
+    staging: str  # this old partition's output directory
+    partitions: int
+    key_groups: int
+    hash_spec: dict | None  # None: route by key group
+    direct: bool  # only rebuild the version, for the merge tasks to filter (see run)
+    from_partitions: int
+    target_version: int  # the version the new partitions get
+    targets: str  # the operator's state directory, holding the new partitions
+    origin: dict  # what the published snapshots record about the rescale
+    key_layout: dict | None  # recorded in the published snapshots' manifests
+
+
+@dataclass(frozen=True)
+class _MergeTask:
+    staging: str  # the store's staging directory (from-<p>/to-<q>.sst inside)
+    partition: int
+    target: str  # the new partition's store directory in the checkpoint
+    version: int
+    key_groups: int
+    num_keys: int
+    ttl: dict | None
+    origin: dict
+    direct_source: str | None  # the rebuilt old partition to filter, instead of SST files
+    partitions: int
+    key_layout: dict | None
+
+
+def _split(task: _SplitTask) -> dict:
+    """Cut one old store partition into per-new-partition SST files (reused if already done)."""
+    from rocksdict import Options, SstFileWriter
+
+    out = Path(task.staging)
+    done = out / "done.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    temp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(temp, ignore_errors=True)
+    temp.mkdir(parents=True)
+    files = ckpt.list_store(Path(task.store_path), task.partition)
+    if files is None:
+        raise ckpt.CheckpointError(f"{task.store_path} holds no keyedstate files")
+    if task.direct and not any(v <= task.version for v in files.snapshots):
+        return _finish_split(temp, out, _replay_split(files, task, temp))
+    if task.direct:
+        with ckpt.rebuild(files, task.version, keep=temp / "db") as rebuilt:
+            _check_key_groups(rebuilt, task)
+            ttl = rebuilt.manifest.ttl if rebuilt.manifest else None
+        return _finish_split(temp, out, {"keys": {}, "ttl": ttl})
+    route = _router(task)
+    writers: dict[int, Any] = {}
+    counts: dict[int, int] = {}
+    with ckpt.rebuild(files, task.version, workdir=temp) as rebuilt:
+        _check_key_groups(rebuilt, task)
+        for key, value in rebuilt.db.items():  # ~3 us a key with the SST write; keep it lean
+            q = route(key)
+            writer = writers.get(q)
+            if writer is None:
+                writer = writers[q] = SstFileWriter(Options(raw_mode=True))
+                writer.open(str(temp / f"to-{q}.sst"))
+                counts[q] = 0
+            writer[key] = value
+            counts[q] += 1
+        ttl = rebuilt.manifest.ttl if rebuilt.manifest else None
+    for writer in writers.values():
+        writer.finish()
+    return _finish_split(temp, out, {"keys": {str(q): c for q, c in counts.items()}, "ttl": ttl})
+
+
+def _replay_split(files: ckpt.StoreFiles, task: _SplitTask, temp: Path) -> dict:
+    """Direct split of a partition whose version is changelogs only (no snapshot yet, as in a
+    young query): its records are routed by key group into one changelog per new partition
+    (see offline/routing.py), published right here as that partition's snapshot to
+    replay (checkpoint.write_snapshot), so these partitions need no merge task. No RocksDB is built: a flush would sort every key
+    (~3 us each here), and the restarted query replays the file the way it replays any
+    changelog."""
+    needed = range(1, task.version + 1)
+    missing = [v for v in needed if v not in files.changelogs]
+    if missing:
+        raise ckpt.CheckpointError(
+            f"cannot read version {task.version} of {files.path}: missing "
+            f"{', '.join(str(files.changelog_path(v)) for v in missing[:3])}{' ...' if len(missing) > 3 else ''}")
+    logs = [ckpt.read_changelog(files.changelog_path(v), v, task.key_groups) for v in needed]
+    try:
+        routed = route_by_key_group(logs, task.partitions, task.target_version, task.key_groups)
+    except changelog.CorruptChangelogError as exc:
+        raise ckpt.CheckpointError(f"{files.path}: {exc}") from exc
+    heirs = range(task.partition, task.partitions, task.from_partitions)
+    strays = set(routed) - set(heirs)
+    if strays:
+        raise ckpt.CheckpointError(
+            f"changelogs of {files.path} hold keys of key groups that partition {task.partition} "
+            f"of {task.from_partitions} does not own (for new partitions {sorted(strays)[:5]}): corrupt or misplaced")
+    counts = {}
+    for q in heirs:  # published here: a merge task would only copy the file
+        data, counts[str(q)] = routed.get(q) or (changelog.encode(task.target_version, task.key_groups, []), 0)
+        routed_file = temp / f"to-{q}{CHANGELOG_SUFFIX}"
+        routed_file.write_bytes(data)
+        ckpt.write_snapshot(None, ckpt.store_dir(Path(task.targets), q, task.store), task.target_version,
+                            task.key_groups, counts[str(q)], None, rescale=task.origin, replay=routed_file,
+                            key_layout=_layout_or_none(task.key_layout))
+    return {"keys": counts, "ttl": None, "published": list(heirs)}
+
+
+def _check_key_groups(rebuilt: ckpt.RebuiltVersion, task: _SplitTask) -> None:
+    if rebuilt.key_groups is not None and rebuilt.key_groups != task.key_groups:
+        raise ckpt.CheckpointError(f"{task.store_path} has {rebuilt.key_groups} key groups, other stores "
+                                   f"{task.key_groups}: corrupt or mixed checkpoint")
+
+
+def _finish_split(temp: Path, out: Path, result: dict) -> dict:
+    """Publish a split's output directory whole (rename), so a rerun reuses it or redoes it."""
+    (temp / "done.json").write_text(json.dumps(result))
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(temp, out)
+    return result
+
+
+def _router(task: _SplitTask):
+    """Key -> new partition: by key group when N divides the key-group count (whole key groups
+    move, no rehash), else by Spark's own partition hash of the key's partition columns."""
+    n, key_groups = task.partitions, task.key_groups
+    if task.hash_spec is None:
+        group_of, owner = keygroups.key_group_of_stored_key, keygroups.partition_of_key_group
+        return lambda key: owner(group_of(key), key_groups, n)
+    from .sparkhash import RowHasher, read_key_schema
+
+    layout = KeyLayout.from_json(task.hash_spec["keyLayout"])
+    hasher = RowHasher(read_key_schema(task.hash_spec["schemaFile"]), layout.partition_key_columns)
+    row_offset = layout.row_offset
+    return lambda key: hasher.hash(key, row_offset(key)) % n
+
+
+def _merge(task: _MergeTask) -> dict:
+    """Build one new store partition from its SST files and publish it as a snapshot."""
+    from rocksdict import Checkpoint, IngestExternalFileOptions
+
+    sources = sorted(Path(task.staging).glob(f"from-*/to-{task.partition}.sst"))
+    target = Path(task.target)
+    target.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="keyedstate-merge-", dir=task.staging) as tmp:
+        if task.direct_source:
+            return _filter_merge(task, Path(tmp), target)
+        db = rocksdb.open_db(Path(tmp) / "db", bulk_load=False)
+        try:
+            if sources:
+                opts = IngestExternalFileOptions()
+                opts.set_move_files(False)  # the staging copy stays until the commit, for reruns
+                db.ingest_external_file([str(s) for s in sources], opts)
+            snapshot = Path(tmp) / "snapshot"
+            Checkpoint(db).create_checkpoint(str(snapshot))
+        finally:
+            db.close()
+        ckpt.write_snapshot(snapshot, target, task.version, task.key_groups, task.num_keys, task.ttl,
+                            rescale=task.origin, key_layout=_layout_or_none(task.key_layout))
+    return {"partition": task.partition, "keys": task.num_keys}
+
+
+def _filter_merge(task: _MergeTask, tmp: Path, target: Path) -> dict:
+    """The new partition as a private copy of its one old partition with every key group it
+    does not own range-deleted, compacted so that the snapshot holds only its own keys."""
+    from rocksdict import BottommostLevelCompaction, Checkpoint, CompactOptions
+
+    ckpt.link_tree(Path(task.direct_source), tmp / "db")
+    db = ckpt.open_copy(tmp / "db", read_only=False)
+    try:
+        prefix = keygroups.prefix
+        q, n = task.partition, task.partitions
+        db.delete_range(b"", prefix(q))
+        for group in keygroups.key_groups_of_partition(q, n, task.key_groups):  # drop what lies between
+            db.delete_range(prefix(group + 1), prefix(group + n) if group + n < task.key_groups else b"\xff" * 5)
+        compact = CompactOptions()
+        compact.set_bottommost_level_compaction(BottommostLevelCompaction.force())
+        db.compact_range(None, None, compact)
+        files = db.live_files()
+        if any(f["num_deletions"] for f in files):  # not expected after a forced full compaction
+            num_keys = sum(1 for _ in db.keys())
+        else:
+            num_keys = sum(f["num_entries"] for f in files)
+        snapshot = tmp / "snapshot"
+        Checkpoint(db).create_checkpoint(str(snapshot))
+    finally:
+        db.close()
+    ckpt.write_snapshot(snapshot, target, task.version, task.key_groups, num_keys, task.ttl,
+                        rescale=task.origin, key_layout=_layout_or_none(task.key_layout))
+    return {"partition": task.partition, "keys": num_keys}

@@ -1,0 +1,383 @@
+"""One state store partition: a RocksDB instance that holds exactly one committed version.
+
+The JVM shim buffers a version's writes and ships them here once, at commit, as a changelog
+(:mod:`keyedstate.formats.changelog`); between commits the database is read-only, so reads and chunked
+scans see a stable version without RocksDB snapshots. Durability comes from the changelog the
+shim wrote to the checkpoint before calling :meth:`VersionedStore.apply`, so RocksDB's WAL is
+off. Keys arrive already encoded (key-group prefix + Spark's UnsafeRow bytes); this module never
+interprets them beyond prefixes.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from rocksdict import Rdict, WriteBatch
+
+from ..formats import changelog, rocksdb, stored
+from ..formats.frames import TtlScan
+from . import snapshots
+
+log = logging.getLogger(__name__)
+
+COMPACT_AFTER_DELETES = 1000
+"""Deletes since the last compaction (and >= 1/4 of the keys) that make a snapshot compact first."""
+
+
+class StoreStateError(RuntimeError):
+    """A request does not fit the version the store holds (e.g. applying v+2 onto v)."""
+
+
+class Applier:
+    """Applies submitted changelogs in the background, in submission order.
+
+    Write-behind: the JVM's commit returns once the changelog is durable in the checkpoint
+    and queued here; RocksDB catches up while the next micro-batch runs. One thread per
+    server process, since RocksDB writes hold the GIL anyway.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="keyedstate-applier", daemon=True).start()
+
+    def submit(self, store: "VersionedStore", data: bytes, source: str, ttl: "TtlScan | None") -> None:
+        self._queue.put((store, data, source, ttl))
+
+    def _run(self) -> None:
+        while True:
+            store, data, source, ttl = self._queue.get()
+            store._apply_submitted(data, source, ttl)
+
+
+class VersionedStore:
+    """A RocksDB database plus the version it holds and an exact key count."""
+
+    def __init__(self, name: str, workdir: Path, key_groups: int, snapshot_interval: int,
+                 applier: Applier | None = None) -> None:
+        self.name = name
+        self.workdir = workdir
+        self.key_groups = key_groups
+        self.snapshot_interval = snapshot_interval
+        self.version = -1  # nothing loaded
+        self.num_keys = 0
+        self.lineage = ""
+        self._db: Rdict | None = None
+        self._staged: dict[int, snapshots.StagedSnapshot] = {}
+        self._lock = threading.RLock()  # the database and the version it holds
+        self._applier = applier
+        # Write-behind bookkeeping has its own lock, so that queueing a commit never waits for
+        # the applier (which holds _lock while it applies, snapshots or scans).
+        self._state = threading.Condition()
+        self._pending = 0  # submitted changelogs not yet applied
+        self._failure: str | None = None
+        self._dirty = False  # the mutable memtable holds writes (vector memtables are unreadable)
+        self._deletes_since_compaction = 0
+        # Incremental TTL cleanup: where the next scan resumes, and what the last one found
+        # (the version it scanned, ms, keys) for the JVM to delete through its next changelog.
+        self._ttl_cursor: bytes | None = None
+        self._ttl_found: tuple[int, int, list[bytes]] = (-1, 0, [])
+        self._ttl_lock = threading.Lock()  # hands _ttl_found over without waiting for applies
+        workdir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def _db_dir(self) -> Path:
+        return self.workdir / "db"
+
+    # -- loading -------------------------------------------------------------------------------
+    def restore(self, version: int, snapshot_dir: str | None, lineage: str, num_keys: int) -> None:
+        """Reset to ``version``: the downloaded snapshot in ``snapshot_dir``, or empty (v0)."""
+        with self._settled(raise_failure=False):
+            with self._state:
+                self._failure = None
+            self._close_db()
+            self._drop_all_staged()
+            if snapshot_dir:
+                snapshots.install(Path(snapshot_dir), self._db_dir)
+            elif self._db_dir.exists():
+                shutil.rmtree(self._db_dir)
+            self._db = rocksdb.open_db(self._db_dir)
+            self.version, self.num_keys, self.lineage = version, num_keys, lineage
+            self._ttl_cursor = None
+            with self._ttl_lock:
+                self._ttl_found = (-1, 0, [])
+
+    def replay(self, changelogs: Iterable[tuple[int, str, str]]) -> None:
+        """Apply downloaded changelogs ``(version, local path, checkpoint path)`` in order."""
+        for version, local, origin in changelogs:
+            with open(local, "rb") as fh:
+                log_ = changelog.decode(fh.read(), origin)
+            if log_.version != version:
+                raise changelog.CorruptChangelogError(
+                    f"{origin} holds version {log_.version}, expected {version}")
+            self._apply(log_, source=origin, stage_snapshot=False)
+
+    # -- the data path -------------------------------------------------------------------------
+    def get(self, key: bytes) -> bytes | None:
+        return self._require_db(wait=True).get(key)
+
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        return self._require_db(wait=True).get(keys) if keys else []
+
+    def sync(self) -> tuple[int, str]:
+        """The version held and the database directory, once every submitted changelog is
+        applied and flushed: the JVM then reads the files directly (a RocksDB secondary
+        instance), which sees flushed data only, since the WAL is off."""
+        self._require_db(wait=True)
+        return self.version, str(self._db_dir)
+
+    def scan(self, prefix: bytes, start_after: bytes | None, max_bytes: int,
+             keys_only: bool = False) -> tuple[list[tuple[bytes, bytes]], bool]:
+        """About ``max_bytes`` of entries with ``prefix`` after ``start_after``, and whether more
+        remain; with ``keys_only`` the values are empty (for building the JVM's Bloom filter)."""
+        it = self._require_db(wait=True).iter()
+        if start_after is not None:
+            it.seek(start_after)
+            if it.valid() and it.key() == start_after:
+                it.next()
+        else:
+            it.seek(prefix)
+        out: list[tuple[bytes, bytes]] = []
+        size = 0
+        while it.valid():
+            key = it.key()
+            if not key.startswith(prefix):
+                return out, False
+            value = b"" if keys_only else it.value()
+            out.append((key, value))
+            size += len(key) + len(value) + 8
+            it.next()
+            if size >= max_bytes:
+                return out, it.valid() and it.key().startswith(prefix)
+        return out, False
+
+    def apply(self, data: bytes, source: str, ttl: TtlScan | None = None) -> int:
+        """Apply a committed version's changelog now; returns the new exact key count."""
+        with self._settled():
+            self._apply(changelog.decode(data, source), source, stage_snapshot=True)
+            if ttl is not None and ttl.interval and self.version % ttl.interval == 0:
+                self._scan_expired(ttl)
+            return self.num_keys
+
+    def submit(self, data: bytes, source: str, ttl: TtlScan | None = None) -> None:
+        """Queue a committed version's changelog for the background applier (write-behind)."""
+        if self._applier is None:
+            self.apply(data, source, ttl)
+            return
+        with self._state:
+            if self._failure:
+                raise StoreStateError(self._failure)
+            self._pending += 1
+        self._applier.submit(self, data, source, ttl)
+
+    def _apply_submitted(self, data: bytes, source: str, ttl: TtlScan | None) -> None:
+        with self._lock:
+            try:
+                if self._failure is None:
+                    self._apply(changelog.decode(data, source), source, stage_snapshot=True)
+                    if ttl is not None and ttl.interval and self.version % ttl.interval == 0:
+                        self._scan_expired(ttl)
+            except Exception as exc:  # surfaced by the store's next operation
+                log.exception("background apply of %s failed", source)
+                with self._state:
+                    self._failure = f"{self.name}: applying {source} failed: {type(exc).__name__}: {exc}"
+            finally:
+                with self._state:
+                    self._pending -= 1
+                    self._state.notify_all()
+
+    def _wait_applied(self, raise_failure: bool = True) -> None:
+        """Wait until no submitted changelog is pending. Must not hold _lock (the applier needs it)."""
+        with self._state:
+            while self._pending:
+                self._state.wait()
+            if raise_failure and self._failure:
+                raise StoreStateError(self._failure)
+
+    @contextlib.contextmanager
+    def _settled(self, raise_failure: bool = True) -> Iterator[None]:
+        """Hold _lock with nothing pending: the database holds the latest committed version and
+        stays there until released (a commit queued meanwhile waits for the lock)."""
+        while True:
+            self._wait_applied(raise_failure)
+            self._lock.acquire()
+            with self._state:
+                if not self._pending:
+                    break
+            self._lock.release()
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    def _apply(self, log_: changelog.Changelog, source: str, stage_snapshot: bool) -> None:
+        with self._lock:
+            db = self._require_db()
+            if log_.version != self.version + 1:
+                raise StoreStateError(
+                    f"{self.name}: cannot apply {source} (version {log_.version}) on top of "
+                    f"version {self.version}; versions must be consecutive")
+            if log_.key_groups != self.key_groups:
+                raise StoreStateError(
+                    f"{source} was written with {log_.key_groups} key groups but the store uses "
+                    f"{self.key_groups}; the keyGroups conf cannot change for an existing checkpoint")
+            batch, delta, unknown_puts, unknown_deletes, deletes = to_write_batch(log_)
+            self._deletes_since_compaction += deletes
+            # Only keys whose previous existence the writer did not know cost a read here.
+            if unknown_puts or unknown_deletes:
+                self._flush_if_dirty()
+            if unknown_puts:
+                delta += sum(v is None for v in db.get(unknown_puts))
+            if unknown_deletes:
+                delta -= sum(v is not None for v in db.get(unknown_deletes))
+            if log_.record_count:
+                db.write(batch)
+                self._dirty = True
+            self.version = log_.version
+            self.num_keys += delta
+            if stage_snapshot and self.version % self.snapshot_interval == 0:
+                self._stage()
+
+    # -- TTL cleanup ---------------------------------------------------------------------------
+    def _scan_expired(self, ttl: TtlScan) -> None:
+        """Walk up to a budget of entries from the cursor and remember the expired ones.
+
+        Runs right after an apply (in the background with write-behind), off the task's
+        critical path. The JVM deletes what was found through its next changelog, so cleanup
+        is part of the checkpoint, and it takes the keys only if it commits on top of exactly
+        the version scanned here: nothing can have changed them since.
+        """
+        started = time.perf_counter()
+        budget = ttl.budget
+        found: list[bytes] = []
+        if budget > 0 and ttl.expire_before >= 0:
+            self._flush_if_dirty()  # free when a snapshot was just staged
+            db = self._require_db()
+            entries = db.items() if self._ttl_cursor is None else db.items(from_key=self._ttl_cursor)
+            expired = stored.expired_before(ttl.expire_before)
+            cursor = None  # None: the scan reached the end, the next one wraps around
+            for examined, (key, value) in enumerate(entries):
+                if examined == budget:
+                    cursor = key
+                    break
+                if expired(value):
+                    found.append(key)
+            self._ttl_cursor = cursor
+        with self._ttl_lock:
+            self._ttl_found = (self.version, int((time.perf_counter() - started) * 1000), found)
+
+    def take_ttl_candidates(self) -> tuple[int, int, list[bytes]]:
+        """(version scanned, scan ms, expired keys) of the last finished scan, each result once.
+
+        Never waits for a pending apply or scan: a commit must not stall on background cleanup.
+        A result older than the version the JVM commits on is revalidated there.
+        """
+        with self._ttl_lock:
+            found, self._ttl_found = self._ttl_found, (-1, 0, [])
+            return found
+
+    # -- snapshots -----------------------------------------------------------------------------
+    def stage_snapshot(self) -> None:
+        """Checkpoint the current version locally; the shim uploads it during maintenance."""
+        with self._settled():
+            self._stage()
+
+    def _stage(self) -> None:
+        self._flush_if_dirty()  # the checkpoint must hold every write of the version
+        # After mass deletes (TTL cleanup, watermark eviction) the SSTs still hold the deleted
+        # entries and their tombstones; compact first so the snapshot, and the disk, shrink.
+        if self._deletes_since_compaction > max(COMPACT_AFTER_DELETES, self.num_keys // 4):
+            self._require_db().compact_range(None, None)
+            self._deletes_since_compaction = 0
+        directory = self.workdir / "staged" / str(self.version)
+        self._staged[self.version] = snapshots.stage(
+            self._require_db(), directory, self.version, self.lineage, self.num_keys)
+
+    def staged_snapshots(self) -> list[dict]:
+        with self._settled(raise_failure=False):
+            return [s.describe() for _, s in sorted(self._staged.items())]
+
+    def drop_staged(self, version: int) -> None:
+        with self._lock:
+            staged = self._staged.pop(version, None)
+        if staged is not None:
+            shutil.rmtree(staged.directory, ignore_errors=True)
+
+    def _drop_all_staged(self) -> None:
+        for version in list(self._staged):
+            self.drop_staged(version)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def memory_bytes(self) -> int:
+        """RocksDB's memtables and table readers; lock-free, so a metrics call never waits
+        for a write-behind apply."""
+        db = self._db
+        if db is None:
+            return 0
+        try:
+            return sum(db.property_int_value(prop) or 0
+                       for prop in ("rocksdb.cur-size-all-mem-tables", "rocksdb.estimate-table-readers-mem"))
+        except Exception:  # closed concurrently by a reload
+            return 0
+
+    def close(self) -> None:
+        with self._settled(raise_failure=False):
+            self._close_db()
+            self._drop_all_staged()
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _close_db(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+        self._dirty = False
+        self.version = -1
+
+    def info(self) -> dict:
+        with self._settled():
+            return {"version": self.version, "numKeys": self.num_keys}
+
+    def _require_db(self, wait: bool = False) -> Rdict:
+        """The database; with ``wait``, for reading: pending applies done, memtable flushed."""
+        if wait and (self._pending or self._dirty or self._failure):  # else the per-read fast path
+            with self._settled():
+                self._flush_if_dirty()
+        db = self._db
+        if db is None:
+            raise StoreStateError(f"{self.name}: no version is loaded")
+        return db
+
+    def _flush_if_dirty(self) -> None:
+        if self._dirty and self._db is not None:
+            self._db.flush()  # releases the GIL while RocksDB sorts and writes the SST
+            self._dirty = False
+
+
+def to_write_batch(log_: changelog.Changelog) -> tuple[WriteBatch, int, list[bytes], list[bytes], int]:
+    """A changelog as one RocksDB write batch, plus the key-count delta its writer knew, the
+    keys whose previous existence it did not (put, delete), and the number of deletes."""
+    batch = WriteBatch(raw_mode=True)
+    put, delete = batch.put, batch.delete
+    delta = deletes = 0
+    unknown_puts: list[bytes] = []
+    unknown_deletes: list[bytes] = []
+    for op, key, value, _, _ in log_.entries():
+        if value is not None:
+            put(key, value)
+            if op == changelog.OP_PUT_NEW:
+                delta += 1
+            elif op == changelog.OP_PUT:
+                unknown_puts.append(key)
+        else:
+            delete(key)
+            deletes += 1
+            if op == changelog.OP_DELETE_EXISTING:
+                delta -= 1
+            else:
+                unknown_deletes.append(key)
+    return batch, delta, unknown_puts, unknown_deletes, deletes

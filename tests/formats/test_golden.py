@@ -1,0 +1,164 @@
+"""Golden files: both codecs of every byte format (Python here, Scala through py4j) write exactly
+the stored bytes and read them back to the same values (FORMATS.md; cases in support/golden.py)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from keyedstate.formats import changelog, frames, keygroups, manifest, stored
+from keyedstate.offline.sparkhash import RowHasher
+
+from support import golden
+from support.jvm import byte_arrays, byte_buffer, key_codec, scala_iter, to_bytes, unsafe_row
+
+
+def read(name: str) -> bytes:
+    return (golden.GOLDEN / name).read_bytes()
+
+
+@pytest.fixture(scope="module")
+def fmt(spark):
+    return spark._jvm.io.keyedstate.format
+
+
+# -- changelog ---------------------------------------------------------------------------------
+
+def test_changelog_python_codec():
+    data = read("changelog-v1.bin")
+    assert changelog.encode(**golden.CHANGELOG_V1) == data
+    log = changelog.decode(data, "changelog-v1.bin")
+    assert (log.version, log.key_groups, log.record_count) == (7, golden.KEY_GROUPS, 5)
+    assert [tuple(r) for r in log.records()] == golden.CHANGELOG_V1["records"]
+
+
+def test_changelog_scala_codec(spark, fmt):
+    data = read("changelog-v1.bin")
+    out = spark._jvm.java.io.ByteArrayOutputStream()
+    writer = getattr(fmt, "ChangelogFormat$Writer")(out, 7, golden.KEY_GROUPS)
+    for op, key, value in golden.CHANGELOG_V1["records"]:
+        writer.delete(op, key) if value is None else writer.put(op, key, value)
+    writer.finish()
+    assert bytes(out.toByteArray()) == data
+    log = fmt.ChangelogFormat.read(bytearray(data), "changelog-v1.bin")
+    assert (log.version(), log.keyGroups(), log.recordCount()) == (7, golden.KEY_GROUPS, 5)
+    records = [(r.op(), bytes(r.key()), None if r.value() is None else bytes(r.value()))
+               for r in scala_iter(log.iterator())]
+    assert records == golden.CHANGELOG_V1["records"]
+
+
+# -- manifest ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,case", [("manifest-v1.json", golden.MANIFEST_V1),
+                                       ("manifest-v1-replay.json", golden.MANIFEST_V1_REPLAY)])
+def test_manifest_both_codecs(fmt, name, case):
+    data = read(name)
+    assert manifest.encode(case) == data
+    assert manifest.decode(data, name, case.version) == case
+    decoded = fmt.ManifestFormat.decode(bytearray(data), name, case.version)
+    assert bytes(fmt.ManifestFormat.encode(decoded)) == data  # the Scala writer, byte for byte
+    files = [decoded.files().apply(i) for i in range(decoded.files().size())]
+    assert [(f.name(), f.path(), f.size()) for f in files] == [(f.name, f.path, f.size) for f in case.files]
+    assert (decoded.version(), decoded.keyGroups(), decoded.numKeys()) == (case.version, case.key_groups, case.num_keys)
+    assert decoded.replay().isDefined() == (case.replay is not None)
+    if case.key_layout is not None:
+        layout = decoded.keyLayout().get()
+        assert (layout.keyColumns(), layout.partitionKeyColumns(), layout.prefixColumns()) == (
+            case.key_layout.key_columns, case.key_layout.partition_key_columns, case.key_layout.prefix_columns)
+
+
+# -- data-channel frames -----------------------------------------------------------------------
+
+def _jvm_request(jvm, fmt, op, handle, body) -> bytes:
+    F = fmt.Frames
+    if op == frames.OP_GET:
+        payload = body
+    elif op == frames.OP_MULTI_GET:
+        payload = to_bytes(F.multiGetRequest(byte_arrays(jvm, body)))
+    elif op == frames.OP_SCAN:
+        prefix, after, max_bytes, keys_only = body
+        payload = to_bytes(F.scanRequest(bytearray(prefix), None if after is None else bytearray(after),
+                                         max_bytes, keys_only))
+    elif op == frames.OP_APPLY:
+        behind, ttl = body
+        scan = jvm.scala.Option.empty() if ttl is None else jvm.scala.Some(fmt.TtlScan(*ttl))
+        payload = to_bytes(F.applyHead(behind, scan))
+    else:
+        payload = b""
+    return to_bytes(F.requestHead(op, handle, len(payload))) + payload
+
+
+@pytest.mark.parametrize("name", sorted(golden.REQUESTS))
+def test_requests_written_by_the_jvm_are_read_by_python(spark, fmt, name):
+    op, handle, body = golden.REQUESTS[name]
+    data = read(name)
+    assert _jvm_request(spark._jvm, fmt, op, handle, body) == data
+    length, op_read, handle_read = frames.REQUEST_HEAD.unpack_from(data)
+    assert (length, op_read, handle_read) == (len(data) - 4, op, handle)
+    payload = data[frames.REQUEST_HEAD.size:]
+    if op == frames.OP_MULTI_GET:
+        assert frames.multi_get_request(payload) == body
+    elif op == frames.OP_SCAN:
+        assert tuple(frames.scan_request(payload)) == body
+    elif op == frames.OP_APPLY:
+        request = frames.apply_request(payload)
+        assert (request.behind, request.ttl, bytes(request.changelog)) == (*body, b"")
+
+
+@pytest.mark.parametrize("name", sorted(golden.REPLIES))
+def test_replies_written_by_python_are_read_by_the_jvm(spark, fmt, name):
+    data = read(name)
+    assert golden.REPLIES[name] == data
+    F, buf = fmt.Frames, byte_buffer(spark._jvm, data)
+    if name == "reply-scan.bin":
+        chunk = F.scanReply(buf)
+        assert chunk.hasMore() and [bytes(k) for k in chunk.keys()] == [golden.K1, golden.K3]
+        assert [bytes(v) for v in chunk.values()] == [golden.PLAIN, golden.TIMED]
+    elif name == "reply-multi-get.bin":
+        values = F.multiGetReply(buf, 3)
+        assert [None if v is None else bytes(v) for v in values] == [golden.PLAIN, None, golden.TIMED]
+    elif name == "reply-count.bin":
+        assert F.countReply(buf) == 123_456_789
+    elif name == "reply-ttl-candidates.bin":
+        found = F.ttlCandidatesReply(buf)
+        assert (found.version(), found.scanMs(), [bytes(k) for k in found.keys()]) == (41, 17, [golden.K2, golden.K3])
+    elif name == "reply-sync.bin":
+        held = F.syncReply(buf)
+        assert (held._1(), held._2()) == (41, "/tmp/keyedstate-x/stores/3/db")
+
+
+def test_a_reply_that_does_not_fit_is_refused_before_allocating(spark, fmt):
+    lying = frames.U8.pack(0) + frames.U32.pack(1 << 30)  # "a billion entries" in 5 bytes
+    with pytest.raises(Exception, match="cannot fit"):
+        fmt.Frames.scanReply(byte_buffer(spark._jvm, lying))
+    with pytest.raises(frames.FrameError, match="does not fit"):
+        frames.multi_get_request(frames.U32.pack(1 << 30))
+
+
+# -- stored keys and values --------------------------------------------------------------------
+
+def test_values_both_codecs(fmt):
+    plain, timed = read("value-plain.bin"), read("value-timed.bin")
+    assert (plain, timed) == (golden.PLAIN, golden.TIMED)
+    assert bytes(fmt.KeyCodec.withWriteTime(bytearray(plain), 1_700_000_123_456)) == timed
+    assert fmt.KeyCodec.writtenAt(bytearray(timed)) == stored.written_at(timed) == 1_700_000_123_456
+    assert stored.written_at(plain) is None
+
+
+@pytest.mark.parametrize("name,key_ddl,values,prefix", [
+    ("key-int.bin", "k INT", [7], 0),
+    ("key-prefix.bin", "k STRING, start LONG", ["user-42", 1_700_000_000_000_000], 1),
+])
+def test_keys_written_by_the_jvm_carry_sparks_key_group(spark, name, key_ddl, values, prefix):
+    jvm = spark._jvm
+    codec, key_schema, _ = key_codec(jvm, key_ddl, "n LONG", prefix_columns=prefix)
+    data = bytes(codec.encodeKey(unsafe_row(jvm, key_schema, values)))
+    assert data == read(name)
+    layout = stored.KeyLayout(len(values), prefix or len(values), prefix)
+    assert (codec.layout().keyColumns(), codec.layout().partitionKeyColumns(), codec.layout().prefixColumns()) == (
+        layout.key_columns, layout.partition_key_columns, layout.prefix_columns)
+    # Python finds the key group where the JVM put it, equal to Spark's partition hash of the
+    # partition-key columns, recomputed from the stored row bytes.
+    schema = json.loads(key_schema.json())
+    spark_hash = RowHasher(schema, layout.partition_key_columns).hash(data, layout.row_offset(data))
+    assert keygroups.key_group_of_stored_key(data) == spark_hash % golden.KEY_GROUPS

@@ -1,0 +1,111 @@
+"""The JVM's write buffer and near cache, exercised directly: budget and eviction, the Bloom
+filter that keeps answering "absent", and how each write is classified for the changelog."""
+from __future__ import annotations
+
+import pytest
+
+from keyedstate.formats import changelog
+
+from support.jvm import LayerStore
+
+BUDGET = 16 * 1024
+
+
+@pytest.fixture
+def engine(jvm):
+    return jvm.io.keyedstate.engine
+
+
+@pytest.fixture
+def budget(engine):
+    """A small shared budget on top of what other caches of this JVM hold right now; restored after."""
+    budget = engine.CacheBudget
+    previous = budget.limitBytes()
+    budget.configure(budget.usedBytes() + BUDGET)
+    yield budget
+    budget.configure(previous)
+
+
+def set_complete(cache, complete: bool) -> None:
+    getattr(cache, "complete_$eq")(complete)  # a Scala var's setter
+
+
+def key(engine, i: int):
+    return engine.Bytes(i.to_bytes(4, "big") + b"key-%06d" % i)
+
+
+def test_write_buffer_keeps_the_last_write_and_copies_for_iterators(engine):
+    buffer = engine.WriteBuffer()
+    buffer.put(key(engine, 1), b"\x01a")
+    buffer.put(key(engine, 1), b"\x01b")
+    buffer.delete(key(engine, 2))
+    snapshot = buffer.snapshot()
+    buffer.put(key(engine, 3), b"\x01c")
+    assert buffer.size() == 3 and len(snapshot) == 2
+    assert bytes(buffer.lookup(key(engine, 1))) == b"\x01b"
+    assert len(buffer.lookup(key(engine, 2))) == 0  # the tombstone
+    assert buffer.lookup(key(engine, 9)) is None
+    held = buffer.estimatedBytes()
+    buffer.clear()
+    assert held > 0 and buffer.estimatedBytes() == 0 and buffer.size() == 0
+
+
+def test_cache_stays_within_budget_and_never_answers_absent_for_a_present_key(engine, budget):
+    cache = engine.NearCache(0.01)
+    set_complete(cache, True)  # as after loading an empty version
+    try:
+        for i in range(500):  # ~130 bytes each: about 4x the budget
+            cache.put(key(engine, i), b"\x01" + b"v" * 20)
+            assert budget.usedBytes() <= budget.limitBytes()
+        counters = cache.takeCounters()
+        assert counters.evictions() > 0 and not cache.complete()
+        assert cache.sizeBytes() <= BUDGET
+        for i in range(500):  # evicted or not, a key that is there is never "absent"
+            found = cache.lookup(key(engine, i))
+            assert found is None or len(found) > 0
+        answers = [cache.lookup(key(engine, i)) for i in range(500, 1000)]
+        absent = sum(1 for a in answers if a is not None and len(a) == 0)
+        assert absent > 450  # the Bloom filter answers most new keys without a read (fpp 1%)
+    finally:
+        cache.clear()
+
+
+def test_commit_classifies_puts_by_what_the_cache_knows(engine, budget):
+    cache = engine.NearCache(0.01)
+    set_complete(cache, True)
+    try:
+        cache.put(key(engine, 1), b"\x01old")
+        assert cache.commitWrite(key(engine, 1), b"\x01new") == changelog.OP_PUT_EXISTING
+        assert cache.commitWrite(key(engine, 2), b"\x01new") == changelog.OP_PUT_NEW
+        set_complete(cache, False)  # partial, no Bloom filter: existence unknown
+        assert cache.commitWrite(key(engine, 4), b"\x01v") == changelog.OP_PUT
+    finally:
+        cache.clear()
+
+
+def test_committed_deletes_are_logged_by_what_was_known(spark, tmp_path):
+    layer = LayerStore(spark, tmp_path / "state")
+    try:
+        v0 = layer.store(0)
+        for k in (1, 2):
+            layer.put(v0, (k,), (k,))
+        v0.commit()
+        v1 = layer.store(1)
+        v1.remove(layer.key(1), "default")  # existed
+        v1.remove(layer.key(9), "default")  # never existed: the complete cache knows, nothing logged
+        v1.commit()
+        path = next(tmp_path.rglob("2.ks-changelog"))
+        ops = [r.op for r in changelog.decode(path.read_bytes(), str(path)).records()]
+        assert ops == [changelog.OP_DELETE_EXISTING]
+        assert layer.store(2).metrics().numKeys() == 1
+    finally:
+        layer.close()
+
+
+@pytest.mark.parametrize("op,existed,settled", [
+    (changelog.OP_PUT, True, changelog.OP_PUT_EXISTING), (changelog.OP_PUT, False, changelog.OP_PUT_NEW),
+    (changelog.OP_DELETE, True, changelog.OP_DELETE_EXISTING), (changelog.OP_DELETE, False, 0),
+    (changelog.OP_PUT_NEW, False, changelog.OP_PUT_NEW), (changelog.OP_PUT, None, changelog.OP_PUT)])
+def test_what_a_read_learnt_settles_an_unknown_op(jvm, op, existed, settled):
+    known = None if existed is None else jvm.java.lang.Boolean.valueOf(existed)
+    assert jvm.io.keyedstate.format.ChangelogFormat.settle(op, known) == settled

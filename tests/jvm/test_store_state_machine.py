@@ -1,0 +1,67 @@
+"""The store handed to a task has Spark's state machine: UPDATING, then COMMITTED or ABORTED,
+every call checked (Spark's RocksDBStateStore is the model). Driven through the provider
+contract from pytest, without a streaming query."""
+from __future__ import annotations
+
+import pytest
+
+from support.jvm import LayerStore
+
+
+@pytest.fixture
+def layer(spark, tmp_path):
+    store = LayerStore(spark, tmp_path / "state" / "0")
+    yield store
+    store.close()
+
+
+def test_committed_writes_are_the_next_version(layer):
+    v0 = layer.store(0)
+    layer.put(v0, (1,), (10,))
+    layer.put(v0, (2,), (20,))
+    assert layer.get(v0, 1) == 10  # a version sees its own writes
+    assert v0.commit() == 1 and v0.hasCommitted()
+    v1 = layer.store(1)
+    assert (layer.get(v1, 1), layer.get(v1, 2), layer.get(v1, 3)) == (10, 20, None)
+    assert v1.metrics().numKeys() == 2
+
+
+def test_no_write_after_commit_and_no_abort_after_commit(layer):
+    v0 = layer.store(0)
+    layer.put(v0, (1,), (10,))
+    v0.commit()
+    with pytest.raises(Exception, match="Cannot put after already committed or aborted"):
+        layer.put(v0, (2,), (20,))
+    with pytest.raises(Exception, match="Cannot remove after already committed or aborted"):
+        v0.remove(layer.key(1), "default")
+    with pytest.raises(Exception, match="Cannot commit after already committed or aborted"):
+        v0.commit()
+    with pytest.raises(Exception, match="Cannot abort after already committed"):
+        v0.abort()
+
+
+def test_abort_drops_the_writes_and_may_repeat(layer):
+    v0 = layer.store(0)
+    layer.put(v0, (1,), (10,))
+    v0.commit()
+    v1 = layer.store(1)
+    layer.put(v1, (1,), (99,))
+    v1.abort()
+    v1.abort()  # idempotent, as Spark expects
+    with pytest.raises(Exception, match="Cannot commit after already committed or aborted"):
+        v1.commit()
+    assert layer.get(layer.store(1), 1) == 10
+
+
+def test_a_second_store_of_the_same_version_cannot_commit_over_the_first(layer):
+    v0 = layer.store(0)
+    layer.put(v0, (1,), (10,))
+    v0.commit()
+    first, second = layer.store(1), layer.store(1)
+    layer.put(first, (2,), (20,))
+    first.commit()
+    layer.put(second, (3,), (30,))
+    with pytest.raises(Exception, match="two stores of one partition were open at once"):
+        second.commit()
+    v2 = layer.store(2)
+    assert (layer.get(v2, 2), layer.get(v2, 3)) == (20, None)
