@@ -34,6 +34,7 @@ setup(
         "rocksdict>=0.3.29",
         "cloudpickle>=2.1",
         "numpy>=1.23",  # the offline rescale routes fixed-width changelog records vectorised
+        "zstandard>=0.22",  # changelogs are zstd frames (the JVM writes them with Spark's zstd-jni)
     ],
     extras_require={
         # pandas 3 is not supported by PySpark 4.3 (it warns, and applyInPandas* may misbehave)

@@ -9,6 +9,17 @@ changelogs on top of the nearest snapshot. Format 1 (all integers big-endian)::
     record   u8 op | u32 key length | key | (puts only) u32 value length | value
     trailer  u8 0xFF | u64 record count | u32 CRC-32 of header and records
 
+Format 2 is what the JVM writes to the checkpoint: a format-1 changelog wrapped in a small
+header that names its compression and carries metadata, so that old checkpoints still load::
+
+    header   8s magic b"KSCHLOG2" | u16 format version (2) | u8 codec | u32 meta length | meta
+             | u32 CRC-32 of the header before it
+    meta     UTF-8 JSON object: "version", "keyGroups" and optional "keyLayout", "uniqueId", "lineage"
+    body     the format-1 changelog: as is (codec 0) or one zstd frame with its content size (codec 1)
+
+The state server receives format 1 (the JVM ships the uncompressed bytes); readers of files
+accept both.
+
 Ops carry what the writer knew of the key's existence before the record, so that an exact key
 count costs no read when the JVM's near cache already knew (see ``OP_*``).
 
@@ -19,13 +30,20 @@ and names the file in every error. A foreign or truncated file is never taken fo
 """
 from __future__ import annotations
 
+import json
 import struct
 import zlib
-from dataclasses import dataclass
-from typing import Iterator, NamedTuple
+from dataclasses import dataclass, field
+from typing import Any, Iterator, NamedTuple
 
 MAGIC = b"KSCHLOG1"
 FORMAT_VERSION = 1
+MAGIC_V2 = b"KSCHLOG2"
+FORMAT_VERSION_V2 = 2
+CODEC_NONE = 0
+CODEC_ZSTD = 1
+ZSTD_LEVEL = 1  # measured: the best ratio and speed on changelogs (levels 3+ compress them worse)
+MAX_BYTES = (1 << 31) - 64  # one changelog, uncompressed (the JVM writes one Java array)
 OP_PUT = 1  # put; whether the key existed is unknown
 OP_DELETE = 2  # delete; whether the key existed is unknown
 OP_PUT_NEW = 3  # put of a key that did not exist
@@ -36,6 +54,7 @@ DELETES = frozenset((OP_DELETE, OP_DELETE_EXISTING))
 END = 0xFF
 HEADER = struct.Struct(">8sHQI")
 TRAILER = struct.Struct(">BQI")
+HEADER_V2 = struct.Struct(">8sHBI")  # magic, format version, codec, meta length; then meta, u32 CRC
 _U32 = struct.Struct(">I")
 _unpack_u32 = _U32.unpack_from
 
@@ -69,6 +88,7 @@ class Changelog:
     record_count: int
     payload: bytes  # the records, between header and trailer
     source: str  # names the file in errors
+    meta: dict[str, Any] = field(default_factory=dict)  # format 2's metadata (empty for format 1)
 
     def records(self) -> Iterator[Record]:
         """Every record, in order (see :meth:`entries`)."""
@@ -110,8 +130,14 @@ class Changelog:
 
 
 def decode(data: bytes | bytearray | memoryview, source: str) -> Changelog:
-    """Check the framing and checksum of a changelog; ``source`` names it in errors."""
+    """Check the framing and checksum of a changelog of either format; ``source`` names it in errors."""
     view = memoryview(data)
+    if bytes(view[:8]) == MAGIC_V2:
+        return _decode_v2(view, source)
+    return _decode_v1(view, source)
+
+
+def _decode_v1(view: memoryview, source: str, meta: dict[str, Any] | None = None) -> Changelog:
     if len(view) < HEADER.size or bytes(view[:8]) != MAGIC:
         raise CorruptChangelogError(
             f"{source} is not a keyedstate changelog (bad magic; written by another state "
@@ -119,7 +145,7 @@ def decode(data: bytes | bytearray | memoryview, source: str) -> Changelog:
     _, fmt, version, key_groups = HEADER.unpack_from(view, 0)
     if fmt != FORMAT_VERSION:
         raise CorruptChangelogError(
-            f"{source} has changelog format version {fmt}; this keyedstate reads format {FORMAT_VERSION}")
+            f"{source} has changelog format version {fmt}; this keyedstate reads formats 1 and 2")
     if len(view) < HEADER.size + TRAILER.size:
         raise CorruptChangelogError(f"{source} is truncated ({len(view)} bytes)")
     end, count, crc = TRAILER.unpack_from(view, len(view) - TRAILER.size)
@@ -127,7 +153,69 @@ def decode(data: bytes | bytearray | memoryview, source: str) -> Changelog:
     if end != END or zlib.crc32(body) != crc:
         raise CorruptChangelogError(
             f"{source} is truncated or corrupt (trailer or CRC-32 mismatch, {len(view)} bytes)")
-    return Changelog(version, key_groups, count, bytes(body[HEADER.size:]), source)
+    return Changelog(version, key_groups, count, bytes(body[HEADER.size:]), source, meta or {})
+
+
+def _decode_v2(view: memoryview, source: str) -> Changelog:
+    if len(view) < HEADER_V2.size + 4:
+        raise CorruptChangelogError(f"{source} is truncated ({len(view)} bytes)")
+    _, fmt, codec, meta_length = HEADER_V2.unpack_from(view, 0)
+    if fmt != FORMAT_VERSION_V2:
+        raise CorruptChangelogError(f"{source} has changelog format version {fmt}; this keyedstate reads formats 1 and 2")
+    head_end = HEADER_V2.size + meta_length
+    if head_end + 4 > len(view):
+        raise CorruptChangelogError(f"{source} is truncated ({len(view)} bytes, header of {head_end + 4})")
+    if zlib.crc32(view[:head_end]) != struct.unpack_from(">I", view, head_end)[0]:
+        raise CorruptChangelogError(f"{source} is corrupt (header CRC-32 mismatch)")
+    try:
+        meta = json.loads(bytes(view[HEADER_V2.size:head_end]).decode("utf-8"))
+        if not isinstance(meta, dict):
+            raise ValueError("not an object")
+    except ValueError as exc:
+        raise CorruptChangelogError(f"{source} has unreadable metadata ({exc})") from None
+    body = view[head_end + 4:]
+    if codec == CODEC_ZSTD:
+        body = memoryview(_zstd_decompress(body, source))
+    elif codec != CODEC_NONE:
+        raise CorruptChangelogError(f"{source} uses compression codec {codec}; this keyedstate reads 0 (none) and 1 (zstd)")
+    log = _decode_v1(body, source, meta)
+    if (log.version, log.key_groups) != (meta.get("version"), meta.get("keyGroups")):
+        raise CorruptChangelogError(f"{source}: its header says version {meta.get('version')} with "
+                                    f"{meta.get('keyGroups')} key groups, its records version {log.version} "
+                                    f"with {log.key_groups}: corrupt")
+    return log
+
+
+def _zstd_decompress(frame: memoryview, source: str) -> bytes:
+    import zstandard
+
+    try:
+        size = zstandard.frame_content_size(frame)
+    except zstandard.ZstdError as exc:
+        raise CorruptChangelogError(f"{source} is truncated or corrupt (zstd: {exc})") from None
+    if size < 0 or size > MAX_BYTES:  # no size recorded, or a bomb: never allocate on its word
+        raise CorruptChangelogError(f"{source} is corrupt (its zstd frame states {size} bytes)")
+    try:
+        return zstandard.ZstdDecompressor().decompress(frame, max_output_size=size)
+    except zstandard.ZstdError as exc:
+        raise CorruptChangelogError(f"{source} is truncated or corrupt (zstd: {exc})") from None
+
+
+def compress(inner: bytes, meta: dict[str, Any], codec: int = CODEC_ZSTD) -> bytes:
+    """A format-2 file of a format-1 changelog; ``meta`` adds to its version and key groups."""
+    _, fmt, version, key_groups = HEADER.unpack_from(inner, 0)
+    head = {"version": version, "keyGroups": key_groups, **meta}
+    encoded = json.dumps(head, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    header = HEADER_V2.pack(MAGIC_V2, FORMAT_VERSION_V2, codec, len(encoded)) + encoded
+    if codec == CODEC_ZSTD:
+        import zstandard
+
+        body = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(inner)
+    elif codec == CODEC_NONE:
+        body = inner
+    else:
+        raise ValueError(f"unknown codec {codec}")
+    return header + struct.pack(">I", zlib.crc32(header)) + body
 
 
 def read_file(path: str) -> Changelog:

@@ -508,7 +508,7 @@ def _replay_split(files: ckpt.StoreFiles, task: _SplitTask, temp: Path) -> dict:
     for q in heirs:  # published here: a merge task would only copy the file
         data, counts[str(q)] = routed.get(q) or (changelog.encode(task.target_version, task.key_groups, []), 0)
         routed_file = temp / f"to-{q}{CHANGELOG_SUFFIX}"
-        routed_file.write_bytes(data)
+        routed_file.write_bytes(changelog.compress(data, {"keyLayout": task.key_layout} if task.key_layout else {}))
         ckpt.write_snapshot(None, ckpt.store_dir(Path(task.targets), q, task.store), task.target_version,
                             task.key_groups, counts[str(q)], None, rescale=task.origin, replay=routed_file,
                             key_layout=_layout_or_none(task.key_layout))

@@ -47,6 +47,39 @@ def test_changelog_scala_codec(spark, fmt):
     assert records == golden.CHANGELOG_V1["records"]
 
 
+@pytest.mark.parametrize("name,codec", [("changelog-v2-zstd.bin", changelog.CODEC_ZSTD),
+                                        ("changelog-v2-none.bin", changelog.CODEC_NONE)])
+def test_changelog_v2_both_codecs(spark, fmt, name, codec):
+    """Format 2 (what checkpoints hold): the same records, compressed, with metadata."""
+    data, inner = read(name), read("changelog-v1.bin")
+    assert changelog.compress(inner, golden.CHANGELOG_V2_META, codec) == data
+    log = changelog.decode(data, name)
+    assert [tuple(r) for r in log.records()] == golden.CHANGELOG_V1["records"]
+    assert log.meta == {"version": 7, "keyGroups": golden.KEY_GROUPS, **golden.CHANGELOG_V2_META}
+    scala = fmt.ChangelogFormat.read(bytearray(data), name)
+    assert scala.recordCount() == 5 and scala.meta().uniqueId().get() == golden.CHANGELOG_V2_META["uniqueId"]
+    lineage = [(scala.meta().lineage().apply(i)._1(), scala.meta().lineage().apply(i)._2())
+               for i in range(scala.meta().lineage().size())]
+    assert [list(item) for item in lineage] == golden.CHANGELOG_V2_META["lineage"]
+    rewritten = fmt.ChangelogFormat.compress(byte_buffer(spark._jvm, inner), scala.meta(), codec)
+    assert to_bytes(rewritten) == data  # the Scala writer, byte for byte (zstd: both sides libzstd 1.5.7)
+
+
+def test_changelog_v2_refuses_a_zstd_bomb(fmt, spark):
+    import zstandard
+
+    bomb = zstandard.ZstdCompressor(level=1, write_content_size=False).compress(b"\0" * 1000)
+    data = changelog.compress(read("changelog-v1.bin"), {}, changelog.CODEC_NONE)
+    head = data[:len(data) - len(read("changelog-v1.bin"))]
+    forged = head[:10] + bytes([changelog.CODEC_ZSTD]) + head[11:-4]
+    import struct, zlib
+    forged = forged + struct.pack(">I", zlib.crc32(forged)) + bomb  # no content size stated
+    with pytest.raises(changelog.CorruptChangelogError, match="states -1 bytes"):
+        changelog.decode(forged, "bomb")
+    with pytest.raises(Exception, match="states -1 bytes"):
+        fmt.ChangelogFormat.read(bytearray(forged), "bomb")
+
+
 # -- manifest ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name,case", [("manifest-v1.json", golden.MANIFEST_V1),

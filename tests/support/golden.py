@@ -29,6 +29,10 @@ CHANGELOG_V1 = dict(version=7, key_groups=KEY_GROUPS, records=[
     (changelog.OP_DELETE_EXISTING, K3, None),
 ])
 
+CHANGELOG_V2_META = {"keyLayout": {"keyColumns": 2, "partitionKeyColumns": 1, "prefixColumns": 1},
+                     "uniqueId": "9a3c2b1e-0d4f-4e5a-8b7c-6d5e4f3a2b1c",
+                     "lineage": [[6, "1f2e3d4c-5b6a-4798-8a9b-0c1d2e3f4a5b"], [5, "2a3b4c5d-6e7f-4a8b-9c0d-1e2f3a4b5c6d"]]}
+
 MANIFEST_V1 = manifest.Manifest(
     version=12, key_groups=KEY_GROUPS, num_keys=3456,
     files=(manifest.SnapshotFile("000012.sst", "ks-files/0b6c3f9e-1d2a-4b7e-9f00-123456789abc-000012.sst", 104857),
@@ -85,7 +89,10 @@ def encode_request(op: int, handle: int, body) -> bytes:
 
 
 def files() -> dict[str, bytes]:
-    out = {"changelog-v1.bin": changelog.encode(**CHANGELOG_V1),
+    v1 = changelog.encode(**CHANGELOG_V1)
+    out = {"changelog-v1.bin": v1,
+           "changelog-v2-zstd.bin": changelog.compress(v1, CHANGELOG_V2_META, changelog.CODEC_ZSTD),
+           "changelog-v2-none.bin": changelog.compress(v1, CHANGELOG_V2_META, changelog.CODEC_NONE),
            "manifest-v1.json": manifest.encode(MANIFEST_V1),
            "manifest-v1-replay.json": manifest.encode(MANIFEST_V1_REPLAY),
            "value-plain.bin": PLAIN, "value-timed.bin": TIMED}
@@ -98,6 +105,8 @@ if __name__ == "__main__":
     GOLDEN.mkdir(exist_ok=True)
     for name, data in files().items():
         if (GOLDEN / name).exists():
-            raise SystemExit(f"{GOLDEN / name} exists: golden files are never rewritten")
+            if (GOLDEN / name).read_bytes() != data:
+                raise SystemExit(f"{GOLDEN / name} differs: golden files are never rewritten")
+            continue
         (GOLDEN / name).write_bytes(data)
         print("wrote", name, len(data), "bytes")

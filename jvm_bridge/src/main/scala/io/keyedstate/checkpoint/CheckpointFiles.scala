@@ -1,119 +1,185 @@
 package io.keyedstate.checkpoint
 
+import java.io.{FileNotFoundException, InputStream, IOException}
 import java.nio.ByteBuffer
+import java.nio.file.{Files, StandardOpenOption}
 import java.util.UUID
 
 import scala.collection.immutable.SortedSet
 import scala.util.control.NonFatal
 
 import org.apache.hadoop.conf.Configuration
-import org.apache.hadoop.fs.{FileSystem, Path}
+import org.apache.hadoop.fs.{FileStatus, Path}
 import org.apache.hadoop.io.IOUtils
+import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
 
-import io.keyedstate.format.{CheckpointLayout, CorruptManifestException, ManifestFormat, SnapshotManifest,
-  UnsafePathException}
+import io.keyedstate.format.{ChangelogFormat, ChangelogMeta, CheckpointLayout, CorruptChangelogException,
+  CorruptManifestException, ManifestFormat, SnapshotFile, SnapshotManifest, UnsafePathException}
 
 /** A checkpoint file is unreadable, foreign or missing; the message names it. */
 class CheckpointFileException(message: String, cause: Throwable = null)
   extends RuntimeException(message, cause)
 
-final case class Listing(changelogs: SortedSet[Long], snapshots: SortedSet[Long], foreign: Seq[String]) {
+/** The local disk (not the checkpoint) failed, e.g. it is full; the message says where. */
+class LocalDiskException(message: String, cause: Throwable = null) extends IOException(message, cause)
+
+/** A store partition's files: (version, unique id) of every changelog and snapshot manifest. */
+final case class Listing(changelogFiles: Set[(Long, Option[String])], snapshotFiles: Set[(Long, Option[String])],
+    foreign: Seq[String], modified: Map[String, Long]) {
+  def changelogs: SortedSet[Long] = SortedSet(changelogFiles.map(_._1).toSeq: _*)
+  def snapshots: SortedSet[Long] = SortedSet(snapshotFiles.map(_._1).toSeq: _*)
   def latest: Option[Long] = (changelogs ++ snapshots).lastOption
 }
 
 /**
- * One store partition's checkpoint directory ([[CheckpointLayout]]), through Hadoop's FileSystem
- * API so that every checkpoint location Spark accepts works (Spark's `RocksDBFileManager` is the
- * model): listing versions, reading and writing changelogs and manifests, uploading and
- * downloading snapshot files, cleanup. Files appear atomically (temp file + rename), so a
- * reader never sees half a file under its final name.
+ * One store partition's checkpoint directory ([[CheckpointLayout]]), through Spark's
+ * `CheckpointFileManager` (the one `spark.sql.streaming.checkpointFileManagerClass` names, or
+ * Spark's default for the scheme), so that every checkpoint location Spark accepts works, object
+ * stores included (Spark's `RocksDBFileManager` is the model): listing versions, reading and
+ * writing changelogs and manifests, uploading and downloading snapshot files, cleanup.
+ *
+ * A file appears whole under its final name (`createAtomic`), and a committed file is never
+ * replaced or deleted before nothing needs it: a second writer of the same name finds it there
+ * and keeps it ([[createOnce]]), so there is no moment in which a committed version is absent.
  */
 final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
-  private val fs: FileSystem = dir.getFileSystem(hadoopConf)
+  private val fm = CheckpointFileManager.create(dir, hadoopConf)
+  private lazy val fs = dir.getFileSystem(hadoopConf) // file sizes only: the manager has no stat
   val filesDir = new Path(dir, CheckpointLayout.FilesDir)
 
-  def changelog(version: Long): Path = new Path(dir, CheckpointLayout.changelogName(version))
-  def manifest(version: Long): Path = new Path(dir, CheckpointLayout.manifestName(version))
+  def changelog(version: Long, id: Option[String] = None): Path = new Path(dir, CheckpointLayout.changelogName(version, id))
+  def manifest(version: Long, id: Option[String] = None): Path = new Path(dir, CheckpointLayout.manifestName(version, id))
 
   @volatile private var dirsExist = false
   /** Creates the partition directory (Spark's state reader discovers partitions by listing). */
-  def ensureDirs(): Unit = if (!dirsExist) { fs.mkdirs(filesDir); dirsExist = true }
-
-  def writeAtomically(path: Path, data: ByteBuffer): Unit = {
-    val temp = new Path(path.getParent, s".${path.getName}.${UUID.randomUUID()}.tmp")
-    try {
-      val out = fs.create(temp, true)
-      try {
-        out.write(data.array(), data.arrayOffset() + data.position(), data.remaining())
-        out.hsync()
-      } finally out.close()
-      if (fs.exists(path)) fs.delete(path, false) // a retried task rewrites its version
-      if (!fs.rename(temp, path)) throw new java.io.IOException(s"rename $temp -> $path failed")
-    } catch {
-      case NonFatal(e) =>
-        try fs.delete(temp, false) catch { case NonFatal(_) => }
-        throw new CheckpointFileException(s"keyedstate: cannot write $path: ${e.getMessage}", e)
-    }
-  }
-
-  def listing(): Listing = {
-    val names = if (fs.exists(dir)) fs.listStatus(dir).filter(_.isFile).map(_.getPath.getName) else Array.empty[String]
-    def versions(suffix: String) = SortedSet(names.flatMap(CheckpointLayout.versionOf(_, suffix)).toIndexedSeq: _*)
-    Listing(versions(CheckpointLayout.ChangelogSuffix), versions(CheckpointLayout.ManifestSuffix),
-      names.filter(CheckpointLayout.ForeignFile.matches).sorted.toSeq)
-  }
-
-  def download(path: Path, local: java.nio.file.Path): Unit =
-    try fs.copyToLocalFile(false, path, new Path(local.toUri), true)
-    catch { case NonFatal(e) => throw unreadable(path, e) }
-
-  private def unreadable(path: Path, e: Throwable) = new CheckpointFileException(
-    s"keyedstate: cannot read $path: it is missing, truncated or corrupt (${e.getMessage})", e)
-
-  def upload(local: java.nio.file.Path, path: Path): Unit =
-    fs.copyFromLocalFile(false, true, new Path(local.toUri), path)
-
-  /** Reads and checks the manifest of `version` (names and paths by [[CheckpointLayout]]'s rule). */
-  def readManifest(version: Long): SnapshotManifest = {
-    val path = manifest(version)
-    val data = try {
-      val in = fs.open(path)
-      try IOUtils.readFullyToByteArray(in) finally in.close()
-    } catch { case NonFatal(e) => throw unreadable(path, e) }
-    try ManifestFormat.decode(data, path.toString, version)
-    catch {
-      case e @ (_: CorruptManifestException | _: UnsafePathException) => throw new CheckpointFileException(s"keyedstate: ${e.getMessage}", e)
-    }
-  }
-
-  def writeManifest(m: SnapshotManifest): Unit = writeAtomically(manifest(m.version), ByteBuffer.wrap(ManifestFormat.encode(m)))
+  def ensureDirs(): Unit = if (!dirsExist) { fm.mkdirs(filesDir); dirsExist = true }
 
   /**
-   * Deletes what no retained version needs: keeps the newest snapshot at or below the oldest
-   * retained version, every changelog after it, and the snapshot files those manifests list.
-   * Returns the number of files deleted.
+   * Writes `path` atomically unless a file of that name exists; returns false (and leaves the
+   * existing file untouched) when it does: another attempt of the same version was first.
    */
-  def cleanup(minVersionsToRetain: Int): Int = {
-    val l = listing()
-    val latest = l.latest.getOrElse(return 0)
-    val oldestRetained = latest - minVersionsToRetain + 1
-    val base = l.snapshots.filter(_ <= oldestRetained).lastOption.getOrElse(return 0)
-    var deleted = 0
-    def delete(p: Path): Unit = if (fs.delete(p, false)) deleted += 1
-    l.changelogs.filter(_ <= base).foreach(v => delete(changelog(v)))
-    l.snapshots.filter(_ < base).foreach(v => delete(manifest(v)))
-    val kept = l.snapshots.filter(_ >= base).toSeq
-    val referenced = kept.flatMap { v => val m = readManifest(v); (m.files ++ m.replay).map(_.path) }.toSet
-    // Files newer than the oldest kept manifest may belong to an upload in progress.
-    val horizon = fs.getFileStatus(manifest(base)).getModificationTime
-    if (fs.exists(filesDir)) {
-      fs.listStatus(filesDir).filter(_.isFile).foreach { st =>
-        val rel = s"${filesDir.getName}/${st.getPath.getName}"
-        if (!rel.endsWith(".crc") && !referenced.contains(rel) && st.getModificationTime < horizon) delete(st.getPath)
-      }
+  def createOnce(path: Path, data: ByteBuffer): Boolean = {
+    if (fm.exists(path)) return false
+    val out = try fm.createAtomic(path, false) catch { case NonFatal(e) => throw unwritable(path, e) }
+    try {
+      out.write(data.array(), data.arrayOffset() + data.position(), data.remaining())
+      out.hsync()
+    } catch {
+      case NonFatal(e) =>
+        try out.cancel() catch { case NonFatal(_) => }
+        throw unwritable(path, e)
     }
-    deleted
+    try { out.close(); true } catch {
+      case NonFatal(e) if exists(path) =>
+        LogHolder.log.info(s"keyedstate: $path was written by another attempt first; keeping it ($e)")
+        false
+      case NonFatal(e) => throw unwritable(path, e)
+    }
   }
+
+  private def unwritable(path: Path, e: Throwable) =
+    new CheckpointFileException(s"keyedstate: cannot write $path to the checkpoint: ${e.getMessage}", e)
+
+  def exists(path: Path): Boolean = fm.exists(path)
+
+  def listing(): Listing = {
+    val statuses = list(dir).filter(_.isFile)
+    val names = statuses.map(_.getPath.getName)
+    def versions(suffix: String) = names.flatMap(CheckpointLayout.versionOf(_, suffix)).toSet
+    Listing(versions(CheckpointLayout.ChangelogSuffix), versions(CheckpointLayout.ManifestSuffix),
+      names.filter(CheckpointLayout.ForeignFile.matches).sorted.toSeq,
+      statuses.map(s => s.getPath.getName -> s.getModificationTime).toMap)
+  }
+
+  private def list(path: Path): Array[FileStatus] =
+    try { if (fm.exists(path)) fm.list(path) else Array.empty } catch { case _: FileNotFoundException => Array.empty }
+
+  /** Copies a checkpoint file to local disk; a failure says which side failed. */
+  def download(path: Path, local: java.nio.file.Path): Unit = {
+    val in = try fm.open(path) catch { case NonFatal(e) => throw unreadable(path, e) }
+    try copy(in, path, local) finally in.close()
+  }
+
+  private def copy(in: InputStream, path: Path, local: java.nio.file.Path): Unit = {
+    val out = try Files.newOutputStream(local, StandardOpenOption.CREATE_NEW, StandardOpenOption.WRITE)
+      catch { case e: IOException => throw LocalDisk.failed(local, e) }
+    try {
+      val buf = new Array[Byte](1 << 16)
+      var n = readOrFail(in, buf, path)
+      while (n >= 0) {
+        try out.write(buf, 0, n) catch { case e: IOException => throw LocalDisk.failed(local, e) }
+        n = readOrFail(in, buf, path)
+      }
+    } finally {
+      try out.close() catch { case e: IOException => throw LocalDisk.failed(local, e) }
+    }
+  }
+
+  private def readOrFail(in: InputStream, buf: Array[Byte], path: Path): Int =
+    try in.read(buf) catch { case NonFatal(e) => throw unreadable(path, e) }
+
+  private def unreadable(path: Path, e: Throwable) = new CheckpointFileException(
+    s"keyedstate: cannot read $path from the checkpoint (${e.getMessage})", e)
+
+  /** Copies a local file into the checkpoint under a name no one else uses. */
+  def upload(local: java.nio.file.Path, path: Path): Unit = {
+    val out = try fm.createAtomic(path, false) catch { case NonFatal(e) => throw unwritable(path, e) }
+    try {
+      Files.copy(local, out)
+      out.close()
+    } catch {
+      case NonFatal(e) =>
+        try out.cancel() catch { case NonFatal(_) => }
+        throw unwritable(path, e)
+    }
+  }
+
+  /** Whether a snapshot file is in the checkpoint with the size a manifest says. */
+  def holds(f: SnapshotFile): Boolean =
+    try { val s = fs.getFileStatus(resolve(f.path)); s.isFile && s.getLen == f.size } catch { case NonFatal(_) => false }
+
+  def readBytes(path: Path): Array[Byte] =
+    try {
+      val in = fm.open(path)
+      try IOUtils.readFullyToByteArray(in) finally in.close()
+    } catch { case NonFatal(e) => throw unreadable(path, e) }
+
+  /** The metadata of a changelog, from its header alone (format 1: none). */
+  def readChangelogMeta(version: Long, id: Option[String]): ChangelogMeta = {
+    val path = changelog(version, id)
+    val in = try fm.open(path) catch { case NonFatal(e) => throw unreadable(path, e) }
+    try {
+      var head = new Array[Byte](0)
+      var result: Either[Int, ChangelogMeta] = Left(15)
+      while (result.isLeft) {
+        val want = result.left.getOrElse(0)
+        val more = new Array[Byte](want - head.length)
+        try IOUtils.readFully(in, more, 0, more.length) catch { case NonFatal(e) => throw unreadable(path, e) }
+        head = head ++ more
+        result = ChangelogFormat.readMeta(head, path.toString)
+      }
+      result.toOption.get
+    } catch {
+      case e: CorruptChangelogException => throw new CheckpointFileException(s"keyedstate: ${e.getMessage}", e)
+    } finally in.close()
+  }
+
+  /** Reads and checks the manifest of `version` (names and paths by [[CheckpointLayout]]'s rule). */
+  def readManifest(version: Long, id: Option[String] = None): SnapshotManifest = {
+    val path = manifest(version, id)
+    val data = readBytes(path)
+    try ManifestFormat.decode(data, path.toString, version)
+    catch {
+      case e @ (_: CorruptManifestException | _: UnsafePathException) =>
+        throw new CheckpointFileException(s"keyedstate: ${e.getMessage}", e)
+    }
+  }
+
+  /** Publishes a manifest; false when the version already has one (kept: the first one wins). */
+  def writeManifest(m: SnapshotManifest, id: Option[String]): Boolean =
+    createOnce(manifest(m.version, id), ByteBuffer.wrap(ManifestFormat.encode(m)))
+
+  def delete(path: Path): Unit = fm.delete(path)
 
   def newSnapshotFilePath(localName: String): (String, Path) = {
     val rel = s"${filesDir.getName}/${UUID.randomUUID()}-$localName"
@@ -122,4 +188,24 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
 
   /** A path a manifest lists (checked by [[CheckpointLayout.checkedRelativePath]] when read). */
   def resolve(relative: String): Path = new Path(dir, relative)
+
+  /** The snapshot files directory's entries: relative path -> (size, modification time). */
+  def snapshotFiles(): Map[String, (Long, Long)] =
+    list(filesDir).filter(_.isFile).map { s =>
+      s"${filesDir.getName}/${s.getPath.getName}" -> (s.getLen, s.getModificationTime)
+    }.toMap
+}
+
+private object LogHolder {
+  val log = org.slf4j.LoggerFactory.getLogger(classOf[CheckpointFiles])
+}
+
+/** Failures of keyedstate's local working files, named as such (never as a checkpoint problem). */
+object LocalDisk {
+  def failed(path: java.nio.file.Path, e: IOException): LocalDiskException = {
+    val full = Option(e.getMessage).exists(_.contains("No space left"))
+    new LocalDiskException(s"keyedstate: cannot write $path on the executor's local disk" +
+      (if (full) " (the local disk is full; the checkpoint is fine: free space and the task's retry continues)"
+      else s" (${e.getMessage}); the checkpoint is not affected"), e)
+  }
 }

@@ -14,6 +14,8 @@ object Metrics {
   val snapshotBytes = StateStoreCustomSizeMetric("keyedstateSnapshotBytesUploaded", "keyedstate: snapshot bytes uploaded")
   val filesUploaded = StateStoreCustomSumMetric("keyedstateSnapshotFilesUploaded", "keyedstate: snapshot files uploaded")
   val filesReused = StateStoreCustomSumMetric("keyedstateSnapshotFilesReused", "keyedstate: snapshot files reused")
+  val snapshotsSkipped = StateStoreCustomSumMetric("keyedstateSnapshotsSkipped",
+    "keyedstate: unusable snapshots skipped on load in favour of older snapshots and changelogs")
   val cacheHits = StateStoreCustomSumMetric("keyedstateCacheHits", "keyedstate: reads answered by the near cache")
   val cacheAbsent = StateStoreCustomSumMetric("keyedstateCacheAbsent", "keyedstate: reads answered 'absent' locally (complete cache or Bloom filter)")
   val cacheEvictions = StateStoreCustomSumMetric("keyedstateCacheEvictions", "keyedstate: near-cache evictions")
@@ -28,6 +30,6 @@ object Metrics {
 
   val all: Seq[StateStoreCustomMetric] =
     Seq(commitLatency, loadLatency, changelogBytes, writesShipped, bridgeGets, nativeGets, snapshotBytes, filesUploaded,
-      filesReused, cacheHits, cacheAbsent, cacheEvictions, cacheBytes, bloomBytes, commitEncode, commitWrite,
+      filesReused, snapshotsSkipped, cacheHits, cacheAbsent, cacheEvictions, cacheBytes, bloomBytes, commitEncode, commitWrite,
       commitShip, ttlExpired, ttlCleanedUp, ttlCleanupMs)
 }

@@ -9,6 +9,7 @@ import io.keyedstate.bridge.{DataChannel, PythonStateServer, ServerLaunch, State
 /** The settings the state server validated and returned when it opened a store (conf.py). */
 final case class StoreSettings(json: JsonNode) {
   def keyGroups: Int = json.get("keyGroups").asInt()
+  def snapshotInterval: Int = json.get("snapshotInterval").asInt()
   def scanChunkBytes: Int = json.get("scanChunkBytes").asInt()
   def writeBehind: Boolean = json.get("writeBehind").asBoolean()
   def nearCacheBytes: Long = json.get("nearCacheBytes").asLong()

@@ -41,19 +41,36 @@ final class SnapshotUploader(files: CheckpointFiles, describe: String) {
     id
   }
 
-  /** Uploads every staged snapshot of the store, then asks the server to drop it. */
-  def upload(session: ServerSession, keyGroups: Int, keyLayout: KeyLayout, ttl: Option[java.util.Map[String, AnyRef]]): Unit = {
+  /** Drops every staged snapshot without uploading it. */
+  def dropAll(session: ServerSession): Unit = {
     val staged = Json.readTree(session.maintenance("listing staged snapshots")((api, h) => api.stagedSnapshots(h)))
+    staged.elements().asScala.foreach { snap =>
+      val version = snap.get("version").asLong()
+      session.maintenance("dropping a staged snapshot")((api, h) => api.dropStaged(h, version))
+    }
+  }
+
+  /** Uploads every staged snapshot of the store, then asks the server to drop it; returns the
+   *  newest version now in the checkpoint. */
+  def upload(session: ServerSession, keyGroups: Int, keyLayout: KeyLayout,
+      ttl: Option[java.util.Map[String, AnyRef]], uniqueIdOf: Long => Either[Unit, Option[String]]): Option[Long] = {
+    val staged = Json.readTree(session.maintenance("listing staged snapshots")((api, h) => api.stagedSnapshots(h)))
+    var newest: Option[Long] = None
     staged.elements().asScala.foreach { snap =>
       val version = snap.get("version").asLong()
       val snapLineage = snap.get("lineage").asText()
       val (sameLineage, known) = lock.synchronized((snapLineage == lineage, uploaded))
       try {
+        // Under checkpoint format 2 a snapshot is of one (version, id); unknown: not uploaded.
+        val id = uniqueIdOf(version).getOrElse(throw new IllegalStateException(s"the unique id of version $version is unknown"))
         val dir = Paths.get(snap.get("dir").asText())
         val entries = snap.get("files").elements().asScala.map { f =>
           val name = f.get("name").asText()
           val size = f.get("size").asLong()
-          val reusable = if (sameLineage && name.endsWith(".sst")) known.get((name, size)) else None
+          // Reuse an SST uploaded before only while it is still there: cleanup, or an overlapping
+          // run's, may have deleted it since.
+          val reusable = (if (sameLineage && name.endsWith(".sst")) known.get((name, size)) else None)
+            .filter(path => files.holds(SnapshotFile(name, path, size)))
           val path = reusable.getOrElse {
             val (rel, target) = files.newSnapshotFilePath(name)
             files.upload(dir.resolve(name), target)
@@ -64,22 +81,32 @@ final class SnapshotUploader(files: CheckpointFiles, describe: String) {
           if (reusable.isDefined) filesReused.incrementAndGet()
           SnapshotFile(name, path, size)
         }.toSeq
-        files.writeManifest(SnapshotManifest(version, keyGroups, snap.get("numKeys").asLong(), entries,
-          keyLayout = Some(keyLayout), ttl = ttl))
+        val manifest = SnapshotManifest(version, keyGroups, snap.get("numKeys").asLong(), entries,
+          keyLayout = Some(keyLayout), ttl = ttl)
+        if (!files.writeManifest(manifest, id)) {
+          log.info(s"keyedstate: version $version of $describe already has a snapshot; keeping it")
+        } else if (!entries.forall(files.holds)) {
+          // A file vanished between the check and the manifest (a concurrent cleanup): the
+          // manifest would not load. Remove it; loads use an older snapshot and changelogs.
+          files.delete(files.manifest(version, id))
+          throw new IllegalStateException(s"a listed file vanished while the manifest was written")
+        }
         lock.synchronized {
           if (snapLineage == lineage) uploaded ++= entries.filter(_.name.endsWith(".sst")).map(f => (f.name, f.size) -> f.path)
         }
+        newest = Some(version)
         log.info(s"keyedstate: uploaded snapshot of version $version of $describe " +
           s"(${entries.size} files, ${entries.count(e => !known.get((e.name, e.size)).contains(e.path))} new)")
       } catch {
         case NonFatal(e) =>
           log.warn(s"keyedstate: snapshot upload of version $version of $describe failed; will retry later", e)
-          return
+          return newest
       } finally {
         // Either uploaded or failed; a failed staged copy is dropped too (the changelogs stay).
         try session.maintenance("dropping a staged snapshot")((api, h) => api.dropStaged(h, version)) catch { case NonFatal(_) => }
       }
     }
+    newest
   }
 }
 

@@ -12,11 +12,12 @@ import org.apache.spark.sql.types.StructType
 import org.slf4j.LoggerFactory
 
 import io.keyedstate.bridge.ServerLaunch
-import io.keyedstate.checkpoint.CheckpointFiles
-import io.keyedstate.format.{ChangelogFormat, KeyCodec}
+import io.keyedstate.checkpoint.{CheckpointCleanup, CheckpointFiles}
+import io.keyedstate.format.{ChangelogFormat, ChangelogMeta, KeyCodec}
 
 /** What a commit produced: the new version, its changelog size, its TTL cleanup. */
-final case class CommitResult(version: Long, changelogBytes: Long, ttlCleanedUp: Long, ttlCleanupMs: Long)
+final case class CommitResult(version: Long, changelogBytes: Long, ttlCleanedUp: Long, ttlCleanupMs: Long,
+    uniqueId: Option[String] = None, baseUniqueId: Option[String] = None)
 
 /** Where a commit's time went, in ms: encoding the changelog (and updating the near cache),
  *  writing it to the checkpoint, shipping it to Python. */
@@ -24,7 +25,8 @@ final case class CommitPhases(encodeMs: Long, writeMs: Long, shipMs: Long)
 
 /** One version of the store, open for one task: its view (TTL over the version's own writes
  *  over the committed version) and the TTL "now" of its batch. */
-final class StoreVersion(val version: Long, val buffered: BufferedVersion, val ttl: TtlView, val nowMs: Long) {
+final class StoreVersion(val version: Long, val uniqueId: Option[String], val buffered: BufferedVersion,
+    val ttl: TtlView, val nowMs: Long) {
   def view: KeyValueView = ttl
 }
 
@@ -49,6 +51,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   private val uploader = new SnapshotUploader(files, describe)
   private val loader = new VersionLoader(files, uploader, describe)
   private val clock = TtlClocks.forQuery(new Path(id.checkpointRootLocation).getParent, hadoopConf)
+  val fence = new RunFence(id, hadoopConf)
   private val maintenanceMutex = new Object // snapshot upload vs cleanup
 
   // Set whenever the store is (re)opened on a server; guarded by `this`.
@@ -59,11 +62,20 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   private var native: NativeReader = _ // null: native reads off or unavailable
   private var committedReads: CommittedReads = _
 
-  // THE version held by the server's store, the near cache and (once synced) the native reader.
+  // THE version held by the server's store, the near cache and (once synced) the native reader,
+  // with its unique id (checkpoint format 2) and its lineage: (version, id) of it and each version
+  // before it down to the newest snapshot, newest first.
   @volatile private var loaded = -1L
+  @volatile private var loadedId: Option[String] = None
+  private var lineage: List[(Long, Option[String])] = Nil
+  /** Checkpoint format 2 (`checkpointFormatVersion=2`): every version gets a unique id. */
+  val uniqueIds: Boolean = storeConf.enableStateStoreCheckpointIds
   @volatile private var nativeShows = -1L
   @volatile private var closed = false
   @volatile var numKeys = 0L
+  // The newest version with a snapshot in the checkpoint (loaded from or uploaded), to bound the
+  // changelogs a load replays when maintenance does not upload (short runs).
+  @volatile private var lastSnapshot = 0L
 
   val loadMs = new AtomicLong
   val nativeGets = new AtomicLong
@@ -78,6 +90,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   def bytesUploaded: AtomicLong = uploader.bytesUploaded
   def filesUploaded: AtomicLong = uploader.filesUploaded
   def filesReused: AtomicLong = uploader.filesReused
+  def snapshotsSkipped: AtomicLong = loader.snapshotsSkipped
   def holds(version: Long): Boolean = loaded == version && version >= 0
 
   private def ensureOpen(): Unit = if (session.ensureOpen()) {
@@ -102,18 +115,23 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   private def requireOpen(): Unit =
     if (closed) throw new IllegalStateException(s"keyedstate provider for $describe is closed")
 
-  /** Makes every tier hold `version` and opens it for one task. */
-  def begin(version: Long, loadEmpty: Boolean, writable: () => Boolean): StoreVersion = synchronized {
+  /** Makes every tier hold `version` (under checkpoint format 2 the one with `uniqueId`) and
+   *  opens it for one task. */
+  def begin(version: Long, uniqueId: Option[String], loadEmpty: Boolean, writable: () => Boolean): StoreVersion = synchronized {
     requireOpen()
-    load(version, loadEmpty)
+    if (uniqueIds && uniqueId.isEmpty && version > 0 && !loadEmpty) {
+      throw new IllegalStateException(s"keyedstate: checkpoint format 2 needs the unique id of version $version of $describe")
+    }
+    val id = if (uniqueIds) uniqueId else None
+    load(version, id, loadEmpty)
     val nowMs = if (policy.enabled) clock.now(version) else 0L
     val buffered = new BufferedVersion(version, new CachedReads(cache, committedReads), () => holds(version))
-    new StoreVersion(version, buffered, new TtlView(buffered, policy, nowMs, writable), nowMs)
+    new StoreVersion(version, id, buffered, new TtlView(buffered, policy, nowMs, writable), nowMs)
   }
 
-  private def load(version: Long, loadEmpty: Boolean): Unit = {
+  private def load(version: Long, id: Option[String], loadEmpty: Boolean): Unit = {
     ensureOpen()
-    if (loaded == version && !loadEmpty) {
+    if (loaded == version && loadedId == id && !loadEmpty) {
       if (cache.bloomSaturated) CacheWarmer.indexKeys(cache, committedReads, numKeys)
       return
     }
@@ -123,8 +141,16 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       if (loadEmpty || version == 0) {
         loader.restoreEmpty(session, version)
         numKeys = 0
-      } else numKeys = loader.load(session, version, session.settings.keyGroups, session.process.workDir)
+        lastSnapshot = version
+        lineage = List(version -> id)
+      } else {
+        val (keys, chain) = loader.load(session, version, id, session.settings.keyGroups, session.process.workDir)
+        numKeys = keys
+        lastSnapshot = chain.last._1
+        lineage = chain
+      }
       loaded = version
+      loadedId = id
       CacheWarmer.warm(cache, committedReads, numKeys)
     } catch { case NonFatal(e) => invalidate(); throw e }
     loadMs.addAndGet((System.nanoTime() - started) / 1000000)
@@ -136,6 +162,11 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
    * learnt settles what it cannot), the changelog is written to the checkpoint (the commit),
    * then shipped to the server: applied behind when every write's previous existence was known
    * (so the key count is exact without waiting), else applied before the reply.
+   *
+   * Snapshots are staged every `snapshotInterval` versions and uploaded by Spark's maintenance.
+   * When maintenance has not uploaded one for two intervals (runs shorter than its interval,
+   * e.g. scheduled availableNow jobs), the commit snapshots and uploads itself, so that a load
+   * never replays more than that many changelogs.
    */
   def commit(v: StoreVersion, forceSnapshot: Boolean): CommitResult = synchronized {
     requireOpen()
@@ -144,6 +175,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
         s"version ${v.version} (two stores of one partition were open at once)")
     }
     val newVersion = v.version + 1
+    val newId = if (uniqueIds) Some(UUID.randomUUID().toString) else None
     try {
       val (cleaned, cleanupMs) = cleanup.collect(session, v.buffered, newVersion, v.nowMs)
       val t0 = System.nanoTime()
@@ -163,20 +195,33 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
         }
       }
       loaded = -1 // until the version is durable and shipped
-      val bytes = changelog.remaining().toLong
+      // The lineage back to the newest snapshot lets a load of this very version find it.
+      val history = lineage.filter(_._1 >= math.max(1L, lastSnapshot)).flatMap { case (lv, lid) => lid.map(lv -> _) }
+      val file = ChangelogFormat.compress(changelog, ChangelogMeta(Some(keyCodec.layout), newId, history))
+      val bytes = file.remaining().toLong
       val t1 = System.nanoTime()
       files.ensureDirs()
-      files.writeAtomically(files.changelog(newVersion), changelog.duplicate())
+      if (!files.createOnce(files.changelog(newVersion, newId), file)) {
+        // Another attempt of this version committed first (a retried or speculative task under
+        // checkpoint format 1): its file is the version. Loads take it from there.
+        log.warn(s"keyedstate: version $newVersion of $describe was committed by another attempt; using it")
+        invalidate()
+        return CommitResult(newVersion, 0, cleaned, cleanupMs, newId, v.uniqueId)
+      }
       val t2 = System.nanoTime()
-      val behind = session.settings.writeBehind && unknown == 0 && !forceSnapshot
+      val overdue = newVersion - lastSnapshot >= 2L * session.settings.snapshotInterval
+      val behind = session.settings.writeBehind && unknown == 0 && !forceSnapshot && !overdue
       val counted = session.data(s"committing version $newVersion of $describe")(
         (c, h) => c.apply(h, changelog, behind, cleanup.scanRequest(v.nowMs)))
       numKeys = if (behind) numKeys + delta else counted
-      if (forceSnapshot) session.control("staging a snapshot")((api, h) => api.stageSnapshot(h))
+      if (forceSnapshot || overdue) session.control("staging a snapshot")((api, h) => api.stageSnapshot(h))
       val t3 = System.nanoTime()
       loaded = newVersion
+      loadedId = newId
+      lineage = ((newVersion -> newId) :: lineage).filter(_._1 >= lastSnapshot)
       lastCommitPhases = CommitPhases((t1 - t0) / 1000000, (t2 - t1) / 1000000, (t3 - t2) / 1000000)
-      CommitResult(newVersion, bytes, cleaned, cleanupMs)
+      if (overdue) uploadSnapshots()
+      CommitResult(newVersion, bytes, cleaned, cleanupMs, newId, v.uniqueId)
     } catch {
       case NonFatal(e) => invalidate(); throw e
     }
@@ -228,20 +273,36 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     if (closed || !session.isAlive) 0L
     else try session.maintenance("reading store memory")((api, h) => api.memoryBytes(h)).toLong catch { case NonFatal(_) => 0L }
 
-  /** Uploads the snapshots the server staged (maintenance thread). */
+  /** Uploads the snapshots the server staged (maintenance thread), if Spark still counts this
+   *  store as its run's active instance ([[RunFence]]). */
   def uploadSnapshots(): Unit = {
     if (closed || !session.isAlive || keyCodec == null) return
+    if (!fence.isActive) { dropStaged(); return }
     maintenanceMutex.synchronized {
       uploader.upload(session, session.settings.keyGroups, keyCodec.layout,
-        if (policy.enabled) Some(policy.describe) else None)
+        if (policy.enabled) Some(policy.describe) else None, uniqueIdOf).foreach(v => lastSnapshot = math.max(lastSnapshot, v))
     }
   }
 
-  /** Deletes what no retained version needs (maintenance thread). */
+  /** The unique id of a version of the current lineage (None: format 1); Left when unknown. */
+  private def uniqueIdOf(version: Long): Either[Unit, Option[String]] = synchronized {
+    if (!uniqueIds) Right(None) else lineage.find(_._1 == version).map(e => Right(e._2)).getOrElse(Left(()))
+  }
+
+  /** Deletes what no retained version needs (maintenance thread), if active ([[RunFence]]). */
   def cleanupFiles(): Unit = maintenanceMutex.synchronized {
-    if (closed) return
-    val deleted = files.cleanup(storeConf.minVersionsToRetain)
+    if (closed || !fence.isActive) return
+    val head = synchronized(if (loaded > 0) Some(loaded -> loadedId) else None)
+    if (uniqueIds && head.isEmpty) return // which files are committed is known from the lineage only
+    val deleted = CheckpointCleanup.run(files, storeConf.minVersionsToRetain, if (uniqueIds) head else None)
     if (deleted > 0) log.info(s"keyedstate: cleanup deleted $deleted files of $describe")
+  }
+
+  /** Drops the staged snapshots unuploaded (a store that is no longer its run's active instance). */
+  private def dropStaged(): Unit = maintenanceMutex.synchronized {
+    if (!closed && session.isAlive) {
+      try uploader.dropAll(session) catch { case NonFatal(e) => log.debug(s"keyedstate: dropping staged snapshots failed", e) }
+    }
   }
 
   def close(): Unit = synchronized {

@@ -2,60 +2,123 @@ package io.keyedstate.engine
 
 import java.nio.file.{Files, Path}
 import java.util.UUID
+import java.util.concurrent.atomic.AtomicLong
 
 import scala.jdk.CollectionConverters._
+import scala.util.control.NonFatal
 
 import com.fasterxml.jackson.databind.ObjectMapper
+import org.slf4j.LoggerFactory
 
-import io.keyedstate.bridge.{LocalFiles, ServerLaunch}
-import io.keyedstate.checkpoint.{CheckpointFileException, CheckpointFiles}
+import io.keyedstate.bridge.{LocalFiles, ServerLaunch, StateServerDiedException}
+import io.keyedstate.checkpoint.{CheckpointFileException, CheckpointFiles, Listing, LocalDisk, LocalDiskException}
 import io.keyedstate.format.SnapshotFile
 
 /**
  * Brings the state server's store to a version from the checkpoint: the newest snapshot at or
  * below it (its files downloaded into a private local directory, then installed by the server),
  * then the changelogs after it, replayed in order. Any executor can load any version this way.
+ *
+ * Like Spark's auto snapshot repair, a snapshot that cannot be used (a file missing or of the
+ * wrong size, a corrupt, foreign or tampered manifest, a database RocksDB refuses) is skipped in
+ * favour of an older one plus the changelogs after it, with a warning naming it; when no
+ * snapshot and changelogs rebuild the version, the task fails naming what is missing. A failing
+ * local disk is reported as such, never as a checkpoint problem.
  */
 final class VersionLoader(files: CheckpointFiles, uploader: SnapshotUploader, describe: String) {
   import VersionLoader._
 
-  /** Loads `version` into the session's store (empty for version 0); returns the exact key count. */
-  def load(session: ServerSession, version: Long, keyGroups: Int, workDir: Path): Long = {
-    if (version == 0) {
-      restoreEmpty(session, 0)
-      return 0
-    }
+  /** Snapshots skipped because they could not be used (a custom metric). */
+  val snapshotsSkipped = new AtomicLong
+
+  /**
+   * Loads `version` (under checkpoint format 2: the one written with unique id `id`) into the
+   * session's store. Returns the exact key count and the versions loaded, newest first, down to
+   * the snapshot it started from (with their unique ids): the lineage of what the store holds.
+   */
+  def load(session: ServerSession, version: Long, id: Option[String], keyGroups: Int,
+      workDir: Path): (Long, List[(Long, Option[String])]) = {
     val listing = files.listing()
-    val base = listing.snapshots.filter(_ <= version).lastOption
-    val needed = (base.getOrElse(0L) + 1 to version)
-    val missing = needed.filterNot(listing.changelogs.contains)
-    if (missing.nonEmpty) {
-      val foreign = if (listing.foreign.isEmpty) "" else
-        s" The directory holds files of another state store provider (${listing.foreign.take(5).mkString(", ")}): " +
-          "this checkpoint was not written by keyedstate; restart the query with the provider that wrote it."
-      throw new CheckpointFileException(
-        s"keyedstate: cannot load version $version of $describe: missing " +
-          s"${missing.take(3).map(files.changelog).mkString(", ")}${if (missing.size > 3) " ..." else ""}.$foreign")
+    var problems = List.empty[String]
+    for (plan <- plans(listing, version, id)) plan match {
+      case Left(problem) => problems ::= problem
+      case Right(chain) =>
+        val base = chain.last
+        val localRoot = try Files.createDirectories(workDir.resolve("restore").resolve(UUID.randomUUID().toString))
+          catch { case e: java.io.IOException => throw LocalDisk.failed(workDir.resolve("restore"), e) }
+        try {
+          if (base._1 == 0) restoreEmpty(session, 0)
+          else restoreSnapshot(session, base, keyGroups, localRoot)
+          replayChangelogs(session, chain.init.reverse, localRoot)
+          val numKeys = Json.readTree(session.control("reading store info")((api, h) => api.storeInfo(h))).get("numKeys").asLong()
+          return (numKeys, chain)
+        } catch {
+          case e @ (_: LocalDiskException | _: StateServerDiedException) => throw e
+          case e: SnapshotUnusable if base._1 > 0 =>
+            snapshotsSkipped.incrementAndGet()
+            log.warn(s"keyedstate: skipping the snapshot of version ${base._1} of $describe: ${e.getMessage}; " +
+              "loading an older snapshot and the changelogs after it")
+            problems ::= e.getMessage
+        } finally LocalFiles.deleteTree(localRoot)
     }
-    val localRoot = Files.createDirectories(workDir.resolve("restore").resolve(UUID.randomUUID().toString))
-    try {
-      base match {
-        case Some(s) => restoreSnapshot(session, s, keyGroups, localRoot)
-        case None => restoreEmpty(session, 0)
-      }
-      // Replay in groups so that local disk holds a bounded number of changelog copies.
-      needed.grouped(ReplayGroup).foreach { group =>
-        val locals = group.map { v =>
-          val local = localRoot.resolve(s"$v.ks-changelog")
-          files.download(files.changelog(v), local)
-          (v, local, files.changelog(v).toString)
-        }
-        replay(session, locals, s"replaying changelogs ${group.head}..${group.last} of $describe")
-        locals.foreach { case (_, p, _) => Files.deleteIfExists(p) }
-      }
-    } finally LocalFiles.deleteTree(localRoot)
-    Json.readTree(session.control("reading store info")((api, h) => api.storeInfo(h))).get("numKeys").asLong()
+    throw new CheckpointFileException(s"keyedstate: cannot load version $version of $describe: " +
+      s"${problems.reverse.mkString("; ")}.${foreign(listing)}")
   }
+
+  /**
+   * The ways to rebuild a version, best first, each the chain of (version, id) from it down to a
+   * snapshot (or to 0: empty), or why a way does not exist. Format 1: every snapshot at or below
+   * the version, then none. Format 2: the version's own lineage, read from the changelogs'
+   * headers as far back as needed, with the snapshots written under those very ids.
+   */
+  private def plans(listing: Listing, version: Long, id: Option[String]): Iterator[Either[String, List[(Long, Option[String])]]] =
+    if (id.isEmpty) {
+      val bases = listing.snapshots.filter(_ <= version).toSeq.reverse :+ 0L
+      def missing(base: Long) = (base + 1 to version).filterNot(v => listing.changelogFiles.contains((v, None)))
+      val usable = bases.filter(missing(_).isEmpty).map(base => Right((version to base by -1).map(_ -> Option.empty[String]).toList))
+      val gap = missing(bases.head)
+      usable.iterator ++ Iterator(Left(
+        if (gap.isEmpty) "no usable snapshot"
+        else s"missing ${gap.take(3).map(files.changelog(_)).mkString(", ")}${if (gap.size > 3) " ..." else ""}"))
+    } else new Iterator[Either[String, List[(Long, Option[String])]]] {
+      // The chain grows backwards from the version through the lineage in changelog headers.
+      private var chain = List(version -> id)
+      private var pending: Option[Either[String, List[(Long, Option[String])]]] = None
+      private var exhausted = false
+      private var checked = 0
+      override def hasNext: Boolean = { advance(); pending.isDefined }
+      override def next(): Either[String, List[(Long, Option[String])]] = { advance(); val n = pending.get; pending = None; n }
+      private def advance(): Unit = while (pending.isEmpty && !exhausted) {
+        if (checked < chain.size) {
+          val (v, vid) = chain(checked)
+          checked += 1
+          if (listing.snapshotFiles.contains((v, vid))) pending = Some(Right(chain.take(checked)))
+        } else {
+          val (oldest, oldestId) = chain.last
+          if (oldest == 0) { pending = Some(Right(chain)); exhausted = true }
+          else if (!listing.changelogFiles.contains((oldest, oldestId))) {
+            pending = Some(Left(s"missing ${files.changelog(oldest, oldestId)}")); exhausted = true
+          } else {
+            val lineage = try files.readChangelogMeta(oldest, oldestId).lineage catch {
+              case e: CheckpointFileException => pending = Some(Left(e.getMessage)); exhausted = true; Nil
+            }
+            if (!exhausted) {
+              val older = lineage.filter(_._1 < oldest).map { case (v, u) => v -> Option(u) }
+              if (oldest == 1) chain = chain :+ (0L -> None)
+              else if (older.isEmpty || older.head._1 != oldest - 1 || older.zip(older.tail).exists { case (a, b) => b._1 != a._1 - 1 }) {
+                pending = Some(Left(s"${files.changelog(oldest, oldestId)} records the lineage ${lineage.mkString(", ")}, " +
+                  s"which does not continue version $oldest: invalid lineage")); exhausted = true
+              } else chain = chain ++ older
+            }
+          }
+        }
+      }
+    }
+
+  private def foreign(listing: Listing): String =
+    if (listing.foreign.isEmpty) ""
+    else s" The directory holds files of another state store provider (${listing.foreign.take(5).mkString(", ")}): " +
+      "this checkpoint was not written by keyedstate; restart the query with the provider that wrote it."
 
   /** Makes the store hold an empty `version` (Spark loads version 0 empty, or asks for `loadEmpty`). */
   def restoreEmpty(session: ServerSession, version: Long): Unit = {
@@ -63,9 +126,10 @@ final class VersionLoader(files: CheckpointFiles, uploader: SnapshotUploader, de
     session.control(s"loading version $version of $describe")((api, h) => api.restore(h, version, null, lineage, 0))
   }
 
-  private def restoreSnapshot(session: ServerSession, s: Long, keyGroups: Int, localRoot: Path): Unit = {
-    val source = files.manifest(s).toString
-    val manifest = files.readManifest(s)
+  private def restoreSnapshot(session: ServerSession, base: (Long, Option[String]), keyGroups: Int, localRoot: Path): Unit = {
+    val s = base._1
+    val source = files.manifest(s, base._2).toString
+    val manifest = try files.readManifest(s, base._2) catch { case e: CheckpointFileException => throw new SnapshotUnusable(e.getMessage) }
     if (manifest.keyGroups != keyGroups) {
       throw new CheckpointFileException(
         s"keyedstate: $source was written with keyGroups=${manifest.keyGroups} but this query sets " +
@@ -74,27 +138,46 @@ final class VersionLoader(files: CheckpointFiles, uploader: SnapshotUploader, de
     val snapDir = Files.createDirectories(localRoot.resolve("snapshot"))
     manifest.files.foreach(f => download(f, snapDir, source))
     val lineage = uploader.newLineage(manifest.files)
+    def installed[T](f: => T): T =
+      try f catch {
+        case e: StateServerDiedException => throw e
+        case NonFatal(e) => throw new SnapshotUnusable(s"the state server could not open $source: ${e.getMessage}")
+      }
     manifest.replay match {
       case None =>
-        session.control(s"restoring snapshot $source")((api, h) => api.restore(h, s, snapDir.toString, lineage, manifest.numKeys))
+        installed(session.control(s"restoring snapshot $source")((api, h) => api.restore(h, s, snapDir.toString, lineage, manifest.numKeys)))
       case Some(r) => // the files as version s - 1, then the version itself as a changelog
         val dir = if (manifest.files.isEmpty) null else snapDir.toString
-        session.control(s"restoring snapshot $source")((api, h) => api.restore(h, s - 1, dir, lineage, 0))
+        installed(session.control(s"restoring snapshot $source")((api, h) => api.restore(h, s - 1, dir, lineage, 0)))
         val local = download(r, localRoot, source)
-        replay(session, Seq((s, local, files.resolve(r.path).toString)), s"replaying ${files.resolve(r.path)}")
+        installed(replay(session, Seq((s, local, files.resolve(r.path).toString)), s"replaying ${files.resolve(r.path)}"))
         Files.deleteIfExists(local)
     }
   }
+
+  /** Replays changelogs (oldest first) in groups, so that local disk holds a bounded number of copies. */
+  private def replayChangelogs(session: ServerSession, versions: Seq[(Long, Option[String])], localRoot: Path): Unit =
+    versions.grouped(ReplayGroup).foreach { group =>
+      val locals = group.map { case (v, id) =>
+        val local = localRoot.resolve(s"$v.ks-changelog")
+        files.download(files.changelog(v, id), local)
+        (v, local, files.changelog(v, id).toString)
+      }
+      replay(session, locals, s"replaying changelogs ${group.head._1}..${group.last._1} of $describe")
+      locals.foreach { case (_, p, _) => Files.deleteIfExists(p) }
+    }
 
   /** Downloads a snapshot file (name and path were checked when the manifest was read) and
    *  checks its size against the manifest. */
   private def download(f: SnapshotFile, dir: Path, manifest: String): Path = {
     val local = dir.resolve(f.name)
-    files.download(files.resolve(f.path), local)
+    try files.download(files.resolve(f.path), local) catch {
+      case e: CheckpointFileException => throw new SnapshotUnusable(s"$manifest lists ${files.resolve(f.path)}: ${e.getMessage}")
+    }
     val size = Files.size(local)
     if (size != f.size) {
-      throw new CheckpointFileException(s"keyedstate: ${files.resolve(f.path)} has $size bytes but snapshot " +
-        s"manifest $manifest says ${f.size}: truncated or corrupt")
+      throw new SnapshotUnusable(s"${files.resolve(f.path)} has $size bytes but snapshot manifest $manifest says " +
+        s"${f.size}: truncated or corrupt")
     }
     local
   }
@@ -107,7 +190,11 @@ final class VersionLoader(files: CheckpointFiles, uploader: SnapshotUploader, de
   }
 }
 
+/** A snapshot cannot be used; an older one and the changelogs after it may be. */
+final class SnapshotUnusable(message: String) extends RuntimeException(message)
+
 object VersionLoader {
+  private val log = LoggerFactory.getLogger(classOf[VersionLoader])
   private val Json = new ObjectMapper()
   private val ReplayGroup = 32
 }

@@ -5,8 +5,18 @@ import java.nio.{ByteBuffer, ByteOrder}
 import java.nio.charset.StandardCharsets
 import java.util.zip.CRC32
 
+import scala.jdk.CollectionConverters._
+import scala.util.control.NonFatal
+
+import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
+import com.github.luben.zstd.Zstd
+
 /** A changelog is truncated, corrupt or foreign; the message names it. */
 class CorruptChangelogException(message: String) extends IllegalArgumentException(message)
+
+/** What a format-2 changelog says about itself beyond its records (see [[ChangelogFormat]]). */
+final case class ChangelogMeta(keyLayout: Option[KeyLayout] = None, uniqueId: Option[String] = None,
+    lineage: Seq[(Long, String)] = Nil)
 
 /**
  * The changelog: one version's writes (spec: FORMATS.md, "Changelog"; the Python twin is
@@ -17,7 +27,13 @@ class CorruptChangelogException(message: String) extends IllegalArgumentExceptio
  *   trailer  u8 0xFF | u64 record count | u32 CRC-32 of header and records
  *
  * Ops carry what the writer knew of the key's existence before the record (see `Op*`), so that
- * the reader keeps an exact key count without a read when the writer knew.
+ * the reader keeps an exact key count without a read when the writer knew. Format 2, what the
+ * checkpoint holds, wraps a format-1 changelog:
+ *
+ *   header   8s magic "KSCHLOG2" | u16 format version (2) | u8 codec | u32 meta length | meta
+ *            | u32 CRC-32 of the header before it
+ *   meta     UTF-8 JSON: "version", "keyGroups", then optional "keyLayout", "uniqueId", "lineage"
+ *   body     the format-1 changelog, as is (codec 0) or one zstd frame with its content size (codec 1)
  */
 object ChangelogFormat {
   val Magic: Array[Byte] = "KSCHLOG1".getBytes(StandardCharsets.US_ASCII)
@@ -25,6 +41,14 @@ object ChangelogFormat {
   val HeaderBytes = 22
   val TrailerBytes = 13
   val End: Byte = 0xFF.toByte
+  val MagicV2: Array[Byte] = "KSCHLOG2".getBytes(StandardCharsets.US_ASCII)
+  val FormatVersionV2 = 2
+  val CodecNone = 0
+  val CodecZstd = 1
+  /** Measured on changelogs: level 1 compresses them best and fastest (levels 3+ do worse). */
+  val ZstdLevel = 1
+  private val HeaderV2Bytes = 15
+  private val Json = new ObjectMapper()
 
   val OpPut: Byte = 1 // existence unknown
   val OpDelete: Byte = 2 // existence unknown
@@ -135,9 +159,43 @@ object ChangelogFormat {
   /** One record; `value` is null for deletes. */
   final case class Record(op: Byte, key: Array[Byte], value: Array[Byte])
 
+  /** A format-2 file of the format-1 changelog `inner`, compressed with `codec`. */
+  def compress(inner: ByteBuffer, meta: ChangelogMeta, codec: Int = CodecZstd): ByteBuffer = {
+    val head = inner.duplicate()
+    head.position(head.position() + 10)
+    val tree = new java.util.LinkedHashMap[String, AnyRef]()
+    tree.put("version", Long.box(head.getLong()))
+    tree.put("keyGroups", Int.box(head.getInt()))
+    meta.keyLayout.foreach(l => tree.put("keyLayout", ManifestFormat.keyLayoutTree(l)))
+    meta.uniqueId.foreach(id => tree.put("uniqueId", id))
+    if (meta.lineage.nonEmpty) {
+      tree.put("lineage", meta.lineage.map { case (v, id) => java.util.List.of(Long.box(v), id) }.asJava)
+    }
+    val metaBytes = Json.writeValueAsBytes(tree)
+    val src = inner.duplicate()
+    val (body, bodyLength) = codec match {
+      case CodecNone =>
+        val b = new Array[Byte](src.remaining()); src.get(b); (b, b.length)
+      case CodecZstd =>
+        val out = new Array[Byte](Zstd.compressBound(src.remaining().toLong).toInt)
+        val n = Zstd.compressByteArray(out, 0, out.length, src.array(), src.arrayOffset() + src.position(),
+          src.remaining(), ZstdLevel)
+        if (Zstd.isError(n)) throw new IllegalStateException(s"keyedstate: zstd failed: ${Zstd.getErrorName(n)}")
+        (out, n.toInt)
+      case other => throw new IllegalArgumentException(s"unknown changelog codec $other")
+    }
+    val file = ByteBuffer.allocate(HeaderV2Bytes + metaBytes.length + 4 + bodyLength)
+    file.put(MagicV2).putShort(FormatVersionV2.toShort).put(codec.toByte).putInt(metaBytes.length).put(metaBytes)
+    val crc = new CRC32()
+    crc.update(file.array(), 0, file.position())
+    file.putInt(crc.getValue.toInt).put(body, 0, bodyLength)
+    file.flip()
+    file
+  }
+
   /** A changelog whose framing and checksum were checked. */
   final class Changelog private[ChangelogFormat] (val version: Long, val keyGroups: Int, val recordCount: Long,
-      data: Array[Byte], source: String) {
+      data: Array[Byte], source: String, val meta: ChangelogMeta) {
     /** Every record in order; fails naming the file on any length, op or count that does not
      *  fit (a CRC proves the bytes are the writer's, not that they parse). */
     def iterator: Iterator[Record] = new Iterator[Record] {
@@ -179,8 +237,82 @@ object ChangelogFormat {
     }
   }
 
-  /** Checks framing and checksum; `source` names the file in errors. */
-  def read(data: Array[Byte], source: String): Changelog = {
+  /** Checks framing and checksum of a changelog of either format; `source` names the file in errors. */
+  def read(data: Array[Byte], source: String): Changelog =
+    if (data.length >= 8 && java.util.Arrays.equals(data, 0, 8, MagicV2, 0, 8)) readV2(data, source)
+    else readV1(data, source, ChangelogMeta())
+
+  /**
+   * The metadata of a changelog from its first bytes (format 2: the header; format 1 has none),
+   * and how many bytes the header needs (more than given: read that many and ask again).
+   */
+  def readMeta(head: Array[Byte], source: String): Either[Int, ChangelogMeta] =
+    if (head.length < 8 || !java.util.Arrays.equals(head, 0, 8, MagicV2, 0, 8)) Right(ChangelogMeta())
+    else if (head.length < HeaderV2Bytes) Left(HeaderV2Bytes)
+    else {
+      val metaLength = ByteBuffer.wrap(head, 11, 4).getInt()
+      if (metaLength < 0 || metaLength > (1 << 24)) throw new CorruptChangelogException(s"$source is corrupt (metadata of $metaLength bytes)")
+      val needed = HeaderV2Bytes + metaLength + 4
+      if (head.length < needed) Left(needed) else Right(checkHeader(head, source)._3)
+    }
+
+  /** Format 2's header: (codec, where the body starts, metadata), checked against its CRC. */
+  private def checkHeader(data: Array[Byte], source: String): (Int, Int, ChangelogMeta, JsonNode) = {
+    if (data.length < HeaderV2Bytes + 4) throw new CorruptChangelogException(s"$source is truncated (${data.length} bytes)")
+    val head = ByteBuffer.wrap(data)
+    head.position(8)
+    val format = head.getShort() & 0xFFFF
+    if (format != FormatVersionV2) {
+      throw new CorruptChangelogException(s"$source has changelog format version $format; this keyedstate reads formats 1 and 2")
+    }
+    val codec = head.get() & 0xFF
+    val metaLength = head.getInt()
+    val headEnd = HeaderV2Bytes.toLong + metaLength
+    if (metaLength < 0 || headEnd + 4 > data.length) {
+      throw new CorruptChangelogException(s"$source is truncated (${data.length} bytes, header of ${headEnd + 4})")
+    }
+    val crc = new CRC32()
+    crc.update(data, 0, headEnd.toInt)
+    if (crc.getValue.toInt != ByteBuffer.wrap(data, headEnd.toInt, 4).getInt()) {
+      throw new CorruptChangelogException(s"$source is corrupt (header CRC-32 mismatch)")
+    }
+    val meta = try Json.readTree(new String(data, HeaderV2Bytes, metaLength, StandardCharsets.UTF_8)) catch {
+      case NonFatal(e) => throw new CorruptChangelogException(s"$source has unreadable metadata (${e.getMessage})")
+    }
+    val parsed = try ChangelogMeta(
+      Option(meta.get("keyLayout")).filterNot(_.isNull).map(ManifestFormat.keyLayoutOf),
+      Option(meta.get("uniqueId")).filterNot(_.isNull).map(_.asText()),
+      Option(meta.get("lineage")).filterNot(_.isNull).map(_.elements().asScala.map(i => (i.get(0).asLong(), i.get(1).asText())).toSeq)
+        .getOrElse(Nil)) catch {
+      case NonFatal(e) => throw new CorruptChangelogException(s"$source has unreadable metadata (${e.getMessage})")
+    }
+    (codec, headEnd.toInt + 4, parsed, meta)
+  }
+
+  private def readV2(data: Array[Byte], source: String): Changelog = {
+    val (codec, bodyStart, parsed, meta) = checkHeader(data, source)
+    val inner = codec match {
+      case CodecNone => java.util.Arrays.copyOfRange(data, bodyStart, data.length)
+      case CodecZstd =>
+        val size = Zstd.getFrameContentSize(data, bodyStart, data.length - bodyStart)
+        if (size < 0 || size > MaxBytes) throw new CorruptChangelogException(s"$source is corrupt (its zstd frame states $size bytes)")
+        val out = new Array[Byte](size.toInt)
+        val n = Zstd.decompressByteArray(out, 0, out.length, data, bodyStart, data.length - bodyStart)
+        if (Zstd.isError(n) || n != size) {
+          throw new CorruptChangelogException(s"$source is truncated or corrupt (zstd: ${if (Zstd.isError(n)) Zstd.getErrorName(n) else s"$n of $size bytes"})")
+        }
+        out
+      case other => throw new CorruptChangelogException(s"$source uses compression codec $other; this keyedstate reads 0 (none) and 1 (zstd)")
+    }
+    val log = readV1(inner, source, parsed)
+    if (log.version != meta.path("version").asLong(-1) || log.keyGroups != meta.path("keyGroups").asInt(-1)) {
+      throw new CorruptChangelogException(s"$source: its header says version ${meta.path("version")} with " +
+        s"${meta.path("keyGroups")} key groups, its records version ${log.version} with ${log.keyGroups}: corrupt")
+    }
+    log
+  }
+
+  private def readV1(data: Array[Byte], source: String, meta: ChangelogMeta): Changelog = {
     if (data.length < HeaderBytes || !java.util.Arrays.equals(data, 0, 8, Magic, 0, 8)) {
       throw new CorruptChangelogException(s"$source is not a keyedstate changelog (bad magic; written by another " +
         "state store provider, or corrupt)")
@@ -190,7 +322,7 @@ object ChangelogFormat {
     val format = head.getShort() & 0xFFFF
     if (format != FormatVersion) {
       throw new CorruptChangelogException(s"$source has changelog format version $format; this keyedstate reads " +
-        s"format $FormatVersion")
+        "formats 1 and 2")
     }
     val version = head.getLong()
     val keyGroups = head.getInt()
@@ -207,6 +339,6 @@ object ChangelogFormat {
       throw new CorruptChangelogException(s"$source is truncated or corrupt (trailer or CRC-32 mismatch, " +
         s"${data.length} bytes)")
     }
-    new Changelog(version, keyGroups, count, data, source)
+    new Changelog(version, keyGroups, count, data, source, meta)
   }
 }

@@ -9,9 +9,12 @@ class UnsafePathException(message: String) extends IllegalArgumentException(mess
  * The layout of one store partition's checkpoint directory (spec: FORMATS.md, "Checkpoint
  * layout"; the Python twin is `keyedstate/formats/layout.py`):
  *
- *   <v>.ks-changelog      the writes of version v (the commit record; [[ChangelogFormat]])
- *   <v>.ks-snapshot       the manifest of a snapshot of version v ([[ManifestFormat]])
- *   ks-files/<id>-<name>  snapshot files, immutable, shared by every manifest that lists them
+ *   <v>[_<id>].ks-changelog  the writes of version v (the commit record; [[ChangelogFormat]])
+ *   <v>[_<id>].ks-snapshot   the manifest of a snapshot of version v ([[ManifestFormat]])
+ *   ks-files/<id>-<name>     snapshot files, immutable, shared by every manifest that lists them
+ *
+ * `_<id>`: the version's unique id under checkpoint format version 2 (Spark's
+ * `checkpointFormatVersion=2`), so that attempts of one version never share a file name.
  *
  * A tampered manifest could name anything: every name or path read from a checkpoint file goes
  * through [[checkedFileName]] / [[checkedRelativePath]] before it is joined to a directory.
@@ -42,14 +45,24 @@ object CheckpointLayout {
     else throw new UnsafePathException(s"$source lists the path '$path', which is not a file directly inside " +
       s"$FilesDir/: the manifest is corrupt or was tampered with")
 
-  def changelogName(version: Long): String = s"$version$ChangelogSuffix"
-  def manifestName(version: Long): String = s"$version$ManifestSuffix"
+  /** A version's unique id (checkpoint format 2): a UUID. */
+  val UniqueId: Regex = """[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}""".r
+  private val VersionName: Regex = ("""(\d{1,19})(?:_(""" + UniqueId.regex + """))?""").r
 
-  /** The version in `<v><suffix>`, or None for any other name. */
-  def versionOf(name: String, suffix: String): Option[Long] =
+  def changelogName(version: Long, id: Option[String] = None): String = name(version, id) + ChangelogSuffix
+  def manifestName(version: Long, id: Option[String] = None): String = name(version, id) + ManifestSuffix
+
+  private def name(version: Long, id: Option[String]): String = id match {
+    case Some(u) if UniqueId.matches(u) => s"${version}_$u"
+    case Some(u) => throw new UnsafePathException(s"'$u' is not a unique id of a state store version")
+    case None => version.toString
+  }
+
+  /** The version (and unique id) in `<v>[_<id>]<suffix>`, or None for any other name. */
+  def versionOf(name: String, suffix: String): Option[(Long, Option[String])] =
     if (!name.endsWith(suffix)) None
-    else {
-      val digits = name.stripSuffix(suffix)
-      if (digits.nonEmpty && digits.length <= 19 && digits.forall(_.isDigit)) digits.toLongOption else None
+    else name.stripSuffix(suffix) match {
+      case VersionName(v, id) => v.toLongOption.map(_ -> Option(id))
+      case _ => None
     }
 }

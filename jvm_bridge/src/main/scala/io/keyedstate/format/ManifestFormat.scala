@@ -48,17 +48,22 @@ object ManifestFormat {
     tree.put("numKeys", Long.box(m.numKeys))
     tree.put("files", m.files.map(file).asJava)
     m.replay.foreach(r => tree.put("replay", file(r)))
-    m.keyLayout.foreach { l =>
-      val layout = new java.util.LinkedHashMap[String, AnyRef]()
-      layout.put("keyColumns", Int.box(l.keyColumns))
-      layout.put("partitionKeyColumns", Int.box(l.partitionKeyColumns))
-      layout.put("prefixColumns", Int.box(l.prefixColumns))
-      tree.put("keyLayout", layout)
-    }
+    m.keyLayout.foreach(l => tree.put("keyLayout", keyLayoutTree(l)))
     m.ttl.foreach(t => tree.put("ttl", t))
     m.rescale.foreach(r => tree.put("rescale", r))
     Json.writeValueAsBytes(tree)
   }
+
+  private[format] def keyLayoutTree(l: KeyLayout): java.util.Map[String, AnyRef] = {
+    val layout = new java.util.LinkedHashMap[String, AnyRef]()
+    layout.put("keyColumns", Int.box(l.keyColumns))
+    layout.put("partitionKeyColumns", Int.box(l.partitionKeyColumns))
+    layout.put("prefixColumns", Int.box(l.prefixColumns))
+    layout
+  }
+
+  private[format] def keyLayoutOf(l: JsonNode): KeyLayout =
+    KeyLayout(long(l, "keyColumns").toInt, long(l, "partitionKeyColumns").toInt, long(l, "prefixColumns").toInt)
 
   private def file(f: SnapshotFile): java.util.Map[String, AnyRef] = {
     val out = new java.util.LinkedHashMap[String, AnyRef]()
@@ -83,9 +88,7 @@ object ManifestFormat {
       if (version >= 0 && found != version) throw new IllegalArgumentException(s"it describes version $found")
       val files = node.get("files")
       if (files == null || !files.isArray) throw new IllegalArgumentException("field 'files' is not a list")
-      val keyLayout = Option(node.get("keyLayout")).filterNot(_.isNull).map { l =>
-        KeyLayout(long(l, "keyColumns").toInt, long(l, "partitionKeyColumns").toInt, long(l, "prefixColumns").toInt)
-      }
+      val keyLayout = Option(node.get("keyLayout")).filterNot(_.isNull).map(keyLayoutOf)
       val ttl = Option(node.get("ttl")).filterNot(_.isNull).map { t =>
         if (!t.isObject) throw new IllegalArgumentException("field 'ttl' is not an object")
         Json.convertValue(t, classOf[java.util.LinkedHashMap[String, AnyRef]]): java.util.Map[String, AnyRef]

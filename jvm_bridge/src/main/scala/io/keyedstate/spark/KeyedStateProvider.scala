@@ -32,11 +32,6 @@ class KeyedStateProvider extends StateStoreProvider {
         "keyedstate does not support column families or multiple values per key (only " +
           "transformWithState uses them, and Spark runs it only on RocksDBStateStoreProvider)")
     }
-    if (storeConfs.stateStoreCheckpointFormatVersion > 1) {
-      throw new UnsupportedOperationException(
-        "keyedstate supports spark.sql.streaming.stateStore.checkpointFormatVersion=1 only; " +
-          s"this query uses ${storeConfs.stateStoreCheckpointFormatVersion}")
-    }
     this.storeId = stateStoreId
     this.hadoopConf = hadoopConf
     val confs = storeConfs.sqlConfs.filter(_._1.startsWith(ServerLaunch.ConfPrefix))
@@ -49,7 +44,7 @@ class KeyedStateProvider extends StateStoreProvider {
 
   override def getStore(version: Long, uniqueId: Option[String], forceSnapshotOnCommit: Boolean,
       loadEmpty: Boolean): StateStore =
-    new KeyedStateStore(engine, version, forceSnapshotOnCommit, loadEmpty, hadoopConf)
+    new KeyedStateStore(engine, version, uniqueId, forceSnapshotOnCommit, loadEmpty, hadoopConf)
 
   override def getReadStore(version: Long, uniqueId: Option[String]): ReadStateStore =
     getStore(version, uniqueId, forceSnapshotOnCommit = false, loadEmpty = false)
@@ -57,7 +52,7 @@ class KeyedStateProvider extends StateStoreProvider {
   /** Aggregations open a read store and then a write store on the same version: reuse it. */
   override def upgradeReadStoreToWriteStore(readStore: ReadStateStore, version: Long,
       uniqueId: Option[String], forceSnapshotOnCommit: Boolean): StateStore = readStore match {
-    case s: KeyedStateStore if s.version == version && s.isUpdating => s
+    case s: KeyedStateStore if s.version == version && s.isUpdating && s.uniqueIdLoaded == uniqueId.filter(_ => engine.uniqueIds) => s
     case other =>
       other.release()
       getStore(version, uniqueId, forceSnapshotOnCommit, loadEmpty = false)

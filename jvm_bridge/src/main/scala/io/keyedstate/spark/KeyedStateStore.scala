@@ -14,12 +14,12 @@ import io.keyedstate.engine.{Bytes, CommitPhases, CommitResult, Metrics, StoreEn
  * checks it (UPDATING, then COMMITTED or ABORTED). Also serves as the read store (the state data
  * source, aggregation's read-then-write on the same version).
  */
-final class KeyedStateStore private[spark] (engine: StoreEngine, override val version: Long, forceSnapshot: Boolean,
-    loadEmpty: Boolean, hadoopConf: Configuration) extends StateStore {
+final class KeyedStateStore private[spark] (engine: StoreEngine, override val version: Long, uniqueId: Option[String],
+    forceSnapshot: Boolean, loadEmpty: Boolean, hadoopConf: Configuration) extends StateStore {
   import KeyedStateStore._
 
   @volatile private var state: State = Updating
-  private val current = engine.begin(version, loadEmpty, () => state == Updating)
+  private val current = engine.begin(version, uniqueId, loadEmpty, () => state == Updating)
   private val view = current.view
   private val codec = engine.codec
   private var commitResult = CommitResult(0, 0, 0, 0)
@@ -28,6 +28,7 @@ final class KeyedStateStore private[spark] (engine: StoreEngine, override val ve
 
   override def id: StateStoreId = engine.id
   private[spark] def isUpdating: Boolean = state == Updating
+  private[spark] def uniqueIdLoaded: Option[String] = current.uniqueId
 
   private def verify(condition: Boolean, message: => String): Unit =
     if (!condition) throw new IllegalStateException(s"keyedstate: $message (store of version $version of ${engine.describe})")
@@ -115,14 +116,17 @@ final class KeyedStateStore private[spark] (engine: StoreEngine, override val ve
       Metrics.snapshotBytes -> engine.bytesUploaded.getAndSet(0),
       Metrics.filesUploaded -> engine.filesUploaded.getAndSet(0),
       Metrics.filesReused -> engine.filesReused.getAndSet(0),
+      Metrics.snapshotsSkipped -> engine.snapshotsSkipped.getAndSet(0),
       Metrics.ttlExpired -> current.ttl.expiredSeen,
       Metrics.ttlCleanedUp -> commitResult.ttlCleanedUp,
       Metrics.ttlCleanupMs -> commitResult.ttlCleanupMs)
     StateStoreMetrics(engine.numKeys, current.buffered.buffer.estimatedBytes + engine.serverMemoryBytes(), custom)
   }
 
+  /** Under checkpoint format 2: the committed version, its unique id and the one it was built on. */
   override def getStateStoreCheckpointInfo(): StateStoreCheckpointInfo =
-    StateStoreCheckpointInfo(id.partitionId, if (hasCommitted) commitResult.version else version, None, None)
+    if (hasCommitted) StateStoreCheckpointInfo(id.partitionId, commitResult.version, commitResult.uniqueId, commitResult.baseUniqueId)
+    else StateStoreCheckpointInfo(id.partitionId, version, current.uniqueId, None)
 
   override def allColumnFamilyNames: Set[String] = Set(StateStore.DEFAULT_COL_FAMILY_NAME)
 

@@ -1,0 +1,89 @@
+package io.keyedstate.checkpoint
+
+import scala.util.control.NonFatal
+
+import org.slf4j.LoggerFactory
+
+/**
+ * Deletes what no retained version needs, and never what could still rebuild one: the oldest
+ * retained version is rebuilt from the newest snapshot at or below it whose files are all in the
+ * checkpoint with their sizes (a *verified* snapshot), plus the changelogs after it; only
+ * changelogs at or below that snapshot, older manifests, and snapshot files no kept manifest
+ * lists go. A newer snapshot that turns out broken (say an overlapping run listed a file that
+ * is gone) costs a longer replay on load, never the version.
+ *
+ * Under checkpoint format 2 several files can hold one version (attempts with their own unique
+ * ids); only the committed lineage counts, walked back from `head` (the version the caller
+ * committed or loaded) through the lineage in changelog headers.
+ */
+object CheckpointCleanup {
+  private val log = LoggerFactory.getLogger(getClass)
+  /** Temporary files of interrupted writes: `.<name>.<uuid>[.TID<n>].tmp`. */
+  private val TempFile = """\..+\.tmp""".r
+
+  /** Returns the number of files deleted. */
+  def run(files: CheckpointFiles, minVersionsToRetain: Int, head: Option[(Long, Option[String])] = None): Int = {
+    val l = files.listing()
+    val latest = head.map(_._1).orElse(l.latest).getOrElse(return 0)
+    val oldestRetained = latest - minVersionsToRetain + 1
+    val candidates = head match {
+      case None => l.snapshotFiles.filter(_._1 <= oldestRetained).toSeq.sortBy(-_._1)
+      case Some(h) => committedChain(files, l, h, oldestRetained).filter(e => e._1 <= oldestRetained && l.snapshotFiles.contains(e))
+    }
+    val (base, baseId) = candidates.find { case (v, id) => verified(files, v, id) }.getOrElse(return 0)
+    var deleted = 0
+    def delete(p: org.apache.hadoop.fs.Path): Unit =
+      try { files.delete(p); deleted += 1 } catch { case NonFatal(e) => log.warn(s"keyedstate: cannot delete $p", e) }
+    l.changelogFiles.filter(_._1 <= base).foreach { case (v, id) => delete(files.changelog(v, id)) }
+    l.snapshotFiles.filter { case (v, id) => v < base || (v == base && id != baseId) }
+      .foreach { case (v, id) => delete(files.manifest(v, id)) }
+    // Anything younger than the base manifest may belong to an upload or a write in progress.
+    val horizon = l.modified.getOrElse(files.manifest(base, baseId).getName, 0L)
+    val referenced = try {
+      Some(l.snapshotFiles.filter(_._1 >= base).toSeq.flatMap { case (v, id) =>
+        val m = files.readManifest(v, id); (m.files ++ m.replay).map(_.path)
+      }.toSet)
+    } catch {
+      case e: CheckpointFileException =>
+        log.warn(s"keyedstate: cleanup of ${files.dir} keeps every snapshot file: ${e.getMessage}")
+        None
+    }
+    referenced.foreach { kept =>
+      files.snapshotFiles().foreach { case (rel, (_, modified)) =>
+        if (!kept.contains(rel) && !rel.endsWith(".crc") && modified < horizon) delete(files.resolve(rel))
+      }
+    }
+    l.modified.foreach { case (name, modified) =>
+      if (TempFile.matches(name) && modified < horizon) delete(new org.apache.hadoop.fs.Path(files.dir, name))
+    }
+    deleted
+  }
+
+  /**
+   * The committed (version, id) chain from `head` back to the first snapshot at or below
+   * `downTo` (or as far as the changelogs go), newest first.
+   */
+  private def committedChain(files: CheckpointFiles, l: Listing, head: (Long, Option[String]),
+      downTo: Long): Seq[(Long, Option[String])] = {
+    var chain = Vector(head)
+    var done = false
+    while (!done) {
+      val (v, id) = chain.last
+      if (v <= downTo && l.snapshotFiles.contains((v, id))) done = true
+      else if (v <= 1 || !l.changelogFiles.contains((v, id))) done = true
+      else {
+        val older = try files.readChangelogMeta(v, id).lineage.filter(_._1 < v) catch { case _: CheckpointFileException => Nil }
+        if (older.isEmpty || older.head._1 != v - 1) done = true
+        else chain = chain ++ older.map { case (ov, oid) => ov -> Option(oid) }
+      }
+    }
+    chain
+  }
+
+  /** Whether every file of the snapshot of `version` is there with its size. */
+  def verified(files: CheckpointFiles, version: Long, id: Option[String]): Boolean =
+    try {
+      val m = files.readManifest(version, id)
+      (m.files ++ m.replay).forall(files.holds)
+    } catch { case _: CheckpointFileException => false }
+}
