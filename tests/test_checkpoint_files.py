@@ -148,13 +148,44 @@ def test_truncated_changelog_fails_the_load_naming_the_file(spark, tmp_path):
     assert str(victim) in message and "truncated or corrupt" in message
 
 
-def test_truncated_manifest_fails_the_load_naming_the_file(spark, tmp_path):
+def test_a_corrupt_snapshot_is_skipped_for_an_older_one_and_changelogs(spark, tmp_path):
+    """Spark's auto snapshot repair: the load warns, counts it, and rebuilds the version exactly."""
+    stream = FileStream(spark, tmp_path, "k STRING")
+    confs = {PROVIDER_CONF: KS, PFX + "snapshotInterval": "1"}
+    out: dict = {}
+    with session_confs(spark, confs):
+        query = stream.start(count_by_key, collect_into(out))
+        try:
+            for batch in range(3):
+                stream.step(query, [{"k": f"k{i}"} for i in range(batch, batch + 20)])
+        finally:
+            query.stop()
+    parts = [stream.partition_dir(partition=p) for p in (0, 1)]
+    wait_for(lambda: all(3 in versions(part, ".ks-snapshot") for part in parts), what="snapshots of version 3")
+    for part in parts:
+        victim = part / "3.ks-snapshot"
+        victim.write_text(victim.read_text()[:40])
+    with session_confs(spark, confs):
+        query = stream.start(count_by_key, collect_into(out))
+        try:
+            stream.step(query, [{"k": "k5"}, {"k": "new"}])
+            skipped = sum(op["customMetrics"].get("keyedstateSnapshotsSkipped", 0)
+                          for p in query.recentProgress for op in p["stateOperators"])
+        finally:
+            query.stop()
+    assert skipped >= 1
+    assert out["k5"][1] == 4 and out["new"][1] == 1  # k5 was in all three batches, then once more
+
+
+def test_a_corrupt_snapshot_with_nothing_older_fails_the_load_naming_it(spark, tmp_path):
     stream = FileStream(spark, tmp_path, "k STRING")
     _three_batches(spark, stream, {PFX + "snapshotInterval": "1"})
     part = stream.partition_dir(partition=0)
     wait_for(lambda: 3 in versions(part, ".ks-snapshot"), what="snapshot of version 3")
     victim = part / "3.ks-snapshot"
     victim.write_text(victim.read_text()[:40])
+    for older in [*part.glob("[12].ks-*")]:  # nothing else can rebuild version 3
+        older.unlink()
     message = _restart_error(spark, stream, {PFX + "snapshotInterval": "1"})
     assert str(victim) in message and "truncated or corrupt" in message
 

@@ -30,6 +30,16 @@ COMPACT_AFTER_DELETES = 1000
 """Deletes since the last compaction (and >= 1/4 of the keys) that make a snapshot compact first."""
 
 
+def local_failure(exc: BaseException, where: Path) -> str:
+    """An error of the store's own files, said as such: a full local disk must never read as a
+    problem of the checkpoint (whose files are fine and reload the version on the retry)."""
+    text = f"{type(exc).__name__}: {exc}"
+    if "No space left" in text or getattr(exc, "errno", None) == 28:
+        return (f"the state server's local disk is full (its files are in {where}); free space there: "
+                f"the checkpoint is fine and the task's retry reloads the state from it ({text})")
+    return text
+
+
 class StoreStateError(RuntimeError):
     """A request does not fit the version the store holds (e.g. applying v+2 onto v)."""
 
@@ -92,7 +102,7 @@ class VersionedStore:
     # -- loading -------------------------------------------------------------------------------
     def restore(self, version: int, snapshot_dir: str | None, lineage: str, num_keys: int) -> None:
         """Reset to ``version``: the downloaded snapshot in ``snapshot_dir``, or empty (v0)."""
-        with self._settled(raise_failure=False):
+        with self._local_disk(f"installing version {version}"), self._settled(raise_failure=False):
             with self._state:
                 self._failure = None
             self._close_db()
@@ -107,8 +117,24 @@ class VersionedStore:
             with self._ttl_lock:
                 self._ttl_found = (-1, 0, [])
 
+    @contextlib.contextmanager
+    def _local_disk(self, what: str) -> Iterator[None]:
+        """Turns a failure of the local disk into a message that says so (and where)."""
+        try:
+            yield
+        except StoreStateError:
+            raise
+        except Exception as exc:  # rocksdict raises plain Exceptions for RocksDB IO errors
+            if "No space left" in str(exc) or getattr(exc, "errno", None) == 28:
+                raise StoreStateError(f"{self.name}: {what} failed: {local_failure(exc, self.workdir)}") from exc
+            raise
+
     def replay(self, changelogs: Iterable[tuple[int, str, str]]) -> None:
         """Apply downloaded changelogs ``(version, local path, checkpoint path)`` in order."""
+        with self._local_disk("replaying changelogs"):
+            self._replay(changelogs)
+
+    def _replay(self, changelogs: Iterable[tuple[int, str, str]]) -> None:
         for version, local, origin in changelogs:
             with open(local, "rb") as fh:
                 log_ = changelog.decode(fh.read(), origin)
@@ -158,7 +184,7 @@ class VersionedStore:
 
     def apply(self, data: bytes, source: str, ttl: TtlScan | None = None) -> int:
         """Apply a committed version's changelog now; returns the new exact key count."""
-        with self._settled():
+        with self._local_disk(f"applying {source}"), self._settled():
             self._apply(changelog.decode(data, source), source, stage_snapshot=True)
             if ttl is not None and ttl.interval and self.version % ttl.interval == 0:
                 self._scan_expired(ttl)
@@ -185,7 +211,7 @@ class VersionedStore:
             except Exception as exc:  # surfaced by the store's next operation
                 log.exception("background apply of %s failed", source)
                 with self._state:
-                    self._failure = f"{self.name}: applying {source} failed: {type(exc).__name__}: {exc}"
+                    self._failure = f"{self.name}: applying {source} failed: {local_failure(exc, self.workdir)}"
             finally:
                 with self._state:
                     self._pending -= 1
@@ -288,6 +314,10 @@ class VersionedStore:
             self._stage()
 
     def _stage(self) -> None:
+        with self._local_disk(f"staging a snapshot of version {self.version}"):
+            self._stage_now()
+
+    def _stage_now(self) -> None:
         self._flush_if_dirty()  # the checkpoint must hold every write of the version
         # After mass deletes (TTL cleanup, watermark eviction) the SSTs still hold the deleted
         # entries and their tombstones; compact first so the snapshot, and the disk, shrink.

@@ -4,11 +4,17 @@ import java.util.concurrent.ConcurrentHashMap
 
 import org.apache.spark.sql.execution.streaming.state.StateStoreId
 
-/** The engines open in this JVM, so that a join's index store can consult its count store. */
+/**
+ * The engines open in this JVM, so that a join's index store can consult its count store. Keyed
+ * by store and query run: a state data source reader of the same store, or a stopped run's
+ * provider that Spark has not closed yet, has its own entry and can neither replace nor remove
+ * the running query's.
+ */
 object OpenStores {
-  private val open = new ConcurrentHashMap[StateStoreId, StoreEngine]()
+  private val open = new ConcurrentHashMap[(StateStoreId, Option[String]), StoreEngine]()
 
-  def register(id: StateStoreId, engine: StoreEngine): Unit = open.put(id, engine)
-  def unregister(id: StateStoreId, engine: StoreEngine): Unit = open.remove(id, engine)
-  def get(id: StateStoreId): Option[StoreEngine] = Option(open.get(id))
+  def register(engine: StoreEngine): Unit = open.put((engine.id, engine.fence.runId), engine)
+  def unregister(engine: StoreEngine): Unit = open.remove((engine.id, engine.fence.runId), engine)
+  /** The engine of store `id` of the same run as `of`. */
+  def sibling(of: StoreEngine, id: StateStoreId): Option[StoreEngine] = Option(open.get((id, of.fence.runId)))
 }

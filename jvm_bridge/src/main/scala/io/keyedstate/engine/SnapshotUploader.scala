@@ -41,15 +41,6 @@ final class SnapshotUploader(files: CheckpointFiles, describe: String) {
     id
   }
 
-  /** Drops every staged snapshot without uploading it. */
-  def dropAll(session: ServerSession): Unit = {
-    val staged = Json.readTree(session.maintenance("listing staged snapshots")((api, h) => api.stagedSnapshots(h)))
-    staged.elements().asScala.foreach { snap =>
-      val version = snap.get("version").asLong()
-      session.maintenance("dropping a staged snapshot")((api, h) => api.dropStaged(h, version))
-    }
-  }
-
   /** Uploads every staged snapshot of the store, then asks the server to drop it; returns the
    *  newest version now in the checkpoint. */
   def upload(session: ServerSession, keyGroups: Int, keyLayout: KeyLayout,

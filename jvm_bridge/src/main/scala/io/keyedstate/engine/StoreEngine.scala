@@ -67,7 +67,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   // before it down to the newest snapshot, newest first.
   @volatile private var loaded = -1L
   @volatile private var loadedId: Option[String] = None
-  private var lineage: List[(Long, Option[String])] = Nil
+  @volatile private var lineage: List[(Long, Option[String])] = Nil
   /** Checkpoint format 2 (`checkpointFormatVersion=2`): every version gets a unique id. */
   val uniqueIds: Boolean = storeConf.enableStateStoreCheckpointIds
   @volatile private var nativeShows = -1L
@@ -98,7 +98,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     TtlPolicy.validateOverrides(settings.json, id, hadoopConf, ServerLaunch.ConfPrefix)
     policy = TtlPolicy.resolve(settings.json, id)
     keyCodec = new KeyCodec(keySchema, valueSchema, encoderSpec, id.storeName, settings.keyGroups)
-    cleanup = new TtlCleanup(id, policy, () => keyCodec, describe)
+    cleanup = new TtlCleanup(this, policy, () => keyCodec, describe)
     CacheBudget.configure(settings.nearCacheBytes)
     if (cache != null) cache.clear()
     cache = new NearCache(settings.bloomFpp)
@@ -165,8 +165,8 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
    *
    * Snapshots are staged every `snapshotInterval` versions and uploaded by Spark's maintenance.
    * When maintenance has not uploaded one for two intervals (runs shorter than its interval,
-   * e.g. scheduled availableNow jobs), the commit snapshots and uploads itself, so that a load
-   * never replays more than that many changelogs.
+   * e.g. scheduled availableNow jobs), the commit snapshots, uploads and cleans up itself, so
+   * that a load never replays more than that many changelogs and old files still go.
    */
   def commit(v: StoreVersion, forceSnapshot: Boolean): CommitResult = synchronized {
     requireOpen()
@@ -220,7 +220,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       loadedId = newId
       lineage = ((newVersion -> newId) :: lineage).filter(_._1 >= lastSnapshot)
       lastCommitPhases = CommitPhases((t1 - t0) / 1000000, (t2 - t1) / 1000000, (t3 - t2) / 1000000)
-      if (overdue) uploadSnapshots()
+      if (overdue) { uploadSnapshots(); cleanupFiles() }
       CommitResult(newVersion, bytes, cleaned, cleanupMs, newId, v.uniqueId)
     } catch {
       case NonFatal(e) => invalidate(); throw e
@@ -273,36 +273,36 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     if (closed || !session.isAlive) 0L
     else try session.maintenance("reading store memory")((api, h) => api.memoryBytes(h)).toLong catch { case NonFatal(_) => 0L }
 
-  /** Uploads the snapshots the server staged (maintenance thread), if Spark still counts this
-   *  store as its run's active instance ([[RunFence]]). */
+  /**
+   * Uploads the snapshots the server staged (maintenance thread). A stopped run's provider does
+   * this once more before Spark closes it, while the next run may already work on the same
+   * directory: that is safe because a snapshot only adds files under fresh names, lists only files
+   * verified to be there, never replaces a manifest, and a load skips a snapshot that turns out
+   * broken anyway. Deleting is not: only the active instance cleans up ([[cleanupFiles]]).
+   */
   def uploadSnapshots(): Unit = {
     if (closed || !session.isAlive || keyCodec == null) return
-    if (!fence.isActive) { dropStaged(); return }
     maintenanceMutex.synchronized {
       uploader.upload(session, session.settings.keyGroups, keyCodec.layout,
         if (policy.enabled) Some(policy.describe) else None, uniqueIdOf).foreach(v => lastSnapshot = math.max(lastSnapshot, v))
     }
   }
 
+  // Lock order: the engine's monitor, then maintenanceMutex; code holding maintenanceMutex reads
+  // only volatile fields of the engine, never its monitor (a commit may upload and clean up).
+
   /** The unique id of a version of the current lineage (None: format 1); Left when unknown. */
-  private def uniqueIdOf(version: Long): Either[Unit, Option[String]] = synchronized {
+  private def uniqueIdOf(version: Long): Either[Unit, Option[String]] =
     if (!uniqueIds) Right(None) else lineage.find(_._1 == version).map(e => Right(e._2)).getOrElse(Left(()))
-  }
 
   /** Deletes what no retained version needs (maintenance thread), if active ([[RunFence]]). */
   def cleanupFiles(): Unit = maintenanceMutex.synchronized {
     if (closed || !fence.isActive) return
-    val head = synchronized(if (loaded > 0) Some(loaded -> loadedId) else None)
+    val (headVersion, headId) = (loaded, loadedId)
+    val head = if (headVersion > 0) Some(headVersion -> headId) else None
     if (uniqueIds && head.isEmpty) return // which files are committed is known from the lineage only
     val deleted = CheckpointCleanup.run(files, storeConf.minVersionsToRetain, if (uniqueIds) head else None)
     if (deleted > 0) log.info(s"keyedstate: cleanup deleted $deleted files of $describe")
-  }
-
-  /** Drops the staged snapshots unuploaded (a store that is no longer its run's active instance). */
-  private def dropStaged(): Unit = maintenanceMutex.synchronized {
-    if (!closed && session.isAlive) {
-      try uploader.dropAll(session) catch { case NonFatal(e) => log.debug(s"keyedstate: dropping staged snapshots failed", e) }
-    }
   }
 
   def close(): Unit = synchronized {

@@ -1,7 +1,5 @@
 package io.keyedstate.engine
 
-import org.apache.spark.sql.execution.streaming.state.StateStoreId
-
 import io.keyedstate.format.{KeyCodec, TtlScan}
 
 /**
@@ -15,7 +13,7 @@ import io.keyedstate.format.{KeyCodec, TtlScan}
  * key's count, in the sibling count store committed just before in the same task, is gone,
  * expired or no longer covers the row's index.
  */
-final class TtlCleanup(id: StateStoreId, policy: TtlPolicy, codec: () => KeyCodec, describe: String) {
+final class TtlCleanup(engine: StoreEngine, policy: TtlPolicy, codec: () => KeyCodec, describe: String) {
 
   /** What the server should scan for after applying a version committed at `nowMs`. */
   def scanRequest(nowMs: Long): Option[TtlScan] =
@@ -37,7 +35,7 @@ final class TtlCleanup(id: StateStoreId, policy: TtlPolicy, codec: () => KeyCode
     val isGarbage: Array[Byte] => Boolean = policy.countStore match {
       case None => _ => true
       case Some(countStoreName) =>
-        val sibling = OpenStores.get(id.copy(storeName = countStoreName)).getOrElse(return (0L, found.scanMs.toLong))
+        val sibling = OpenStores.sibling(engine, engine.id.copy(storeName = countStoreName)).getOrElse(return (0L, found.scanMs.toLong))
         val indexCodec = codec()
         key => {
           val (countKey, index) = indexCodec.countKeyAndIndex(key)

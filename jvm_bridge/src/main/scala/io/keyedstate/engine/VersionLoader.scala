@@ -141,6 +141,7 @@ final class VersionLoader(files: CheckpointFiles, uploader: SnapshotUploader, de
     def installed[T](f: => T): T =
       try f catch {
         case e: StateServerDiedException => throw e
+        case NonFatal(e) if Option(e.getMessage).exists(_.contains("local disk is full")) => throw e
         case NonFatal(e) => throw new SnapshotUnusable(s"the state server could not open $source: ${e.getMessage}")
       }
     manifest.replay match {

@@ -37,7 +37,7 @@ class KeyedStateProvider extends StateStoreProvider {
     val confs = storeConfs.sqlConfs.filter(_._1.startsWith(ServerLaunch.ConfPrefix))
     engine = new StoreEngine(stateStoreId, keySchema, valueSchema, keyStateEncoderSpec, storeConfs, hadoopConf, confs)
     engine.open() // validates the confs now: a bad value fails the first task
-    OpenStores.register(stateStoreId, engine)
+    OpenStores.register(engine)
   }
 
   override def stateStoreId: StateStoreId = storeId
@@ -63,7 +63,7 @@ class KeyedStateProvider extends StateStoreProvider {
   override def doMaintenance(): Unit = { doSnapshotMaintenance(); doCleanupMaintenance() }
 
   override def close(): Unit = if (engine != null) {
-    OpenStores.unregister(storeId, engine)
+    OpenStores.unregister(engine)
     engine.close()
   }
 
