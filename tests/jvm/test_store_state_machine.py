@@ -65,3 +65,33 @@ def test_a_second_store_of_the_same_version_cannot_commit_over_the_first(layer):
         second.commit()
     v2 = layer.store(2)
     assert (layer.get(v2, 2), layer.get(v2, 3)) == (20, None)
+
+
+def test_a_second_attempt_of_a_version_keeps_the_first_ones_commit(spark, tmp_path):
+    """Two providers (two executors, a retried or speculative task) commit the same version: the
+    first changelog stays, never replaced or deleted; the second attempt takes it as committed."""
+    first, second = LayerStore(spark, tmp_path / "state"), LayerStore(spark, tmp_path / "state")
+    try:
+        a, b = first.store(0), second.store(0)
+        first.put(a, (1,), (10,))
+        second.put(b, (1,), (99,))
+        assert a.commit() == 1 and b.commit() == 1
+        assert second.get(second.store(1), 1) == 10  # reloaded from the checkpoint: the first attempt's
+    finally:
+        first.close()
+        second.close()
+
+
+def test_without_maintenance_a_commit_snapshots_once_the_changelog_tail_is_long(spark, tmp_path):
+    """Short runs (availableNow) may never see Spark's maintenance: after two snapshot intervals
+    without a snapshot the commit writes one itself, so loads stay bounded."""
+    layer = LayerStore(spark, tmp_path / "state", confs={"spark.sql.streaming.stateStore.keyedstate.snapshotInterval": "2"})
+    try:
+        for version in range(4):
+            s = layer.store(version)
+            layer.put(s, (version,), (version,))
+            s.commit()
+        # the snapshots staged at versions 2 and 4 went up with the commit of version 4
+        assert sorted(p.name for p in tmp_path.rglob("*.ks-snapshot")) == ["2.ks-snapshot", "4.ks-snapshot"]
+    finally:
+        layer.close()
