@@ -1,0 +1,23 @@
+"""Helpers for the durability tests (tests/durability/): checkpoints on the shared session's
+objtest:// filesystem (support/testjar.py), and Spark internals reached through py4j."""
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+OBJTEST_ROOT_CONF = "spark.hadoop.fs.objtest.root"
+
+
+def objtest_root(spark) -> Path:
+    """The local directory behind objtest:// in the shared session (conftest's objtest conf)."""
+    root = spark.sparkContext.getConf().get(OBJTEST_ROOT_CONF, None)
+    if not root:
+        raise RuntimeError("the session has no objtest:// filesystem (conftest's spark fixture sets it up)")
+    return Path(root)
+
+
+def objtest_location(spark, bucket: str = "ckpt") -> tuple[str, Path]:
+    """A fresh objtest:// checkpoint location and the local directory its objects live in
+    (``objtest://bucket/key`` is the file ``<root>/bucket/key``)."""
+    key = uuid.uuid4().hex
+    return f"objtest://{bucket}/{key}", objtest_root(spark) / bucket / key
