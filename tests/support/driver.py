@@ -183,7 +183,8 @@ def drain(query, checkpoint: Path, expected_files: int, timeout: float = 120.0) 
 
 def run_query(spark, provider_class: str, build_query: Callable, schema, steps: Sequence,
               checkpoint_dir, input_dir, output_mode: str, restart_after: int | None = None,
-              *, trigger_timeout: float = 120.0, on_restart: Callable[[Path], None] | None = None) -> Output:
+              *, trigger_timeout: float = 120.0, on_restart: Callable[[Path], None] | None = None,
+              location: str | None = None) -> Output:
     """Run a stateful query over ``steps`` and return ``[(batch_id, sorted rows as tuples)]``.
 
     * ``schema``: DDL string / StructType for one source, or a list of them for several sources
@@ -196,6 +197,8 @@ def run_query(spark, provider_class: str, build_query: Callable, schema, steps: 
       while the query is stopped (e.g. a rescale).
     * The provider is set as the session's ``providerClass`` before every start (Spark then keeps
       the checkpoint's value on restarts) and the previous session value is restored at the end.
+    * ``location``: the checkpointLocation Spark gets when it is not ``checkpoint_dir`` itself, e.g.
+      an ``objtest://`` URI whose objects are the files under ``checkpoint_dir``.
     * Every sink call is recorded, in call order, including batches without rows. Nothing is ever
       replayed here (the driver stops a query only once all its batches are committed), so a
       batch id seen twice means the query re-ran a batch, and the comparison will show it.
@@ -222,7 +225,7 @@ def run_query(spark, provider_class: str, build_query: Callable, schema, steps: 
         frames = [spark.readStream.schema(s).option("maxFilesPerTrigger", 1).json(str(d))
                   for s, d in zip(schemas, inputs.dirs)]
         return (build_query(*frames).writeStream.outputMode(output_mode).foreachBatch(sink)
-                .option("checkpointLocation", str(checkpoint)).start())
+                .option("checkpointLocation", location or str(checkpoint)).start())
 
     previous_provider = spark.conf.get(PROVIDER_CONF, None)
     query = None

@@ -21,3 +21,24 @@ def objtest_location(spark, bucket: str = "ckpt") -> tuple[str, Path]:
     (``objtest://bucket/key`` is the file ``<root>/bucket/key``)."""
     key = uuid.uuid4().hex
     return f"objtest://{bucket}/{key}", objtest_root(spark) / bucket / key
+
+
+OBJECT_STORE_RULES = {"dirMarkers": "true"}
+"""What every durability test runs objtest:// with: mkdirs leaves a marker object, as s3a does
+(Spark's own file source log lists its directory before writing to it, which fails on a store
+without markers)."""
+
+
+def arm(spark, rules: dict | None = None, **ops) -> Path:
+    """testjar.arm on the shared session's objtest root with :data:`OBJECT_STORE_RULES` kept, so
+    that arming faults never changes the store's semantics; returns the root."""
+    from support import testjar
+
+    root = objtest_root(spark)
+    testjar.arm(root, {**OBJECT_STORE_RULES, **(rules or {})}, **ops)
+    return root
+
+
+def disarm(spark) -> Path:
+    """No faults; the object-store semantics stay."""
+    return arm(spark)
