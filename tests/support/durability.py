@@ -42,3 +42,32 @@ def arm(spark, rules: dict | None = None, **ops) -> Path:
 def disarm(spark) -> Path:
     """No faults; the object-store semantics stay."""
     return arm(spark)
+
+
+# ---------------------------------------------------------------------------------------------
+# Spark's state store coordinator and loaded providers, through py4j
+# ---------------------------------------------------------------------------------------------
+
+RUN_ID_KEY = "sql.streaming.runId"
+"""The Hadoop conf key Spark's StateStore sets to the query run id before creating a provider."""
+
+
+def _stores(spark):
+    return spark._jvm.io.keyedstate.testing.StateStores  # tests/jvm/src (the test jar)
+
+
+def report_active(spark, layer, run_id: str) -> None:
+    """Tell the coordinator that ``layer``'s store of run ``run_id`` is active on this executor,
+    as StateStore.get does when a task of that run opens it."""
+    _stores(spark).reportActive(layer.store_id, run_id)
+
+
+def deactivate(spark, run_id: str) -> None:
+    """What Spark does when a query run stops: the coordinator forgets its instances."""
+    _stores(spark).deactivate(run_id)
+
+
+def stop_maintenance(spark) -> None:
+    """Stop Spark's state store maintenance task; the next StateStore.get starts it again with
+    that query's maintenanceInterval (the interval is fixed when the task starts)."""
+    _stores(spark).stopMaintenance()

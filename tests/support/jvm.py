@@ -76,7 +76,10 @@ class LayerStore:
 
     def __init__(self, spark, checkpoint, key_ddl: str = "k INT", value_ddl: str = "n LONG",
                  confs: dict[str, str] | None = None, store: str = "default", operator: int = 0,
-                 partition: int = 0, prefix_columns: int = 0) -> None:
+                 partition: int = 0, prefix_columns: int = 0, hadoop_conf: dict[str, str] | None = None) -> None:
+        """``confs``: SQL confs of the store's StateStoreConf; ``hadoop_conf``: entries added to a
+        copy of the session's Hadoop conf (e.g. ``sql.streaming.runId``, which Spark's StateStore
+        sets for a running query)."""
         jvm = self.jvm = spark._jvm
         state = jvm.org.apache.spark.sql.execution.streaming.state
         self.key_schema, self.value_schema = struct(jvm, key_ddl), struct(jvm, value_ddl)
@@ -86,13 +89,20 @@ class LayerStore:
         for key, value in (confs or {}).items():
             sql_conf.setConfString(key, value)
         self.store_id = state.StateStoreId(str(checkpoint), operator, partition, store)
+        hadoop = spark._jsc.hadoopConfiguration()
+        if hadoop_conf:
+            hadoop = jvm.org.apache.hadoop.conf.Configuration(hadoop)
+            for key, value in hadoop_conf.items():
+                hadoop.set(key, value)
         self.provider = jvm.io.keyedstate.spark.KeyedStateProvider()
         self.provider.init(self.store_id, self.key_schema, self.value_schema, spec, False,
-                           state.StateStoreConf.apply(sql_conf), spark._jsc.hadoopConfiguration(), False,
+                           state.StateStoreConf.apply(sql_conf), hadoop, False,
                            jvm.scala.Option.empty())
 
-    def store(self, version: int):
-        return self.provider.getStore(version, self.jvm.scala.Option.empty(), False, False)
+    def store(self, version: int, unique_id: str | None = None):
+        """The store of ``version`` (under checkpoint format 2 the one written with ``unique_id``)."""
+        option = self.jvm.scala.Option.empty() if unique_id is None else self.jvm.scala.Some(unique_id)
+        return self.provider.getStore(version, option, False, False)
 
     def key(self, *values):
         return unsafe_row(self.jvm, self.key_schema, list(values))

@@ -51,19 +51,26 @@ final class ServerSession(launch: ServerLaunch, slot: Int, storeName: String, co
 
   /** A control call (py4j) with this store's handle; failures invalidate the engine's version. */
   def control[T](what: String)(f: (PythonStateServer, Int) => T): T =
-    try server.control(what)(f(_, handle)) catch { case NonFatal(e) => onFailure(); throw e }
+    try open(what).control(what)(f(_, handle)) catch { case NonFatal(e) => onFailure(); throw e }
 
   /** A control call from maintenance: a failure is retried at the next tick and leaves the
    *  version the tasks use alone. */
-  def maintenance[T](what: String)(f: (PythonStateServer, Int) => T): T = {
-    val s = server
-    if (s == null) throw new IllegalStateException(s"keyedstate: $describe is not open")
-    s.control(what)(f(_, handle))
-  }
+  def maintenance[T](what: String)(f: (PythonStateServer, Int) => T): T = open(what).control(what)(f(_, handle))
 
   /** A data-channel exchange with this store's handle; failures invalidate the engine's version. */
   def data[T](what: String)(f: (DataChannel, Int) => T): T =
-    try server.withChannel(what)(f(_, handle)) catch { case NonFatal(e) => onFailure(); throw e }
+    try open(what).withChannel(what)(f(_, handle)) catch { case NonFatal(e) => onFailure(); throw e }
+
+  /** The server, or a clear error once the store was closed: Spark closes a provider (e.g. after
+   *  a failed maintenance call, or a stopped run's) even while a task still uses its store. */
+  private def open(what: String): StateServerProcess = {
+    val s = server
+    if (s == null) {
+      throw new IllegalStateException(s"keyedstate: $what failed: $describe was closed (Spark unloaded its " +
+        "provider) while a task still used it; the task fails and its retry reloads the version")
+    }
+    s
+  }
 
   /** Closes the store on its server (if that is still alive); idempotent. */
   def close(): Unit = {

@@ -283,10 +283,23 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   def uploadSnapshots(): Unit = {
     if (closed || !session.isAlive || keyCodec == null) return
     maintenanceMutex.synchronized {
-      uploader.upload(session, session.settings.keyGroups, keyCodec.layout,
-        if (policy.enabled) Some(policy.describe) else None, uniqueIdOf).foreach(v => lastSnapshot = math.max(lastSnapshot, v))
+      retriedLater("snapshot upload") {
+        uploader.upload(session, session.settings.keyGroups, keyCodec.layout,
+          if (policy.enabled) Some(policy.describe) else None, uniqueIdOf).foreach(v => lastSnapshot = math.max(lastSnapshot, v))
+      }
     }
   }
+
+  /**
+   * Maintenance never throws: Spark unloads and closes a provider whose maintenance call threw,
+   * even while a task is using its store (that task then fails, and the next batch reloads the
+   * version from the checkpoint). A failed upload or cleanup changes nothing that loads need and
+   * is simply tried again at the next tick.
+   */
+  private def retriedLater(what: String)(f: => Unit): Unit =
+    try f catch {
+      case NonFatal(e) => if (!closed) log.warn(s"keyedstate: $what of $describe failed; retried at the next maintenance", e)
+    }
 
   // Lock order: the engine's monitor, then maintenanceMutex; code holding maintenanceMutex reads
   // only volatile fields of the engine, never its monitor (a commit may upload and clean up).
@@ -301,8 +314,10 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     val (headVersion, headId) = (loaded, loadedId)
     val head = if (headVersion > 0) Some(headVersion -> headId) else None
     if (uniqueIds && head.isEmpty) return // which files are committed is known from the lineage only
-    val deleted = CheckpointCleanup.run(files, storeConf.minVersionsToRetain, if (uniqueIds) head else None)
-    if (deleted > 0) log.info(s"keyedstate: cleanup deleted $deleted files of $describe")
+    retriedLater("cleanup") {
+      val deleted = CheckpointCleanup.run(files, storeConf.minVersionsToRetain, if (uniqueIds) head else None)
+      if (deleted > 0) log.info(s"keyedstate: cleanup deleted $deleted files of $describe")
+    }
   }
 
   def close(): Unit = synchronized {

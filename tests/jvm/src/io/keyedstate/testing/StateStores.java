@@ -1,0 +1,77 @@
+package io.keyedstate.testing;
+
+import java.lang.reflect.Field;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.UUID;
+
+import org.apache.spark.SparkEnv;
+import org.apache.spark.sql.execution.streaming.state.StateStore$;
+import org.apache.spark.sql.execution.streaming.state.StateStoreCoordinatorRef;
+import org.apache.spark.sql.execution.streaming.state.StateStoreId;
+import org.apache.spark.sql.execution.streaming.state.StateStoreProvider;
+import org.apache.spark.sql.execution.streaming.state.StateStoreProviderId;
+import org.apache.spark.storage.BlockManagerId;
+
+/**
+ * Spark's state store coordinator and loaded providers, for tests that drive provider lifetimes
+ * the way Spark's StateStore does (py4j cannot reflect on SparkEnv: some of its method signatures
+ * name classes that are not on the classpath).
+ */
+public final class StateStores {
+    private StateStores() {}
+
+    /** The coordinator, created if no query has started one yet (on the driver: local mode). */
+    private static StateStoreCoordinatorRef coordinator() {
+        return StateStoreCoordinatorRef.forDriver(SparkEnv.get(), org.apache.spark.sql.internal.SQLConf.get());
+    }
+
+    private static StateStoreProviderId providerId(StateStoreId id, String runId) {
+        return new StateStoreProviderId(id, UUID.fromString(runId));
+    }
+
+    /** What StateStore.get reports when a task of run {@code runId} opens store {@code id} here. */
+    public static void reportActive(StateStoreId id, String runId) {
+        BlockManagerId here = SparkEnv.get().blockManager().blockManagerId();
+        coordinator().reportActiveInstance(providerId(id, runId), here.host(), here.executorId(),
+                noIds());
+    }
+
+    @SuppressWarnings("unchecked")
+    private static scala.collection.immutable.Seq<StateStoreProviderId> noIds() {
+        return (scala.collection.immutable.Seq<StateStoreProviderId>) (Object) scala.collection.immutable.Nil$.MODULE$;
+    }
+
+    /** What Spark does when a query run stops: the coordinator forgets its instances. */
+    public static void deactivate(String runId) {
+        coordinator().deactivateInstances(UUID.fromString(runId));
+    }
+
+    /** Spark's own question before it closes a provider in maintenance. */
+    public static boolean isActive(StateStoreId id, String runId) {
+        return coordinator().verifyIfInstanceActive(providerId(id, runId), SparkEnv.get().blockManager().blockManagerId().executorId());
+    }
+
+    /** Stops the maintenance task; the next StateStore.get starts it with its query's interval. */
+    public static void stopMaintenance() {
+        StateStore$.MODULE$.stopMaintenanceTask();
+    }
+
+    /** The providers StateStore has loaded in this JVM (its private {@code loadedProviders}). */
+    @SuppressWarnings("unchecked")
+    public static List<Object[]> loadedProviders() throws ReflectiveOperationException {
+        Field field = StateStore$.class.getDeclaredField("loadedProviders");
+        field.setAccessible(true);
+        scala.collection.mutable.HashMap<StateStoreProviderId, StateStoreProvider> loaded =
+                (scala.collection.mutable.HashMap<StateStoreProviderId, StateStoreProvider>) field.get(StateStore$.MODULE$);
+        List<Object[]> out = new ArrayList<>();
+        synchronized (loaded) {
+            scala.collection.Iterator<scala.Tuple2<StateStoreProviderId, StateStoreProvider>> it = loaded.iterator();
+            while (it.hasNext()) {
+                scala.Tuple2<StateStoreProviderId, StateStoreProvider> e = it.next();
+                out.add(new Object[] {e._1(), e._2()});
+            }
+        }
+        return out;
+    }
+}
