@@ -35,9 +35,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("py4j").setLevel(logging.WARNING)
 
     if args.command == "jar":
-        from . import jar_path
+        from .shim.jar import JarBuildError, jar_path
 
-        print(jar_path())
+        try:
+            print(jar_path())
+        except JarBuildError as exc:
+            print(f"keyedstate jar: {exc}", file=sys.stderr)
+            return 1
     elif args.command == "demo":
         from .demo import run
 

@@ -201,10 +201,19 @@ def test_missing_or_corrupt_checkpoint_is_refused_naming_the_path(agg_checkpoint
         keyedstate.inspect(copy)
     assert str(victim) in str(err.value) and "truncated or corrupt" in str(err.value)
 
+    # A corrupt snapshot is skipped for the changelogs before it (like a load's auto repair),
+    # with a warning naming it; once those are cleaned up, nothing consistent is left: refused.
     copy = tmp_path / "corrupt-manifest"
     shutil.copytree(agg_checkpoint, copy)
     victim = copy / "state" / "0" / "0" / "2.ks-snapshot"
     victim.write_text(victim.read_text()[:50])
+    repaired, good = keyedstate.inspect(copy), keyedstate.inspect(agg_checkpoint)
+    part, good_part = repaired["operators"][0]["stores"][0], good["operators"][0]["stores"][0]
+    assert [p["keysPerKeyGroup"] for p in part["partitions"]] == [p["keysPerKeyGroup"] for p in good_part["partitions"]]
+    assert part["partitions"][0]["countedFrom"] == {"snapshot": None, "changelogs": 3}
+    assert any(str(victim) in w and "truncated or corrupt" in w for w in part["warnings"]), part["warnings"]
+    for v in (1, 2):
+        (victim.parent / f"{v}.ks-changelog").unlink()
     with pytest.raises(keyedstate.InspectError) as err:
         keyedstate.inspect(copy)
     assert str(victim) in str(err.value) and "truncated or corrupt" in str(err.value)

@@ -18,8 +18,12 @@ Bodies, by op (``->`` the OK reply)::
     MULTI_GET  u32 n | (u32 klen k)*                  -> (u8 found [u32 vlen v])*
     TTL_CANDIDATES (empty)                            -> i64 version | u32 scan ms | u32 n | (u32 klen k)*
     SYNC       (empty)                                -> i64 version | RocksDB directory (UTF-8)
+    HELLO      u16 protocol version | secret (UTF-8)  -> (empty)
 
-An ERROR reply carries a UTF-8 message. Every length is checked before anything is allocated.
+An ERROR reply carries a UTF-8 message. Every length is checked before anything is allocated:
+a request's length against the largest body its op can have (:func:`max_body`), every field
+against the body. HELLO (handle 0) is the first frame of every connection; the server refuses
+any other first frame and closes the connection.
 """
 from __future__ import annotations
 
@@ -32,6 +36,10 @@ OP_APPLY = 3
 OP_MULTI_GET = 4
 OP_TTL_CANDIDATES = 5
 OP_SYNC = 6
+OP_HELLO = 7
+
+PROTOCOL_VERSION = 2
+"""Version 2 added HELLO (the data-channel secret) as the first frame of a connection."""
 
 APPLY_NOW = 0  # apply before replying (the writer needs the exact key count)
 APPLY_BEHIND = 1  # queue and reply at once (write-behind)
@@ -48,10 +56,30 @@ U8 = struct.Struct(">B")
 U32 = struct.Struct(">I")
 U64 = struct.Struct(">Q")
 I64 = struct.Struct(">q")
+U16 = struct.Struct(">H")
+
+MAX_SECRET_BYTES = 256
+_KIB, _MIB = 1 << 10, 1 << 20
+_MAX_BODY = {
+    OP_APPLY: (1 << 31) - 1 - 5,  # a changelog: up to what a Java ByteBuffer frame can hold
+    OP_MULTI_GET: (1 << 31) - 1 - 5,
+    OP_GET: 64 * _MIB,  # one key
+    OP_SCAN: 128 * _MIB,  # a prefix and a key
+    OP_TTL_CANDIDATES: 0,
+    OP_SYNC: 0,
+    OP_HELLO: U16.size + MAX_SECRET_BYTES,
+}
+UNKNOWN_OP_MAX_BODY = 64 * _KIB
+"""An unknown op's body is read and dropped (so the connection stays in step) up to this size."""
 
 
 class FrameError(ValueError):
     """A frame whose lengths or fields do not fit: the exchange fails, the server does not."""
+
+
+def max_body(op: int) -> int:
+    """The largest request body ``op`` can have; a longer frame is refused unread."""
+    return _MAX_BODY.get(op, UNKNOWN_OP_MAX_BODY)
 
 
 class TtlScan(NamedTuple):
@@ -136,6 +164,20 @@ def apply_request(body) -> ApplyRequest:
         raise FrameError(f"unknown apply mode {mode}")
     ttl = TtlScan(*r.unpack(TTL_SCAN)) if r.u8() else None
     return ApplyRequest(mode == APPLY_BEHIND, ttl, r.rest())
+
+
+class HelloRequest(NamedTuple):
+    protocol: int
+    secret: bytes
+
+
+def hello_request(body) -> HelloRequest:
+    r = _Reader(body)
+    (protocol,) = r.unpack(U16)
+    secret = bytes(r.rest())
+    if not secret or len(secret) > MAX_SECRET_BYTES:
+        raise FrameError(f"a hello with a secret of {len(secret)} bytes")
+    return HelloRequest(protocol, secret)
 
 
 def scan_reply(entries: list[tuple[bytes, bytes]], more: bool) -> bytes:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -27,6 +28,8 @@ from ..formats import changelog, layout, rocksdb
 from ..formats import manifest as mf
 from ..formats.layout import CHANGELOG_SUFFIX, DEFAULT_STORE, FILES_DIR, MANIFEST_SUFFIX
 from ..formats.stored import KeyLayout
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(ValueError):
@@ -237,51 +240,98 @@ class RebuiltVersion:
     changelogs_applied: int
     key_groups: int | None
     manifest: mf.Manifest | None  # of the base snapshot
+    skipped: tuple[str, ...] = ()  # unusable newer snapshots passed over, and why (naming them)
 
 
 @contextlib.contextmanager
-def rebuild(store: StoreFiles, version: int, manifests: dict[int, mf.Manifest] | None = None,
+def rebuild(store: StoreFiles, version: int, manifests: dict[int, "mf.Manifest | CheckpointError"] | None = None,
             workdir: str | os.PathLike | None = None,
             keep: Path | None = None) -> Iterator[RebuiltVersion]:
     """Rebuild ``version`` of one store partition in a RocksDB directory: a temporary one
     (deleted on exit), or ``keep`` (left in place, closed, for another process to open).
 
+    Like a load (and Spark's auto snapshot repair), the base is the newest snapshot at or below
+    ``version`` that is usable; a snapshot whose manifest is corrupt, truncated, foreign or
+    names files it may not, or whose files are missing or of the wrong size, is skipped with a
+    warning naming it, in favour of an older one (or none) plus the changelogs after it. If no
+    consistent version can be rebuilt, :class:`CheckpointError` names the file at fault.
+    ``manifests``: manifests already read, by version (a value may be the error reading it gave).
+
     Snapshot files are hard-linked when the checkpoint is on the same file system (they are
     immutable) and copied otherwise."""
-    base = max((s for s in store.snapshots if s <= version), default=None)
-    needed = range((base or 0) + 1, version + 1)
-    missing = [v for v in needed if v not in store.changelogs]
-    if missing:
-        raise CheckpointError(
-            f"cannot rebuild version {version} of {store.path}: missing "
-            f"{', '.join(str(store.changelog_path(v)) for v in missing[:3])}"
-            f"{' ...' if len(missing) > 3 else ''}")
-    manifest = None
-    if base is not None:
-        manifest = (manifests or {}).get(base) or read_manifest(store.manifest_path(base), base)
-    key_groups = manifest.key_groups if manifest else None
     with contextlib.ExitStack() as stack:
         if keep is None:
             db_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="keyedstate-rebuild-", dir=workdir))) / "db"
         else:
             db_dir = keep
-            if db_dir.exists():
-                shutil.rmtree(db_dir)
-        db_dir.mkdir(parents=True)
-        replay = manifest.replay if manifest is not None else None
-        if manifest is not None:
-            _link_snapshot(store.path, store.manifest_path(base), manifest, db_dir)
-        db = open_copy(db_dir, read_only=manifest is not None and not needed and not replay)
+        db, base, manifest, key_groups, skipped = _rebuild_base(store, version, manifests or {}, db_dir)
+        needed = range((base or 0) + 1, version + 1)
         try:
-            if replay:  # the snapshot's version itself, as a changelog (see write_snapshot)
-                key_groups = apply_changelog(db, store.path / replay.path, base, key_groups)
             for v in needed:
                 key_groups = apply_changelog(db, store.changelog_path(v), v, key_groups)
-            if needed or replay:
+            if needed or (manifest is not None and manifest.replay):
                 db.flush()
-            yield RebuiltVersion(db, base, len(needed), key_groups, manifest)
+            yield RebuiltVersion(db, base, len(needed), key_groups, manifest, tuple(skipped))
         finally:
             db.close()
+
+
+def _rebuild_base(store: StoreFiles, version: int, manifests: dict, db_dir: Path):
+    """The newest usable snapshot at or below ``version`` opened in ``db_dir`` (its replay
+    applied), with the changelogs after it present; see :func:`rebuild`."""
+    skipped: list[str] = []
+    for base in sorted((s for s in store.snapshots if s <= version), reverse=True) + [None]:
+        missing = [v for v in range((base or 0) + 1, version + 1) if v not in store.changelogs]
+        if missing:
+            what = (f"missing {', '.join(str(store.changelog_path(v)) for v in missing[:3])}"
+                    f"{' ...' if len(missing) > 3 else ''}")
+            # An older base needs these changelogs too: nothing consistent can be rebuilt.
+            raise CheckpointError(f"cannot rebuild version {version} of {store.path}: "
+                                  + "; ".join(skipped + [("and without it: " if skipped else "") + what]))
+        if db_dir.exists():
+            shutil.rmtree(db_dir)
+        db_dir.mkdir(parents=True)
+        if base is None:
+            if skipped:
+                log.warning("rebuilding version %d of %s from its changelogs alone", version, store.path)
+            return open_copy(db_dir, read_only=False), None, None, None, skipped
+        path = store.manifest_path(base)
+        try:
+            known = manifests.get(base)
+            if isinstance(known, CheckpointError):
+                raise known
+            manifest = known or read_manifest(path, base)
+            _link_snapshot(store.path, path, manifest, db_dir)
+            replay = manifest.replay
+            needs_writes = base < version or replay is not None
+            try:
+                db = open_copy(db_dir, read_only=not needs_writes)
+            except Exception as exc:  # rocksdict raises plain exceptions for unreadable files
+                raise CheckpointError(f"the RocksDB files of snapshot manifest {path} cannot be opened: {exc}") from exc
+            key_groups = manifest.key_groups
+            if replay is not None:  # the snapshot's version itself, as a changelog (see write_snapshot)
+                try:
+                    _check_size(store.path / replay.path, replay.size, path)
+                    key_groups = apply_changelog(db, store.path / replay.path, base, key_groups)
+                except CheckpointError:
+                    db.close()
+                    raise
+        except CheckpointError as exc:
+            log.warning("skipping snapshot %s in favour of an older one plus changelogs: %s", path, exc)
+            skipped.append(f"snapshot {path} is unusable ({exc})")
+            continue
+        return db, base, manifest, key_groups, skipped
+    raise AssertionError("unreachable")
+
+
+def _check_size(source: Path, size: int, manifest_path: Path) -> None:
+    try:
+        found = source.stat().st_size
+    except OSError as exc:
+        raise CheckpointError(f"snapshot manifest {manifest_path} lists {source}, which is missing") from exc
+    if found != size:
+        raise CheckpointError(f"{source} has {found} bytes but snapshot manifest {manifest_path} says {size}: "
+                              "truncated or corrupt")
 
 
 def link_tree(source: Path, dest: Path) -> None:
@@ -304,14 +354,7 @@ def _link_snapshot(store_dir: Path, manifest_path: Path, manifest: mf.Manifest, 
     (MANIFEST, CURRENT, OPTIONS) are always copied."""
     for f in manifest.files:
         source = store_dir / f.path
-        try:
-            size = source.stat().st_size
-        except OSError as exc:
-            raise CheckpointError(f"snapshot manifest {manifest_path} lists {source}, which is missing") from exc
-        if size != f.size:
-            raise CheckpointError(
-                f"{source} has {size} bytes but snapshot manifest {manifest_path} says {f.size}: "
-                "truncated or corrupt")
+        _check_size(source, f.size, manifest_path)
         _link_or_copy(source, db_dir / f.name)
 
 

@@ -76,9 +76,9 @@ def _committed_partition_count(root, committed: int | None) -> int | None:
 
 
 def _count_version(store: StoreFiles, version: int,
-                   manifests: dict[int, Manifest]) -> tuple[Counter, int | None, int, int | None]:
+                   manifests: dict) -> tuple[Counter, int | None, int, int | None, tuple[str, ...]]:
     """Rebuild ``version`` of one store partition and count its keys per key group.
-    Returns ``(counts, base snapshot, changelogs applied, key groups)``."""
+    Returns ``(counts, base snapshot, changelogs applied, key groups, snapshots skipped)``."""
     with rebuild(store, version, manifests) as rebuilt:
         counts: Counter = Counter()
         group_of = keygroups.key_group_of_stored_key
@@ -86,7 +86,19 @@ def _count_version(store: StoreFiles, version: int,
             counts[group_of(key)] += 1
     log.debug("counted version %d of %s: snapshot %s + %d changelogs",
               version, store.path, rebuilt.base_snapshot, rebuilt.changelogs_applied)
-    return counts, rebuilt.base_snapshot, rebuilt.changelogs_applied, rebuilt.key_groups
+    return counts, rebuilt.base_snapshot, rebuilt.changelogs_applied, rebuilt.key_groups, rebuilt.skipped
+
+
+def _read_manifests(files: StoreFiles) -> dict:
+    """Every snapshot manifest of a store partition by version; an unreadable one maps to the
+    error naming it (rebuild() then passes it over for an older snapshot, like a load)."""
+    out: dict = {}
+    for v in sorted(files.snapshots):
+        try:
+            out[v] = read_manifest(files.manifest_path(v), v)
+        except InspectError as exc:
+            out[v] = exc
+    return out
 
 
 # -- the report ------------------------------------------------------------------------------------
@@ -124,13 +136,18 @@ def _inspect_store(op_dir: Path, name: str, parts: list[StoreFiles], num_partiti
     key_groups_seen: set[int] = set()
     ttls: dict[int, dict | None] = {}  # newest manifest version -> its TTL, per partition
     for files in parts:
-        manifests = {v: read_manifest(files.manifest_path(v), v) for v in sorted(files.snapshots)}
+        read = _read_manifests(files)
+        manifests = {v: m for v, m in read.items() if not isinstance(m, InspectError)}
         key_groups_seen.update(m.key_groups for m in manifests.values())
         ttl = manifests[max(manifests)].ttl if manifests else None
         if manifests:
             ttls.setdefault(max(manifests), ttl)
-        counts, base, applied, kg = (Counter(), None, 0, None) if not target else \
-            _count_version(files, target, manifests)
+        counts, base, applied, kg, skipped = (Counter(), None, 0, None, ()) if not target else \
+            _count_version(files, target, read)
+        warnings += [f"partition {files.partition}: {s}; counted from an older snapshot or changelogs"
+                     for s in skipped]
+        warnings += [f"partition {files.partition}: {e}" for v, e in read.items() if isinstance(e, InspectError)
+                     and not any(str(files.manifest_path(v)) in s for s in skipped)]
         if kg is not None:
             key_groups_seen.add(kg)
         loadable = files.loadable()

@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..formats import changelog, keygroups, rocksdb
-from ..formats.layout import CHANGELOG_SUFFIX, DEFAULT_STORE
+from ..formats import layout
+from ..formats.layout import CHANGELOG_SUFFIX, DEFAULT_STORE, FILES_DIR, MANIFEST_SUFFIX
 from ..formats.stored import KeyLayout
 from ..shim import PROVIDER_CLASS
 from . import checkpoint as ckpt
@@ -273,6 +274,7 @@ class _Rescale:
                 # Undo what this call started, so that the query can restart as it was;
                 # a kill leaves it to a rerun or to rollback=True instead.
                 log.error("rescale failed; rolling back the repartition batch %d", batch)
+                self._await_idle_executors()
                 self._rollback(batch)
             raise
         shutil.rmtree(work, ignore_errors=True)
@@ -304,19 +306,43 @@ class _Rescale:
                     committed + 1, latest)
 
     def _rollback(self, latest: int) -> None:
-        """Remove the uncommitted repartition batch ``latest``: its snapshots, offsets, staging."""
-        work = self.root / _STAGING / f"batch-{latest}"
+        """Remove the uncommitted repartition batch ``latest``: the snapshots it published and
+        their files (in old and new partitions), files it wrote without a manifest yet, new
+        partition directories left empty, its offsets entry and its staging."""
+        staging = self.root / _STAGING
+        work = staging / f"batch-{latest}"
         version = latest + 1
+        journal = _read_journal(work / _JOURNAL)
+        started = journal.get("startedAt")
+        committed = self._latest(self.commits)
+        old_n = journal.get("fromPartitions") or (self._partitions_of(committed) if committed is not None else None)
         for op_dir in ckpt.numbered_dirs(self.root / "state"):
             for parts in ckpt.discover_stores(op_dir).values():
                 for files in parts:
-                    manifest = files.manifest_path(version)
-                    if manifest.is_file() and ckpt.read_manifest(manifest, version).rescale is not None:
-                        manifest.unlink()  # its files become unreferenced; the provider's cleanup drops them
+                    _remove_rescale_snapshot(files, version, started)
+            if old_n is not None:
+                for part_dir in list(ckpt.numbered_dirs(op_dir)):
+                    if int(part_dir.name) >= old_n and not any(p.is_file() or p.is_symlink() for p in part_dir.rglob("*")):
+                        shutil.rmtree(part_dir, ignore_errors=True)  # created by this batch, now empty
         self.offsets.purgeAfter(latest - 1)
         crc = self.root / "offsets" / f".{latest}.crc"
         crc.unlink(missing_ok=True)
         shutil.rmtree(work, ignore_errors=True)
+        try:
+            staging.rmdir()  # only if no other batch's staging is in it
+        except OSError:
+            pass
+
+    def _await_idle_executors(self, timeout: float = 60.0) -> None:
+        """Wait until no task runs any more (a failed job's other tasks may still be writing),
+        so that a rollback does not race with them."""
+        tracker = self.spark.sparkContext._jsc.sc().statusTracker()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not any(info.numRunningTasks() for info in tracker.getExecutorInfos()):
+                return
+            time.sleep(0.1)
+        log.warning("tasks of the failed rescale still run after %.0f s; rolling back anyway", timeout)
 
     def _stores(self, old_n: int) -> list[tuple[int, str, list[ckpt.StoreFiles]]]:
         out = []
@@ -340,7 +366,9 @@ class _Rescale:
         for _, _, parts in stores:
             for files in parts:
                 for v in sorted(files.snapshots, reverse=True):
-                    return ckpt.read_manifest(files.manifest_path(v), v).key_groups
+                    manifest = _readable_manifest(files, v)
+                    if manifest is not None:
+                        return manifest.key_groups
                 for v in sorted(files.changelogs, reverse=True):
                     try:
                         return changelog.read_file(str(files.changelog_path(v))).key_groups
@@ -363,10 +391,62 @@ def _key_layout(parts: list[ckpt.StoreFiles]) -> KeyLayout | None:
     """The store's key layout as its newest manifest records it (None: not recorded)."""
     for files in parts:
         for v in sorted(files.snapshots, reverse=True):
-            found = ckpt.read_manifest(files.manifest_path(v), v).key_layout
-            if found is not None:
-                return found
+            manifest = _readable_manifest(files, v)
+            if manifest is not None and manifest.key_layout is not None:
+                return manifest.key_layout
     return None
+
+
+def _readable_manifest(files: ckpt.StoreFiles, version: int):
+    """A snapshot manifest, or None (with a warning naming it) when it is unusable: the splits
+    then rebuild from an older snapshot plus changelogs, like a load."""
+    try:
+        return ckpt.read_manifest(files.manifest_path(version), version)
+    except ckpt.CheckpointError as exc:
+        log.warning("%s; rescaling without it", exc)
+        return None
+
+
+def _read_journal(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _remove_rescale_snapshot(files: ckpt.StoreFiles, version: int, started: float | None) -> None:
+    """Delete the snapshot of ``version`` a rescale published in one store partition (manifest
+    and the files it lists), and files a rescale that started at ``started`` wrote into its
+    ``ks-files/`` that no manifest lists (published before their manifest, or never)."""
+    path = files.manifest_path(version)
+    if path.is_file():
+        try:
+            manifest = ckpt.read_manifest(path, version)
+        except ckpt.CheckpointError as exc:
+            log.warning("%s; left in place", exc)
+            return
+        if manifest.rescale is not None:
+            path.unlink()
+            for f in (*manifest.files, *([manifest.replay] if manifest.replay else [])):
+                (files.path / f.path).unlink(missing_ok=True)  # names checked when it was read
+    files_dir = files.path / FILES_DIR
+    if started is None or not files_dir.is_dir():
+        return
+    listed: set[str] = set()
+    for entry in files.path.iterdir():
+        v = layout.version_of(entry.name, MANIFEST_SUFFIX)
+        if v is None or not entry.is_file():
+            continue
+        try:
+            m = ckpt.read_manifest(entry, v)
+        except ckpt.CheckpointError:
+            return  # cannot tell what it lists: leave the files alone
+        listed.update(f.path for f in (*m.files, *([m.replay] if m.replay else [])))
+    for entry in files_dir.iterdir():
+        rel = f"{FILES_DIR}/{entry.name}"
+        st = entry.lstat()
+        if rel not in listed and st.st_mtime >= started - 1 and not entry.is_dir():
+            entry.unlink()
 
 
 def _hash_spec(op: int, store: str, path: Path, key_layout: KeyLayout | None) -> dict:

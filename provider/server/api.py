@@ -1,18 +1,30 @@
 """The state server process and its py4j control API.
 
-The JVM shim starts it (``python -m keyedstate.server``) with the py4j gateway's loopback port
-and a random secret in its environment. It then
+The JVM shim starts it (``python -m keyedstate.server``) with, in its environment, the py4j
+gateway's loopback port, its private work directory and three random secrets, one per use:
+``KEYEDSTATE_GATEWAY_SECRET`` (this process -> the JVM's gateway), ``KEYEDSTATE_CALLBACK_SECRET``
+(the JVM -> this process's callback server) and ``KEYEDSTATE_DATA_SECRET`` (the data channel's
+HELLO). It then
 1. opens the bulk data channel (a Unix domain socket in its private work dir),
-2. starts its py4j callback server on loopback (port 0, same secret, TCP_NODELAY on every
-   socket: without it any py4j payload over ~6 KB waits ~40 ms for Nagle + delayed ACK),
+2. starts its py4j callback server on loopback (port 0, TCP_NODELAY on every socket: without it
+   any py4j payload over ~6 KB waits ~40 ms for Nagle + delayed ACK; an unauthenticated peer is
+   cut off after a short auth line or :data:`AUTH_TIMEOUT_S`),
 3. points the JVM's callback client at it and says ``serverReady``.
-It exits when its stdin closes, i.e. when the JVM that started it is gone.
+It exits when its stdin closes, i.e. when the JVM that started it is gone, removing the data
+socket's directory if that had to live outside the work dir. Everything it creates is private
+(umask 077); its log goes to stderr, which the JVM keeps in a bounded, rotated file, and no
+secret reaches it at any level.
 """
 from __future__ import annotations
 
+import copy
+import hmac
 import json
 import logging
 import os
+import secrets
+import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -20,7 +32,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from py4j.java_gateway import (CallbackServer, CallbackServerParameters, GatewayClient,
+from py4j import protocol as proto
+from py4j.java_gateway import (CallbackConnection, CallbackServer, CallbackServerParameters, GatewayClient,
                                GatewayParameters, JavaGateway)
 
 from .. import conf
@@ -28,6 +41,13 @@ from .data import DataServer
 from .registry import StoreRegistry
 
 log = logging.getLogger("keyedstate.server")
+
+AUTH_TIMEOUT_S = 10.0
+"""How long a connection to the callback server may take to authenticate."""
+AUTH_LINE_BYTES = 1024
+"""The longest line read before a connection has authenticated."""
+SOCKET_DIR_MARKER = "socket-dir"
+"""A file in the work dir naming the data socket's directory when that is outside it."""
 
 
 class StateServerApi:
@@ -88,10 +108,50 @@ class _NoDelayGatewayClient(GatewayClient):
         return connection
 
 
-class _NoDelayCallbackServer(CallbackServer):
+class _AuthFailed(Exception):
+    pass
+
+
+def _auth_line(stream) -> bytes:
+    """One line of the auth exchange, at most AUTH_LINE_BYTES (py4j reads lines unbounded)."""
+    line = stream.readline(AUTH_LINE_BYTES)
+    if not line.endswith(b"\n"):
+        raise _AuthFailed("an auth line that is too long or cut short" if line else "closed before authenticating")
+    return line[:-1]
+
+
+class _GuardedCallbackConnection(CallbackConnection):
+    """py4j's callback connection, authenticated here first with bounded lines and a timeout
+    (py4j's own auth reads lines of any length and waits for ever)."""
+
+    def run(self):
+        params = self.callback_server_parameters
+        try:
+            self.socket.settimeout(AUTH_TIMEOUT_S)
+            command = _auth_line(self.input)
+            token = _auth_line(self.input)
+            _auth_line(self.input)  # py4j's end marker
+            if command != proto.AUTH_COMMAND_NAME.encode() or not hmac.compare_digest(
+                    token, params.auth_token.encode()):
+                self.socket.sendall(proto.ERROR_RETURN_MESSAGE.encode("utf-8"))
+                raise _AuthFailed("a wrong auth command or token")
+            self.socket.sendall(proto.OUTPUT_VOID_COMMAND.encode("utf-8"))
+            self.socket.settimeout(params.read_timeout)
+        except (_AuthFailed, OSError, ValueError) as exc:
+            log.warning("refused a callback connection: %s", exc if isinstance(exc, _AuthFailed)
+                        else type(exc).__name__)
+            self.close(reset=True)
+            return
+        self.callback_server_parameters = copy.copy(params)  # authenticated: py4j serves the rest
+        self.callback_server_parameters.auth_token = None
+        super().run()
+
+
+class _GuardedCallbackServer(CallbackServer):
     def _create_connection(self, socket_instance, stream):
         _nodelay(socket_instance)
-        return super()._create_connection(socket_instance, stream)
+        return _GuardedCallbackConnection(self.pool, stream, socket_instance, self.gateway_client,
+                                          self.callback_server_parameters, self)
 
 
 class _NoDelayGateway(JavaGateway):
@@ -99,38 +159,89 @@ class _NoDelayGateway(JavaGateway):
         return _NoDelayGatewayClient(gateway_parameters=self.gateway_parameters)
 
     def _create_callback_server(self, callback_server_parameters):
-        return _NoDelayCallbackServer(self.gateway_property.pool, self._gateway_client,
+        return _GuardedCallbackServer(self.gateway_property.pool, self._gateway_client,
                                       callback_server_parameters=callback_server_parameters)
 
 
-def _socket_path(workdir: Path) -> Path:
+class _RedactingFormatter(logging.Formatter):
+    """Writes every record with the process's secrets blanked out, whatever logged them."""
+
+    def __init__(self, fmt: str, secrets_: list[str]) -> None:
+        super().__init__(fmt)
+        self._secrets = [s for s in secrets_ if s]
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        for secret in self._secrets:
+            if secret in text:
+                text = text.replace(secret, "<redacted>")
+        return text
+
+
+def _configure_logging(secrets_: list[str]) -> None:
+    level = os.environ.get("KEYEDSTATE_LOG_LEVEL", "INFO").upper()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s", secrets_))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    # py4j logs every command it sends at DEBUG (the auth command with its token among them) and
+    # every callback at INFO: never below WARNING, whatever the level asked for.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+
+    def excepthook(args) -> None:  # uncaught thread errors go through the redacting log too
+        if args.exc_type is not SystemExit:
+            log.error("uncaught error in thread %s", getattr(args.thread, "name", "?"),
+                      exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+
+    threading.excepthook = excepthook
+
+
+def _socket_path(workdir: Path) -> tuple[Path, Path | None]:
     """The data socket, in the private work dir unless that path is too long for AF_UNIX
-    (108 bytes); then in a fresh private directory under /tmp."""
+    (108 bytes); then in a fresh private directory ``ks-<random>`` under $TMPDIR (or /tmp),
+    named in the work dir's SOCKET_DIR_MARKER first so that whoever cleans up the work dir
+    finds it. Returns the socket path and that directory (None when inside the work dir)."""
     path = workdir / "data.sock"
     if len(str(path).encode()) < 100:
-        return path
-    short = Path(tempfile.mkdtemp(prefix="ks-"))  # mode 0700
-    return short / "data.sock"
+        return path, None
+    base = Path(tempfile.gettempdir())
+    if len(str(base).encode()) > 70:
+        base = Path("/tmp")
+    short = base / f"ks-{secrets.token_hex(8)}"
+    (workdir / SOCKET_DIR_MARKER).write_text(str(short))
+    short.mkdir(mode=0o700)  # never an existing entry (a planted one fails here)
+    return short / "data.sock", short
 
 
 def main() -> None:
-    logging.basicConfig(level=os.environ.get("KEYEDSTATE_LOG_LEVEL", "INFO"), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.umask(0o077)  # everything this process creates is its user's alone
+    gateway_secret = os.environ.pop("KEYEDSTATE_GATEWAY_SECRET")
+    callback_secret = os.environ.pop("KEYEDSTATE_CALLBACK_SECRET")
+    data_secret = os.environ.pop("KEYEDSTATE_DATA_SECRET")
+    _configure_logging([gateway_secret, callback_secret, data_secret])
     port = int(os.environ["KEYEDSTATE_GATEWAY_PORT"])
-    secret = os.environ.pop("KEYEDSTATE_GATEWAY_SECRET")
     workdir = Path(os.environ["KEYEDSTATE_WORK_DIR"])
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
     (workdir / "pid").write_text(str(os.getpid()))
 
+    socket_path, socket_dir = _socket_path(workdir)
+
+    def exit_now(*_: Any) -> None:
+        if socket_dir is not None:
+            shutil.rmtree(socket_dir, ignore_errors=True)
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, exit_now)
     registry = StoreRegistry(workdir)
-    data = DataServer(registry, _socket_path(workdir))
+    data = DataServer(registry, socket_path, data_secret.encode())
     data.start()
     api = StateServerApi(registry, data.path)
     gateway = _NoDelayGateway(
-        gateway_parameters=GatewayParameters(address="127.0.0.1", port=port, auth_token=secret,
+        gateway_parameters=GatewayParameters(address="127.0.0.1", port=port, auth_token=gateway_secret,
                                              auto_convert=True),
         callback_server_parameters=CallbackServerParameters(
-            address="127.0.0.1", port=0, auth_token=secret, daemonize=True,
+            address="127.0.0.1", port=0, auth_token=callback_secret, daemonize=True,
             daemonize_connections=True),
         python_server_entry_point=api)
     server = gateway.java_gateway_server
@@ -141,7 +252,7 @@ def main() -> None:
 
     sys.stdin.buffer.read()  # returns when the JVM closes our stdin or dies
     log.info("JVM gone; state server %d exiting", os.getpid())
-    os._exit(0)
+    exit_now()
 
 
 if __name__ == "__main__":

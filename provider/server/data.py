@@ -1,6 +1,14 @@
-"""The bulk data channel: GET/SCAN/APPLY/... frames (formats/frames.py) on a Unix domain socket."""
+"""The bulk data channel: GET/SCAN/APPLY/... frames (formats/frames.py) on a Unix domain socket.
+
+Every connection starts with a HELLO frame carrying the data-channel secret the JVM gave this
+server; anything else, or a wrong secret, gets an ERROR reply and the connection is closed. Until
+then a peer may hold a connection for :data:`HELLO_TIMEOUT_S` and make the server allocate
+nothing beyond a fixed-size header. A request longer than its op can be is refused before its
+body is allocated; a malformed request fails that exchange with an ERROR reply, never the server.
+"""
 from __future__ import annotations
 
+import hmac
 import logging
 import os
 import socket
@@ -12,14 +20,26 @@ from .registry import StoreRegistry
 
 log = logging.getLogger(__name__)
 
+HELLO_TIMEOUT_S = 10.0
+"""How long a new connection may take to say HELLO."""
+
+
+class _UnknownStore(Exception):
+    """A frame names a store handle that is not open here."""
+
+
+class _Closed(Exception):
+    """The peer closed the connection (cleanly between frames, or in the middle of one)."""
+
 
 class DataServer:
     """Serves frames on a Unix domain socket in the server's private directory, one thread per
     connection (the JVM keeps a small pool of connections, one per concurrent task)."""
 
-    def __init__(self, registry: StoreRegistry, path: Path) -> None:
+    def __init__(self, registry: StoreRegistry, path: Path, secret: bytes) -> None:
         self.registry = registry
         self.path = path
+        self._secret = secret
         if path.exists():
             path.unlink()
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -38,50 +58,128 @@ class DataServer:
 
     def _serve(self, conn: socket.socket) -> None:
         with conn:
-            head = bytearray(f.REQUEST_HEAD.size)
-            while True:
-                if not _recv_exact(conn, memoryview(head)):
-                    return
-                length, op, handle = f.REQUEST_HEAD.unpack(head)
-                body = bytearray(length - 5)
-                if body and not _recv_exact(conn, memoryview(body)):
-                    return
-                try:
-                    status, reply = self._dispatch(op, handle, body)
-                except Exception as exc:  # reported to the JVM, which fails the task
-                    log.exception("data op %s on store %s failed", op, handle)
-                    status, reply = f.STATUS_ERROR, f"{type(exc).__name__}: {exc}".encode()
-                head_bytes = f.response_head(status, len(reply))
-                if len(reply) < 65536:  # one syscall for the common small reply
-                    conn.sendall(head_bytes + reply)
-                else:  # do not copy a large reply just to prepend five bytes
-                    conn.sendall(head_bytes)
-                    conn.sendall(reply)
+            try:
+                if self._hello(conn):
+                    self._serve_frames(conn)
+            except _Closed as closed:
+                if str(closed):
+                    log.debug("data channel: %s", closed)
+            except OSError as exc:  # reset by the peer, timed out, ...
+                log.debug("data channel closed: %s", exc)
+
+    def _hello(self, conn: socket.socket) -> bool:
+        """Reads and checks the first frame; False (after an ERROR reply) when it is no valid HELLO."""
+        conn.settimeout(HELLO_TIMEOUT_S)
+        head = bytearray(f.REQUEST_HEAD.size)
+        try:
+            if not _recv_exact(conn, memoryview(head)):
+                return False
+        except socket.timeout:
+            raise _Closed("no hello within the timeout") from None
+        length, op, _ = f.REQUEST_HEAD.unpack(head)
+        if op != f.OP_HELLO or not 5 < length <= 5 + f.max_body(f.OP_HELLO):
+            log.warning("data channel: refused a connection whose first frame is not a hello "
+                        "(op %d, length %d)", op, length)
+            _reply(conn, f.STATUS_ERROR, b"the first frame of a connection must be a hello with the "
+                                         b"data-channel secret")
+            return False
+        body = bytearray(length - 5)
+        try:
+            if not _recv_exact(conn, memoryview(body)):
+                return False
+        except socket.timeout:
+            raise _Closed("hello cut short") from None
+        try:
+            hello = f.hello_request(body)
+        except f.FrameError as exc:
+            _reply(conn, f.STATUS_ERROR, f"malformed hello: {exc}".encode())
+            return False
+        if hello.protocol != f.PROTOCOL_VERSION:
+            _reply(conn, f.STATUS_ERROR, f"data-channel protocol {hello.protocol} is not this server's "
+                                         f"{f.PROTOCOL_VERSION}: the shim jar and the keyedstate package "
+                                         f"differ".encode())
+            return False
+        if not hmac.compare_digest(hello.secret, self._secret):
+            log.warning("data channel: refused a connection with a wrong secret")
+            _reply(conn, f.STATUS_ERROR, b"wrong data-channel secret")
+            return False
+        conn.settimeout(None)
+        _reply(conn, f.STATUS_OK, b"")
+        return True
+
+    def _serve_frames(self, conn: socket.socket) -> None:
+        head = bytearray(f.REQUEST_HEAD.size)
+        while True:
+            if not _recv_exact(conn, memoryview(head)):
+                return
+            length, op, handle = f.REQUEST_HEAD.unpack(head)
+            if length < 5:
+                # The frame cannot even hold its own head: the stream is out of step for good.
+                _reply(conn, f.STATUS_ERROR, f"malformed frame: length {length} is below the 5 bytes of "
+                                             f"its op and handle".encode())
+                return
+            if length - 5 > f.max_body(op):
+                _reply(conn, f.STATUS_ERROR, f"malformed frame: a body of {length - 5} bytes is more than "
+                                             f"op {op} can have ({f.max_body(op)})".encode())
+                return
+            body = bytearray(length - 5)
+            if body and not _recv_exact(conn, memoryview(body)):
+                raise _Closed("the peer closed the data channel in the middle of a frame")
+            try:
+                status, reply = self._dispatch(op, handle, body)
+            except f.FrameError as exc:  # the request is malformed: that exchange fails
+                log.warning("data op %s on store %s: malformed frame: %s", op, handle, exc)
+                status, reply = f.STATUS_ERROR, f"malformed frame: {exc}".encode()
+            except _UnknownStore as exc:
+                log.warning("data op %s: %s", op, exc)
+                status, reply = f.STATUS_ERROR, str(exc).encode()
+            except Exception as exc:  # reported to the JVM, which fails the task
+                log.exception("data op %s on store %s failed", op, handle)
+                status, reply = f.STATUS_ERROR, f"{type(exc).__name__}: {exc}".encode()
+            _reply(conn, status, reply)
 
     def _dispatch(self, op: int, handle: int, body: bytearray) -> tuple[int, bytes]:
-        store = self.registry.get(handle)
+        if op == f.OP_HELLO:
+            raise f.FrameError("a second hello on one connection")
+        if op not in (f.OP_GET, f.OP_MULTI_GET, f.OP_SCAN, f.OP_APPLY, f.OP_TTL_CANDIDATES, f.OP_SYNC):
+            raise f.FrameError(f"unknown data op {op}")
         if op == f.OP_GET:
-            value = store.get(bytes(body))
+            value = self._store(handle).get(bytes(body))
             return (f.STATUS_NOT_FOUND, b"") if value is None else (f.STATUS_OK, value)
         if op == f.OP_MULTI_GET:
-            return f.STATUS_OK, f.multi_get_reply(store.get_many(f.multi_get_request(body)))
+            keys = f.multi_get_request(body)
+            return f.STATUS_OK, f.multi_get_reply(self._store(handle).get_many(keys))
         if op == f.OP_SCAN:
             request = f.scan_request(body)
-            entries, more = store.scan(request.prefix, request.start_after, request.max_bytes,
-                                       keys_only=request.keys_only)
+            entries, more = self._store(handle).scan(request.prefix, request.start_after, request.max_bytes,
+                                                     keys_only=request.keys_only)
             return f.STATUS_OK, f.scan_reply(entries, more)
         if op == f.OP_APPLY:
             request = f.apply_request(body)  # the changelog is a view of body, which is ours alone
+            store = self._store(handle)
             source = f"changelog of {store.name}"
             if request.behind:
                 store.submit(request.changelog, source, request.ttl)
                 return f.STATUS_OK, f.count_reply(0)
             return f.STATUS_OK, f.count_reply(store.apply(request.changelog, source, request.ttl))
         if op == f.OP_TTL_CANDIDATES:
-            return f.STATUS_OK, f.ttl_candidates_reply(*store.take_ttl_candidates())
-        if op == f.OP_SYNC:
-            return f.STATUS_OK, f.sync_reply(*store.sync())
-        raise f.FrameError(f"unknown data op {op}")
+            return f.STATUS_OK, f.ttl_candidates_reply(*self._store(handle).take_ttl_candidates())
+        return f.STATUS_OK, f.sync_reply(*self._store(handle).sync())
+
+    def _store(self, handle: int):
+        try:
+            return self.registry.get(handle)
+        except KeyError as exc:  # a frame naming no open store: that exchange fails
+            raise _UnknownStore(exc.args[0]) from None
+
+
+def _reply(conn: socket.socket, status: int, reply: bytes) -> None:
+    head_bytes = f.response_head(status, len(reply))
+    if len(reply) < 65536:  # one syscall for the common small reply
+        conn.sendall(head_bytes + reply)
+    else:  # do not copy a large reply just to prepend five bytes
+        conn.sendall(head_bytes)
+        conn.sendall(reply)
 
 
 def _recv_exact(conn: socket.socket, view: memoryview) -> bool:
@@ -92,6 +190,6 @@ def _recv_exact(conn: socket.socket, view: memoryview) -> bool:
         if n == 0:
             if got == 0:
                 return False
-            raise ConnectionError("data channel closed mid-frame")
+            raise _Closed("the peer closed the data channel in the middle of a frame")
         got += n
     return True

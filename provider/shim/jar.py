@@ -5,14 +5,23 @@ Scala compiler that ships inside pyspark, on first use, and cached under a name 
 pyspark version and a hash of the sources. Building at first use rather than at ``pip install``
 time means the jar always matches the pyspark it runs in (an upgrade of pyspark simply builds a
 new one), and pip's isolated build environment, which has no pyspark, never needs to compile.
+
+The cache cannot be planted: its directory is created private (0700) and refused if another user
+owns it or group/others may write to it; a jar is used only if its SHA-256 matches the one
+recorded next to it (``<jar>.sha256``) when it was built, checked on every call; the build lock
+and temp files are opened without following symbolic links (temp files exclusively), and the jar
+and its hash are published by atomic renames.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import logging
 import os
+import secrets
 import shutil
+import stat
 import subprocess
 import tempfile
 import zipfile
@@ -64,6 +73,86 @@ def cache_dir() -> Path:
     return Path(base)
 
 
+def _private_cache_dir() -> Path:
+    """The cache directory, created 0700 if missing; refused unless it is the user's alone."""
+    directory = cache_dir()
+    if not directory.exists():
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            directory.mkdir(mode=0o700)
+        except FileExistsError:
+            pass
+    st = directory.stat()
+    problem = None
+    if not stat.S_ISDIR(st.st_mode):
+        problem = "is not a directory"
+    elif st.st_uid != os.getuid():
+        problem = f"is owned by uid {st.st_uid}, not by this user (uid {os.getuid()})"
+    elif st.st_mode & 0o022:
+        problem = f"is writable by {'group and others' if st.st_mode & 0o022 == 0o022 else 'group' if st.st_mode & 0o020 else 'others'} (mode {stat.filemode(st.st_mode)})"
+    if problem:
+        raise JarBuildError(
+            f"the keyedstate jar cache {directory} {problem}: anyone who can write there could plant the jar "
+            f"Spark loads. Use a directory only you can write to: chmod 700 {directory} (if it is yours), or "
+            "set KEYEDSTATE_CACHE_DIR to a private directory")
+    return directory
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _hash_file(jar: Path) -> Path:
+    return jar.with_name(jar.name + ".sha256")
+
+
+def _verified(jar: Path) -> bool:
+    """Whether ``jar`` is a regular file of this user whose contents match the hash recorded
+    when it was built."""
+    try:
+        for path in (jar, _hash_file(jar)):
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+                return False
+        recorded = _hash_file(jar).read_text(encoding="ascii").strip()
+        return recorded == _sha256(jar)
+    except (OSError, ValueError):
+        return False
+
+
+def _open_lock(path: Path) -> int:
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise JarBuildError(f"the build lock {path} is a symbolic link; keyedstate does not follow it. "
+                                f"Remove it and retry") from None
+        raise
+
+
+def _publish(data_writer, target: Path) -> None:
+    """Write a file next to ``target`` under a fresh temp name (O_EXCL | O_NOFOLLOW, so never
+    through a planted link), fsync it, and rename it to ``target`` atomically."""
+    temp = target.with_name(f".{target.name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            data_writer(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(temp, target)
+    finally:
+        try:
+            os.unlink(temp)
+        except FileNotFoundError:
+            pass
+
+
 def _java() -> str:
     home = os.environ.get("JAVA_HOME")
     if home and (Path(home) / "bin" / "java").exists():
@@ -79,21 +168,27 @@ def jar_path() -> str:
     src = source_dir()
     sources = sorted(src.rglob("*.scala"))
     name = f"keyedstate-{_pyspark_version()}-{_sources_hash(sources, src)}.jar"
-    target = cache_dir() / name
-    if target.exists():
+    directory = _private_cache_dir()
+    target = directory / name
+    if _verified(target):
         return str(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / ".build.lock", "w") as lock:
+    lock = _open_lock(directory / ".build.lock")
+    try:
         fcntl.flock(lock, fcntl.LOCK_EX)  # several processes may start at once
-        if not target.exists():
+        if not _verified(target):
+            if target.exists() or target.is_symlink():
+                log.warning("%s does not match the hash recorded when it was built (or has none): rebuilding it",
+                            target)
             _build(sources, target)
+    finally:
+        os.close(lock)
     return str(target)
 
 
 def _build(sources: list[Path], target: Path) -> None:
     jars = pyspark_jars_dir()
     log.info("building %s from %d sources against %s", target.name, len(sources), jars)
-    with tempfile.TemporaryDirectory(prefix="keyedstate-build-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="keyedstate-build-") as tmp:  # private (mkdtemp)
         classes = Path(tmp) / "classes"
         classes.mkdir()
         cmd = [_java(), "-cp", f"{jars}/*", "scala.tools.nsc.Main", "-usejavacp", "-nowarn",
@@ -106,5 +201,8 @@ def _build(sources: list[Path], target: Path) -> None:
             jar.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\nCreated-By: keyedstate\n")
             for path in sorted(classes.rglob("*.class")):
                 jar.write(path, str(path.relative_to(classes)))
-        shutil.move(str(partial), target.with_suffix(".tmp"))
-        os.replace(target.with_suffix(".tmp"), target)
+        digest = _sha256(partial)
+        # The hash first: a reader that sees it with the old jar rebuilds, under the lock, after us.
+        _publish(lambda fh: fh.write((digest + "\n").encode("ascii")), _hash_file(target))
+        with open(partial, "rb") as source:
+            _publish(lambda fh: shutil.copyfileobj(source, fh, 1 << 20), target)

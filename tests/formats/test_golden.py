@@ -116,6 +116,8 @@ def _jvm_request(jvm, fmt, op, handle, body) -> bytes:
         behind, ttl = body
         scan = jvm.scala.Option.empty() if ttl is None else jvm.scala.Some(fmt.TtlScan(*ttl))
         payload = to_bytes(F.applyHead(behind, scan))
+    elif op == frames.OP_HELLO:
+        payload = to_bytes(F.helloRequest(bytearray(body)))
     else:
         payload = b""
     return to_bytes(F.requestHead(op, handle, len(payload))) + payload
@@ -136,6 +138,8 @@ def test_requests_written_by_the_jvm_are_read_by_python(spark, fmt, name):
     elif op == frames.OP_APPLY:
         request = frames.apply_request(payload)
         assert (request.behind, request.ttl, bytes(request.changelog)) == (*body, b"")
+    elif op == frames.OP_HELLO:
+        assert frames.hello_request(payload) == (frames.PROTOCOL_VERSION, body) == (2, body)
 
 
 @pytest.mark.parametrize("name", sorted(golden.REPLIES))

@@ -58,6 +58,7 @@ REQUESTS = {
     "request-apply-head-no-ttl.bin": (frames.OP_APPLY, 2, (False, None)),
     "request-ttl-candidates.bin": (frames.OP_TTL_CANDIDATES, 2, None),
     "request-sync.bin": (frames.OP_SYNC, 2, None),
+    "request-hello.bin": (frames.OP_HELLO, 0, b"5f0c2a9e8b7d6c4e3a1f0e9d8c7b6a5f4e3d2c1b0a9f8e7d6c5b4a3f2e1d0c9b"),
 }
 REPLIES = {
     "reply-scan.bin": frames.scan_reply([(K1, PLAIN), (K3, TIMED)], True),
@@ -83,6 +84,8 @@ def encode_request(op: int, handle: int, body) -> bytes:
         behind, ttl = body
         payload = bytes([frames.APPLY_BEHIND if behind else frames.APPLY_NOW])
         payload += b"\x00" if ttl is None else b"\x01" + frames.TTL_SCAN.pack(*ttl)
+    elif op == frames.OP_HELLO:
+        payload = frames.U16.pack(frames.PROTOCOL_VERSION) + body
     else:
         payload = b""
     return frames.REQUEST_HEAD.pack(5 + len(payload), op, handle) + payload

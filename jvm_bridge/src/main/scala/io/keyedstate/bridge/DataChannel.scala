@@ -1,25 +1,45 @@
 package io.keyedstate.bridge
 
-import java.io.{Closeable, EOFException}
+import java.io.{Closeable, EOFException, IOException}
 import java.net.{StandardProtocolFamily, UnixDomainSocketAddress}
 import java.nio.ByteBuffer
 import java.nio.channels.SocketChannel
 import java.nio.charset.StandardCharsets
 import java.nio.file.Path
+import java.util.concurrent.{ConcurrentHashMap, TimeUnit}
 
 import io.keyedstate.format.{Frames, ScanChunk, TtlCandidates, TtlScan}
 
+/** An exchange on the data channel took longer than the bridge timeout (the channel is closed). */
+final class DataChannelTimeoutException(val timeoutMs: Long)
+  extends IOException(s"no answer on the data channel within $timeoutMs ms")
+
 /**
  * One connection of the bulk data channel: [[Frames]] over a Unix domain socket (GB/s, ~16-60 us
- * per round trip, where py4j moves ~25 MB/s). Not thread-safe: borrowed from the server's pool
- * for one call at a time.
+ * per round trip, where py4j moves ~25 MB/s). It starts with a HELLO carrying the server's
+ * data-channel secret. Not thread-safe: borrowed from the server's pool for one call at a time.
+ *
+ * Every exchange must complete within `timeoutMs`: a watchdog thread closes a channel whose
+ * exchange has run longer, which ends the blocked read or write, and the call fails with a
+ * [[DataChannelTimeoutException]]. The hot path pays two volatile writes and a clock read per
+ * call for it, no system call.
  */
-final class DataChannel(path: Path) extends Closeable {
+final class DataChannel(path: Path, secret: Array[Byte], timeoutMs: Long) extends Closeable {
   import Frames._
 
+  private val timeoutNanos = TimeUnit.MILLISECONDS.toNanos(math.max(1L, timeoutMs))
+  @volatile private var callStart = 0L
+  @volatile private var inCall = false
+  @volatile private var expired = false
   private val channel = SocketChannel.open(StandardProtocolFamily.UNIX)
-  channel.connect(UnixDomainSocketAddress.of(path))
   private val responseHead = ByteBuffer.allocate(ResponseHeadBytes)
+  DataChannel.Watchdog.watch(this)
+  try {
+    timed { channel.connect(UnixDomainSocketAddress.of(path)) }
+    call(OpHello, 0, helloRequest(secret))
+  } catch { case e: Throwable => close(); throw e }
+
+  def isOpen: Boolean = channel.isOpen
 
   /** Looks one key up; null when absent. */
   def get(handle: Int, key: Array[Byte]): Array[Byte] = {
@@ -51,7 +71,7 @@ final class DataChannel(path: Path) extends Closeable {
    */
   def sync(handle: Int): (Long, String) = syncReply(call(OpSync, handle)._2)
 
-  private def call(op: Byte, handle: Int, body: ByteBuffer*): (Byte, ByteBuffer) = {
+  private def call(op: Byte, handle: Int, body: ByteBuffer*): (Byte, ByteBuffer) = timed {
     val out = (requestHead(op, handle, body.map(_.remaining().toLong).sum) +: body).toArray
     while (out.exists(_.hasRemaining)) channel.write(out)
     responseHead.clear()
@@ -59,7 +79,10 @@ final class DataChannel(path: Path) extends Closeable {
     responseHead.flip()
     val length = responseHead.getInt()
     val status = responseHead.get()
-    if (length < 1) throw new StateServerException(s"keyedstate: malformed reply of length $length from the state server")
+    // A u32 above 2^31 reads as negative; a Java array holds at most Int.MaxValue - 8 bytes.
+    if (length < 1 || length > Int.MaxValue - 8) {
+      throw new StateServerException(s"keyedstate: malformed reply of length ${length & 0xFFFFFFFFL} from the state server")
+    }
     val reply = ByteBuffer.allocate(length - 1)
     readFully(reply)
     reply.flip()
@@ -69,10 +92,55 @@ final class DataChannel(path: Path) extends Closeable {
     (status, reply)
   }
 
+  /** Runs one exchange under the watchdog's eye; an exchange it cut off fails as a timeout. */
+  private def timed[T](f: => T): T = {
+    callStart = System.nanoTime()
+    inCall = true
+    try f
+    catch { case e: IOException if expired => throw new DataChannelTimeoutException(timeoutMs).initCause(e) }
+    finally inCall = false
+  }
+
+  /** Called by the watchdog: closes the channel if its exchange has run past the timeout. */
+  private def expireIfLate(now: Long): Unit =
+    if (inCall && now - callStart > timeoutNanos && !expired) {
+      expired = true
+      try channel.close() catch { case _: Exception => }
+    }
+
   private def readFully(buf: ByteBuffer): Unit =
     while (buf.hasRemaining) {
       if (channel.read(buf) < 0) throw new EOFException("state server closed the data channel")
     }
 
-  override def close(): Unit = try channel.close() catch { case _: Exception => }
+  override def close(): Unit = {
+    DataChannel.Watchdog.unwatch(this)
+    try channel.close() catch { case _: Exception => }
+  }
+}
+
+object DataChannel {
+  /** One daemon thread for every data channel of the JVM: checks in-flight exchanges ten times
+   *  a second (the timeout is seconds to minutes; a late check costs at most 100 ms more). */
+  private object Watchdog extends Runnable {
+    private val channels = ConcurrentHashMap.newKeySet[DataChannel]()
+    private lazy val thread: Thread = {
+      val t = new Thread(this, "keyedstate-data-channel-watchdog")
+      t.setDaemon(true)
+      t.start()
+      t
+    }
+
+    def watch(c: DataChannel): Unit = { channels.add(c); thread }
+    def unwatch(c: DataChannel): Unit = channels.remove(c)
+
+    override def run(): Unit =
+      while (true) {
+        try {
+          Thread.sleep(100)
+          val now = System.nanoTime()
+          channels.forEach(c => c.expireIfLate(now))
+        } catch { case _: InterruptedException => return; case _: Throwable => }
+      }
+  }
 }

@@ -1,11 +1,11 @@
 package io.keyedstate.bridge
 
-import java.io.{File, IOException, OutputStream}
-import java.net.{InetAddress, InetSocketAddress, ServerSocket, Socket}
+import java.io.{IOException, InputStream, OutputStream}
+import java.net.{InetAddress, InetSocketAddress, ServerSocket, Socket, SocketException, SocketTimeoutException}
+import java.nio.ByteBuffer
+import java.nio.channels.FileChannel
 import java.nio.charset.StandardCharsets
-import java.nio.file.{Files, Path, Paths}
-import java.nio.file.attribute.PosixFilePermissions
-import java.security.SecureRandom
+import java.nio.file.{Files, LinkOption, Path, Paths, StandardCopyOption}
 import java.util.concurrent.{ConcurrentLinkedDeque, CountDownLatch, TimeUnit}
 import javax.net.{ServerSocketFactory, SocketFactory}
 
@@ -72,8 +72,10 @@ final class GatewayEntry {
 }
 
 /**
- * One Python state server process with its py4j gateway (loopback only, random secret,
- * TCP_NODELAY on every socket) and its pool of bulk [[DataChannel]]s.
+ * One Python state server process with its py4j gateway (loopback only, TCP_NODELAY on every
+ * socket) and its pool of bulk [[DataChannel]]s. Three random secrets, one per direction and
+ * channel: the server's calls into this JVM's gateway, this JVM's callbacks into the server, and
+ * the data channel's HELLO. Its files live in `workDir`, private to the user, and go with it.
  */
 final class StateServerProcess private (
     val generation: Int,
@@ -83,15 +85,19 @@ final class StateServerProcess private (
     gateway: GatewayServer,
     val api: PythonStateServer,
     dataPath: Path,
+    dataSecret: Array[Byte],
+    timeoutMs: Int,
+    output: ServerLog,
     val pid: Int) {
 
   private val channels = new ConcurrentLinkedDeque[DataChannel]()
-  def logFile: Path = workDir.resolve("server.log")
-  def isAlive: Boolean = process.isAlive
+  @volatile private var hung = false
+  def logFile: Path = output.path
+  def isAlive: Boolean = !hung && process.isAlive
 
   /** Runs `f` with a pooled data channel; a broken channel is closed, not returned. */
   def withChannel[T](what: String)(f: DataChannel => T): T = {
-    val channel = Option(channels.poll()).getOrElse(openChannel(what))
+    val channel = pooledChannel(what)
     try {
       val result = f(channel)
       channels.push(channel)
@@ -102,8 +108,12 @@ final class StateServerProcess private (
     }
   }
 
-  private def openChannel(what: String): DataChannel =
-    try new DataChannel(dataPath) catch { case NonFatal(e) => throw translate(what, e) }
+  private def pooledChannel(what: String): DataChannel = {
+    var channel = channels.poll()
+    while (channel != null && !channel.isOpen) channel = channels.poll() // cut off by a timeout
+    if (channel != null) channel
+    else try new DataChannel(dataPath, dataSecret, timeoutMs) catch { case NonFatal(e) => throw translate(what, e) }
+  }
 
   /** Runs a control call; a dead server or a Python exception becomes a clear error. */
   def control[T](what: String)(f: PythonStateServer => T): T =
@@ -112,13 +122,23 @@ final class StateServerProcess private (
   private def translate(what: String, e: Throwable): RuntimeException = e match {
     case d: StateServerDiedException => d
     case s: StateServerException => s
+    case _ if StateServerProcess.timedOut(e) && process.isAlive =>
+      // Hung (or far too slow): stop it, so that the task's retry gets a new server.
+      hung = true
+      process.destroyForcibly()
+      new StateServerDiedException(
+        s"keyedstate state server (pid $pid) did not answer $what within the bridge timeout " +
+          s"(${ServerLaunch.ConfPrefix}bridgeTimeout = $timeoutMs ms): it is considered hung and is stopped. " +
+          s"The task fails; its retry starts a new server and reloads the state from the checkpoint. " +
+          s"Server log: $logFile${output.tail()}", e)
     case _ if !process.waitFor(200, TimeUnit.MILLISECONDS) && process.isAlive =>
       new StateServerException(s"keyedstate: $what failed: ${StateServerProcess.pythonMessage(e)}", e)
     case _ =>
+      val code = if (process.isAlive) "killed as hung" else s"exit code ${process.exitValue()}"
       new StateServerDiedException(
-        s"keyedstate state server (pid $pid) died during $what (exit code ${process.exitValue()}). " +
+        s"keyedstate state server (pid $pid) died during $what ($code). " +
           s"The task fails; its retry starts a new server and reloads the state from the " +
-          s"checkpoint. Server log: $logFile${StateServerProcess.tail(logFile)}", e)
+          s"checkpoint. Server log: $logFile${output.tail()}", e)
   }
 
   def destroy(): Unit = {
@@ -126,19 +146,42 @@ final class StateServerProcess private (
     channels.clear()
     try stdin.close() catch { case NonFatal(_) => }
     process.destroy()
-    if (!process.waitFor(5, TimeUnit.SECONDS)) process.destroyForcibly()
+    if (!process.waitFor(5, TimeUnit.SECONDS)) {
+      process.destroyForcibly()
+      process.waitFor(5, TimeUnit.SECONDS)
+    }
     try gateway.shutdown() catch { case NonFatal(_) => }
+    output.awaitEnd(2000)
+    // A data socket the server had to put outside its work dir (a path too long for AF_UNIX).
+    if (!dataPath.startsWith(workDir)) {
+      try LocalRoot.removeSocketDir(workDir, Files.getOwner(workDir, LinkOption.NOFOLLOW_LINKS))
+      catch { case NonFatal(_) => }
+    }
   }
+
+  /** Deletes what the (destroyed) server kept locally: its stores, its data socket, the JVM's
+   *  downloads and native readers for it. Its log stays unless `withLog`. */
+  private[bridge] def removeFiles(withLog: Boolean): Unit =
+    if (withLog) LocalFiles.deleteTree(workDir)
+    else try {
+      val stream = Files.list(workDir)
+      try stream.forEach { p =>
+        if (!p.getFileName.toString.startsWith(ServerLog.Name)) LocalFiles.deleteTree(p)
+      } finally stream.close()
+    } catch { case NonFatal(_) => }
 }
 
 object StateServerProcess {
   private val log = LoggerFactory.getLogger(classOf[StateServerProcess])
   private val loopback = InetAddress.getLoopbackAddress
+  /** Logs of replaced (dead) servers kept for diagnosis; older ones are deleted. */
+  private val KeptDeadLogs = 4
 
   // A small pool: Python's GIL serialises one process, so partitions are spread over several.
   @volatile private var servers: Array[StateServerProcess] = _
   private var generations = 0
-  private var baseDir: Path = _
+  private var root: LocalRoot = _
+  private val retired = new java.util.ArrayDeque[StateServerProcess]()
 
   /** The number of server processes of this JVM (fixed by the first store opened). */
   def poolSize(launch: ServerLaunch): Int = synchronized {
@@ -155,7 +198,8 @@ object StateServerProcess {
       if (current == null || !current.isAlive) {
         if (current != null) {
           log.warn(s"keyedstate state server (pid ${current.pid}) is dead; starting a new one")
-          current.destroy()
+          servers(index) = null
+          retire(current)
         }
         generations += 1
         servers(index) = start(generations, launch)
@@ -164,58 +208,78 @@ object StateServerProcess {
     }
   }
 
-  private def start(generation: Int, launch: ServerLaunch): StateServerProcess = {
-    if (baseDir == null) {
-      baseDir = launch.localDir match {
-        case Some(dir) => Files.createDirectories(Paths.get(dir))
-        case None =>
-          val dir = Files.createTempDirectory("keyedstate-",
-            PosixFilePermissions.asFileAttribute(PosixFilePermissions.fromString("rwx------")))
-          sys.addShutdownHook(deleteRecursively(dir.toFile))
-          dir
+  /** A dead server's files go when it is replaced; its log stays for a while (the task's error
+   *  names it), for the last [[KeptDeadLogs]] dead servers. */
+  private def retire(dead: StateServerProcess): Unit = {
+    dead.destroy()
+    dead.removeFiles(withLog = false)
+    retired.addLast(dead)
+    while (retired.size > KeptDeadLogs) retired.removeFirst().removeFiles(withLog = true)
+  }
+
+  /** This JVM's private directory, made at the first start; what JVMs that are gone left next to
+   *  it is removed then. Removed with every server at the JVM's exit. */
+  private def localRoot(launch: ServerLaunch): LocalRoot = {
+    if (root == null) {
+      val parent = launch.localDir.map(d => Paths.get(d)).getOrElse(Paths.get(System.getProperty("java.io.tmpdir")))
+      root = LocalRoot.create(parent)
+      val created = root
+      sys.addShutdownHook {
+        Option(servers).foreach(_.foreach(s => if (s != null) try s.destroy() catch { case NonFatal(_) => }))
+        created.close()
       }
-      sys.addShutdownHook(Option(servers).foreach(_.foreach(s => if (s != null) s.destroy())))
     }
-    val workDir = Files.createDirectories(baseDir.resolve(s"server-$generation-${ProcessHandle.current().pid()}"))
-    val secret = randomSecret()
+    root
+  }
+
+  private def start(generation: Int, launch: ServerLaunch): StateServerProcess = {
+    val workDir = LocalFiles.createNewPrivateDirectory(localRoot(launch).dir.resolve(s"server-$generation"))
+    Seq("restore", "native").foreach(d => LocalFiles.createNewPrivateDirectory(workDir.resolve(d)))
+    val gatewaySecret = LocalFiles.randomHex(32)
+    val callbackSecret = LocalFiles.randomHex(32)
+    val dataSecret = LocalFiles.randomHex(32)
     val entry = new GatewayEntry
     val gateway = new GatewayServer.GatewayServerBuilder()
       .entryPoint(entry)
       .javaPort(0)
       .javaAddress(loopback)
-      .authToken(secret)
-      .serverSocketFactory(NoDelayServerSocketFactory)
-      .callbackClient(new CallbackClient(0, loopback, secret, 30L, TimeUnit.SECONDS,
+      .authToken(gatewaySecret)
+      .serverSocketFactory(GuardedServerSocketFactory)
+      .callbackClient(new CallbackClient(0, loopback, callbackSecret, 30L, TimeUnit.SECONDS,
         NoDelaySocketFactory, false, launch.callTimeoutMs))
       .build()
     gateway.start(true)
-    val logFile = workDir.resolve("server.log").toFile
-    val builder = new ProcessBuilder(launch.pythonExec, "-m", "keyedstate.server")
-      .redirectErrorStream(true)
-      .redirectOutput(ProcessBuilder.Redirect.appendTo(logFile))
+    val output = new ServerLog(workDir.resolve(ServerLog.Name))
+    val builder = new ProcessBuilder(launch.pythonExec, "-m", "keyedstate.server").redirectErrorStream(true)
     val env = builder.environment()
     env.put("KEYEDSTATE_GATEWAY_PORT", gateway.getListeningPort.toString)
-    env.put("KEYEDSTATE_GATEWAY_SECRET", secret)
+    env.put("KEYEDSTATE_GATEWAY_SECRET", gatewaySecret)
+    env.put("KEYEDSTATE_CALLBACK_SECRET", callbackSecret)
+    env.put("KEYEDSTATE_DATA_SECRET", dataSecret)
     env.put("KEYEDSTATE_WORK_DIR", workDir.toString)
     env.put("PYTHONUNBUFFERED", "1")
     val process = try builder.start() catch {
       case e: IOException =>
         gateway.shutdown()
+        output.close()
         throw new StateServerException(
           s"keyedstate: cannot start the state server with Python '${launch.pythonExec}' " +
             "(set spark.sql.streaming.stateStore.keyedstate.pythonExec, spark.pyspark.python " +
             s"or PYSPARK_PYTHON to a Python with keyedstate installed): ${e.getMessage}", e)
     }
+    output.pump(process.getInputStream, s"keyedstate-server-$generation-output")
     val deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(launch.startupTimeoutMs)
     while (!entry.ready.await(100, TimeUnit.MILLISECONDS)) {
       if (!process.isAlive || System.nanoTime() > deadline) {
         process.destroyForcibly()
+        process.waitFor(5, TimeUnit.SECONDS)
         gateway.shutdown()
+        output.awaitEnd(2000)
         val why = if (process.isAlive) s"did not connect within ${launch.startupTimeoutMs} ms"
           else s"exited with code ${process.exitValue()}"
         throw new StateServerException(
           s"keyedstate: the state server ('${launch.pythonExec} -m keyedstate.server') $why. " +
-            s"Log: ${logFile}${tail(logFile.toPath)}")
+            s"Log: ${output.path}${output.tail()}")
       }
     }
     val api = gateway.getPythonServerEntryPoint(Array(classOf[PythonStateServer]))
@@ -223,14 +287,15 @@ object StateServerProcess {
     val dataPath = Paths.get(api.dataSocketPath())
     log.info(s"keyedstate state server $generation started (pid ${entry.pid}, work dir $workDir)")
     new StateServerProcess(generation, workDir, process, process.getOutputStream, gateway, api,
-      dataPath, entry.pid)
+      dataPath, dataSecret.getBytes(StandardCharsets.US_ASCII), launch.callTimeoutMs, output, entry.pid)
   }
 
-  private def randomSecret(): String = {
-    val bytes = new Array[Byte](32)
-    new SecureRandom().nextBytes(bytes)
-    bytes.map(b => f"${b & 0xff}%02x").mkString
-  }
+  /** Whether a failure is a read timeout (py4j's control call, or the data channel's watchdog). */
+  private[bridge] def timedOut(e: Throwable): Boolean =
+    Iterator.iterate(e)(_.getCause).takeWhile(_ != null).take(10).exists {
+      case _: SocketTimeoutException | _: DataChannelTimeoutException => true
+      case _ => false
+    }
 
   /** The last line of a Python traceback carried by a py4j exception, else the message. */
   private[keyedstate] def pythonMessage(e: Throwable): String = {
@@ -238,33 +303,175 @@ object StateServerProcess {
     val lines = msg.split("\n").map(_.trim).filter(_.nonEmpty)
     if (msg.contains("Traceback")) lines.last else msg
   }
+}
 
-  private[keyedstate] def tail(path: Path, lines: Int = 20): String =
+/**
+ * What a state server writes to stdout and stderr (its log), copied by a daemon thread into
+ * `path`, a private file rotated to `path.1` at [[ServerLog.MaxBytes]]: bounded, whatever the
+ * server's log level.
+ */
+private[bridge] final class ServerLog(val path: Path) {
+  import ServerLog._
+
+  @volatile private var out: FileChannel = LocalFiles.openPrivateAppend(path)
+  @volatile private var thread: Thread = _
+
+  def pump(in: InputStream, name: String): Unit = {
+    val t = new Thread(() => copy(in), name)
+    t.setDaemon(true)
+    thread = t
+    t.start()
+  }
+
+  private def copy(in: InputStream): Unit = {
+    val buf = new Array[Byte](8192)
     try {
-      val all = new String(Files.readAllBytes(path), StandardCharsets.UTF_8).split("\n")
+      var n = in.read(buf)
+      while (n >= 0) {
+        if (n > 0) write(buf, n)
+        n = in.read(buf)
+      }
+    } catch { case NonFatal(_) => }
+    finally close()
+  }
+
+  private def write(buf: Array[Byte], n: Int): Unit = {
+    if (out.size() + n > MaxBytes) {
+      out.close()
+      Files.move(path, backup, StandardCopyOption.REPLACE_EXISTING)
+      out = LocalFiles.openPrivateAppend(path)
+    }
+    val b = ByteBuffer.wrap(buf, 0, n)
+    while (b.hasRemaining) out.write(b)
+  }
+
+  private def backup: Path = path.resolveSibling(path.getFileName.toString + ".1")
+
+  /** Waits (a little) until the server's last words are written. */
+  def awaitEnd(ms: Long): Unit = Option(thread).foreach(_.join(ms))
+
+  def close(): Unit = try out.close() catch { case NonFatal(_) => }
+
+  /** The last lines of the log, for error messages (reads at most the last 32 KB). */
+  def tail(lines: Int = 20): String =
+    try {
+      val text = Seq(backup, path).filter(p => Files.isRegularFile(p, LinkOption.NOFOLLOW_LINKS)).map(lastBytes).mkString
+      val all = text.split("\n")
       "\n--- last lines of the server log ---\n" + all.takeRight(lines).mkString("\n")
     } catch { case NonFatal(_) => "" }
 
-  private def deleteRecursively(f: File): Unit = {
-    Option(f.listFiles()).foreach(_.foreach(deleteRecursively))
-    f.delete()
+  private def lastBytes(p: Path): String = {
+    val ch = FileChannel.open(p)
+    try {
+      val n = math.min(ch.size(), TailBytes.toLong).toInt
+      val b = ByteBuffer.allocate(n)
+      ch.position(ch.size() - n)
+      while (b.hasRemaining && ch.read(b) >= 0) {}
+      new String(b.array(), 0, b.position(), StandardCharsets.UTF_8)
+    } finally ch.close()
   }
 }
 
-/** Server sockets whose accepted connections have TCP_NODELAY (py4j's default waits on Nagle). */
-object NoDelayServerSocketFactory extends ServerSocketFactory {
-  private final class NoDelayServerSocket extends ServerSocket {
-    override def accept(): Socket = { val s = super.accept(); s.setTcpNoDelay(true); s }
+private[bridge] object ServerLog {
+  val Name = "server.log"
+  val MaxBytes: Long = 8L << 20
+  private val TailBytes = 32 << 10
+}
+
+/**
+ * Server sockets for the py4j gateway: accepted connections have TCP_NODELAY (py4j's default
+ * waits on Nagle) and, until they have authenticated, may send at most [[PreAuthBytes]] and must
+ * do so within [[PreAuthTimeoutMs]] (py4j reads the auth line unbounded and waits for ever).
+ */
+object GuardedServerSocketFactory extends ServerSocketFactory {
+  val PreAuthBytes = 16 << 10
+  val PreAuthTimeoutMs = 10000
+
+  private final class GuardedServerSocket extends ServerSocket {
+    override def accept(): Socket = {
+      if (isClosed) throw new SocketException("Socket is closed")
+      val s = new PreAuthSocket
+      implAccept(s)
+      s.setTcpNoDelay(true)
+      s.arm()
+      s
+    }
   }
-  override def createServerSocket(): ServerSocket = new NoDelayServerSocket
+  override def createServerSocket(): ServerSocket = new GuardedServerSocket
   override def createServerSocket(port: Int): ServerSocket = bound(port, 50, null)
   override def createServerSocket(port: Int, backlog: Int): ServerSocket = bound(port, backlog, null)
   override def createServerSocket(port: Int, backlog: Int, addr: InetAddress): ServerSocket =
     bound(port, backlog, addr)
   private def bound(port: Int, backlog: Int, addr: InetAddress): ServerSocket = {
-    val s = new NoDelayServerSocket
+    val s = new GuardedServerSocket
     s.bind(new InetSocketAddress(Option(addr).getOrElse(InetAddress.getLoopbackAddress), port), backlog)
     s
+  }
+
+  /**
+   * A connection that counts as authenticated once the gateway has written to it (py4j's first
+   * write is its answer to the auth command; on a wrong token it closes the connection after
+   * it). Until then its reads are capped and time out.
+   */
+  private final class PreAuthSocket extends Socket {
+    @volatile private var authenticated = false
+    private var wantedTimeout = 0
+    private var in: InputStream = _
+    private var out: OutputStream = _
+
+    def arm(): Unit = super.setSoTimeout(PreAuthTimeoutMs)
+
+    override def setSoTimeout(timeout: Int): Unit = synchronized {
+      wantedTimeout = timeout
+      if (authenticated) super.setSoTimeout(timeout)
+    }
+
+    private def authenticate(): Unit = synchronized {
+      if (!authenticated) {
+        authenticated = true
+        super.setSoTimeout(wantedTimeout)
+      }
+    }
+
+    override def getInputStream: InputStream = synchronized {
+      if (in == null) {
+        val raw = super.getInputStream
+        in = new InputStream {
+          private var read0 = 0L
+          private def room(len: Int): Int = {
+            if (authenticated) len
+            else {
+              if (read0 >= PreAuthBytes) throw new IOException(
+                s"keyedstate: an unauthenticated peer sent more than $PreAuthBytes bytes")
+              math.min(len.toLong, PreAuthBytes - read0).toInt
+            }
+          }
+          override def read(): Int = { room(1); val b = raw.read(); if (b >= 0) read0 += 1; b }
+          override def read(b: Array[Byte], off: Int, len: Int): Int = {
+            if (len == 0) return 0
+            val n = raw.read(b, off, room(len))
+            if (n > 0) read0 += n
+            n
+          }
+          override def available(): Int = raw.available()
+          override def close(): Unit = raw.close()
+        }
+      }
+      in
+    }
+
+    override def getOutputStream: OutputStream = synchronized {
+      if (out == null) {
+        val raw = super.getOutputStream
+        out = new OutputStream {
+          override def write(b: Int): Unit = { authenticate(); raw.write(b) }
+          override def write(b: Array[Byte], off: Int, len: Int): Unit = { authenticate(); raw.write(b, off, len) }
+          override def flush(): Unit = raw.flush()
+          override def close(): Unit = raw.close()
+        }
+      }
+      out
+    }
   }
 }
 

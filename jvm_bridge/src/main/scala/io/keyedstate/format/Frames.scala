@@ -29,6 +29,7 @@ final case class TtlCandidates(version: Long, scanMs: Int, keys: Array[Array[Byt
  *   MULTI_GET  u32 n | (u32 klen k)*                 -> (u8 found [u32 vlen v])*
  *   TTL_CANDIDATES                                   -> i64 version | u32 scan ms | u32 n | (u32 klen k)*
  *   SYNC                                             -> i64 version | RocksDB directory (UTF-8)
+ *   HELLO      u16 protocol version | secret         -> (empty)    (the first frame of a connection)
  *
  * An ERROR reply carries a UTF-8 message. Request bodies are built here; replies are parsed
  * here with every length checked against the reply before anything is allocated.
@@ -40,6 +41,9 @@ object Frames {
   val OpMultiGet: Byte = 4
   val OpTtlCandidates: Byte = 5
   val OpSync: Byte = 6
+  val OpHello: Byte = 7
+  /** Version 2 added HELLO. */
+  val ProtocolVersion: Int = 2
   val ApplyNow: Byte = 0
   val ApplyBehind: Byte = 1
   val StatusOk: Byte = 0
@@ -52,6 +56,10 @@ object Frames {
     if (bodyBytes > Int.MaxValue - 5) throw new FrameException(s"a frame of $bodyBytes bytes is too large")
     ByteBuffer.allocate(RequestHeadBytes).putInt(5 + bodyBytes.toInt).put(op).putInt(handle).flip()
   }
+
+  /** The body of the HELLO every connection starts with (handle 0): the data-channel secret. */
+  def helloRequest(secret: Array[Byte]): ByteBuffer =
+    ByteBuffer.allocate(2 + secret.length).putShort(ProtocolVersion.toShort).put(secret).flip()
 
   def multiGetRequest(keys: Array[Array[Byte]]): ByteBuffer = {
     val req = ByteBuffer.allocate(4 + keys.map(4 + _.length).sum)

@@ -1,0 +1,350 @@
+"""Issue 11, the bridge survives hostile local peers.
+
+A local process that does not know the secret must not be able to make the state server or
+the JVM allocate more than a small bounded amount of memory, or hold a connection (a thread)
+open; each direction has its own secret; the data channel refuses peers without its secret and
+data frames with impossible lengths before allocating them; malformed frames fail one exchange,
+never the server; a hung state server fails the task within bounded time instead of hanging it.
+
+The tests attack a state server started by a Spark session in a child process (one server,
+``bridgeTimeout=5s``) through its real sockets, found in /proc; after each attack the query
+must still run exactly. The data channel's HELLO frame is FORMATS.md's (protocol 2); its
+secret is read where a same-user peer could read it, the server's initial environment."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import struct
+import threading
+import time
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+
+from keyedstate.formats import frames
+from support.constants import PFX
+from support.processes import (alive, initial_environ, py4j_authenticates, rss_bytes, server_ports, signal_quietly,
+                               unix_listening_paths, wait_until)
+from support.sessions import SessionProcess
+
+MiB = 1 << 20
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def bridge(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bridge")
+    session = SessionProcess(root / "session", confs={PFX + "serverProcesses": "1", PFX + "bridgeTimeout": "5s"})
+    expected = Counter()
+    batches = iter(range(10**6))
+
+    def serves() -> None:
+        """One more batch runs, and its counts are exact."""
+        b = next(batches)
+        keys = [f"key-{(b * 13 + i) % 90}" for i in range(40)]
+        expected.update(keys)
+        result = session.run(root / "checkpoint", root / "input", keys)
+        assert result["ok"], f"the query failed after the attack: {result['error'][:1500]}"
+        assert result["counts"] == {k: expected[k] for k in set(keys)}
+
+    try:
+        serves()
+        yield SimpleNamespace(session=session, serves=serves, root=root)
+    finally:
+        session.kill()
+
+
+def the_server(bridge) -> int:
+    servers = bridge.session.servers()
+    assert len(servers) == 1, f"expected one state server, found {servers}"
+    return servers[0]
+
+
+def py4j_ports(bridge) -> tuple[int, set[int], set[int]]:
+    """(server pid, its own TCP listening ports, the JVM ports it is connected to). Both empty
+    when control no longer travels over TCP (then there is nothing to attack here)."""
+    server = the_server(bridge)
+    callback_ports, gateway_ports = server_ports(server, bridge.session.jvm_pid)
+    return server, callback_ports, gateway_ports
+
+
+class PeakRss:
+    """Samples a process's RSS in the background; ``stop()`` returns peak - baseline."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.baseline = rss_bytes(pid)
+        self.peak = self.baseline
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.peak = max(self.peak, rss_bytes(self.pid))
+            except (OSError, ValueError):
+                return
+            time.sleep(0.01)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak - self.baseline
+
+
+def flood_line(port: int, total: int, chunk: int = MiB) -> tuple[socket.socket, int, str]:
+    """Connect without the secret and stream ``total`` bytes of one line that never ends."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    data = b"A" * chunk
+    sent = 0
+    try:
+        while sent < total:
+            sock.sendall(data)
+            sent += chunk
+        outcome = "the peer read all of it"
+    except socket.timeout:
+        outcome = "the peer stopped reading"
+    except OSError as exc:
+        outcome = f"the peer closed the connection ({exc.strerror or exc})"
+    return sock, sent, outcome
+
+
+def test_endless_unauthenticated_line_to_the_state_server_is_bounded(bridge):
+    server, callback_ports, _ = py4j_ports(bridge)
+    for port in callback_ports:
+        rss = PeakRss(server)
+        sock, sent, outcome = flood_line(port, 200 * MiB)
+        time.sleep(0.5)
+        growth = rss.stop()
+        sock.close()
+        assert growth < 16 * MiB, (f"an unauthenticated peer grew the state server (pid {server}) by "
+                                   f"{growth / MiB:.0f} MiB with a {sent / MiB:.0f} MiB line to port {port} ({outcome})")
+    assert alive(server)
+    bridge.serves()
+
+
+def test_endless_unauthenticated_line_to_the_jvm_gateway_is_bounded(bridge):
+    session = bridge.session
+    server, _, gateway_ports = py4j_ports(bridge)
+    for port in gateway_ports:
+        baseline = session.heap_used()
+        rss = PeakRss(session.jvm_pid)
+        sock, sent, outcome = flood_line(port, 128 * MiB)
+        time.sleep(0.5)
+        held = session.heap_used() - baseline  # while the connection is still open
+        growth = rss.stop()
+        sock.close()
+        assert held < 32 * MiB, (f"an unauthenticated peer made the JVM (pid {session.jvm_pid}) hold "
+                                 f"{held / MiB:.0f} MiB of heap (RSS +{growth / MiB:.0f} MiB) with a "
+                                 f"{sent / MiB:.0f} MiB line to keyedstate's gateway port {port} ({outcome})")
+    bridge.serves()
+
+
+def test_idle_unauthenticated_connections_are_closed(bridge):
+    """A peer that connects and sends half an auth exchange must not hold a thread for ever
+    (nor a data-channel connection that never says HELLO)."""
+    server, callback_ports, gateway_ports = py4j_ports(bridge)
+    socks = {}
+    for what, ports in (("state server", callback_ports), ("JVM gateway", gateway_ports)):
+        for port in ports:
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+            sock.sendall(b"A\n")  # the auth command, then nothing: no token, no newline
+            socks[f"{what} port {port}"] = sock
+    data = data_socket(server)
+    data.sendall(frames.REQUEST_HEAD.pack(5 + 2, frames.OP_HELLO, 0)[:5])  # half a frame head, then nothing
+    socks["data channel"] = data
+    for sock in socks.values():
+        sock.settimeout(0.2)
+    deadline = time.monotonic() + 30
+    still_open = set(socks)
+    while still_open and time.monotonic() < deadline:
+        for name in list(still_open):
+            try:
+                if socks[name].recv(4096) == b"":
+                    still_open.discard(name)
+            except socket.timeout:
+                pass
+            except OSError:
+                still_open.discard(name)
+    for sock in socks.values():
+        sock.close()
+    assert not still_open, f"unauthenticated idle connections still open after 30 s: {sorted(still_open)}"
+
+
+def test_each_direction_has_its_own_secret(bridge):
+    """The secret the state server uses to reach the JVM must not also open the server's own
+    callback port (and vice versa): a peer that learns one cannot impersonate the other side."""
+    server, callback_ports, gateway_ports = py4j_ports(bridge)
+    tokens = {v for k, v in initial_environ(server).items() if len(v) >= 32 and " " not in v and "/" not in v}
+    assert tokens, "found no secret in the state server's environment to check"
+    both = []
+    for token in tokens:
+        to_jvm = [p for p in gateway_ports if py4j_authenticates(p, token)]
+        to_server = [p for p in callback_ports if py4j_authenticates(p, token)]
+        if to_jvm and to_server:
+            both.append(f"{token[:8]}... opens JVM port {to_jvm} and state server port {to_server}")
+    assert not both, "one secret serves both directions: " + "; ".join(both)
+
+
+# -- the data channel ---------------------------------------------------------------------------------
+
+RESPONSE_HEAD = struct.Struct(">IB")  # length, status
+
+
+def data_socket(server: int) -> socket.socket:
+    paths = unix_listening_paths(server)
+    assert paths, f"state server {server} listens on no Unix socket"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(10)
+    sock.connect(paths[0])
+    return sock
+
+
+def data_secret(server: int) -> bytes:
+    """What a same-user peer can read: the secret the JVM gave the server for the data channel."""
+    secrets = [v for k, v in initial_environ(server).items() if "DATA" in k and len(v) >= 32]
+    assert len(secrets) == 1, "expected the data-channel secret in the state server's environment"
+    return secrets[0].encode()
+
+
+def hello(secret: bytes) -> bytes:
+    body = frames.U16.pack(frames.PROTOCOL_VERSION) + secret
+    return frames.REQUEST_HEAD.pack(5 + len(body), frames.OP_HELLO, 0) + body
+
+
+def authenticated_data_socket(server: int) -> socket.socket:
+    sock = data_socket(server)
+    sock.sendall(hello(data_secret(server)))
+    answer = reply_or_close(sock, 5)
+    assert answer.startswith("reply status 0"), f"the HELLO with the server's secret was refused: {answer}"
+    return sock
+
+
+def reply_or_close(sock: socket.socket, timeout: float) -> str:
+    sock.settimeout(timeout)
+    try:
+        data = sock.recv(4096)
+    except socket.timeout:
+        return "nothing"
+    except OSError:
+        return "closed"
+    if not data:
+        return "closed"
+    if len(data) >= RESPONSE_HEAD.size:
+        length, status = RESPONSE_HEAD.unpack_from(data)
+        return f"reply status {status}: {data[RESPONSE_HEAD.size:].decode(errors='replace')}"
+    return "garbage"
+
+
+def send_quietly(sock: socket.socket, data: bytes) -> None:
+    try:
+        sock.sendall(data)
+    except OSError:  # the server closed the connection already: what follows reads that
+        pass
+
+
+def test_data_channel_refuses_peers_without_the_secret(bridge):
+    """The socket may live in a shared temporary directory: a peer that can connect must still
+    get nothing served without the secret."""
+    server = the_server(bridge)
+    outcomes = {}
+    for what, first in (("a GET as the first frame", frames.REQUEST_HEAD.pack(5 + 4, frames.OP_GET, 1) + b"key!"),
+                        ("a HELLO with a wrong secret", hello(b"0" * 64)),
+                        ("a HELLO of another protocol version",
+                         frames.REQUEST_HEAD.pack(5 + 2 + 64, frames.OP_HELLO, 0) + frames.U16.pack(1) + b"0" * 64)):
+        sock = data_socket(server)
+        sock.sendall(first)
+        answer = reply_or_close(sock, 5)
+        send_quietly(sock, frames.REQUEST_HEAD.pack(5, frames.OP_SYNC, 1))  # then a request: never served
+        after = reply_or_close(sock, 5)
+        sock.close()
+        outcomes[what] = (answer, after)
+    assert alive(server)
+    for what, (answer, after) in outcomes.items():
+        assert answer.startswith("reply status 2") or answer == "closed", f"{what}: {answer}"
+        assert after in ("closed", "nothing"), f"{what}: a request after it was served: {after}"
+    bridge.serves()
+
+
+def test_malformed_data_frames_fail_one_exchange_not_the_server(bridge):
+    server = the_server(bridge)
+    outcomes = {}
+    sock = authenticated_data_socket(server)
+    sock.sendall(frames.REQUEST_HEAD.pack(5 + 1, frames.OP_SCAN, 1) + b"\x00")  # a SCAN whose body is cut short
+    outcomes["scan body cut short"] = reply_or_close(sock, 5)
+    sock.sendall(frames.REQUEST_HEAD.pack(5, 99, 1))  # an unknown op
+    outcomes["unknown op"] = reply_or_close(sock, 5)
+    sock.sendall(frames.REQUEST_HEAD.pack(5, frames.OP_SYNC, 987654))  # a store handle that is not open
+    outcomes["unknown store"] = reply_or_close(sock, 5)
+    sock.close()
+    sock = authenticated_data_socket(server)
+    sock.sendall(frames.REQUEST_HEAD.pack(2, frames.OP_GET, 1))  # a length shorter than the header it follows
+    outcomes["length below the header size"] = reply_or_close(sock, 5)
+    sock.close()
+    sock = authenticated_data_socket(server)
+    sock.sendall(frames.REQUEST_HEAD.pack(5 + 100, frames.OP_GET, 1) + b"x" * 10)  # the peer goes mid-frame
+    sock.close()
+    assert alive(server), f"a malformed frame killed the state server: {outcomes}"
+    for what in ("scan body cut short", "unknown op", "unknown store"):
+        assert outcomes[what].startswith("reply status 2"), f"{what}: expected an error reply, got {outcomes[what]}"
+    assert outcomes["length below the header size"] != "nothing", outcomes
+    bridge.serves()
+
+
+@pytest.mark.parametrize("authenticated", [False, True], ids=["before-hello", "after-hello"])
+def test_data_frame_with_impossible_length_is_rejected_before_allocation(bridge, authenticated):
+    """A frame header claiming 2 GiB + 16 bytes (more than the JVM can ever send: its frames
+    are Java ByteBuffers) must be refused at once, without allocating it."""
+    server = the_server(bridge)
+    rss = PeakRss(server)
+    sock = authenticated_data_socket(server) if authenticated else data_socket(server)
+    sock.sendall(frames.REQUEST_HEAD.pack(0x80000010, frames.OP_GET, 1))
+    answer = reply_or_close(sock, timeout=5)
+    time.sleep(0.3)
+    growth = rss.stop()
+    sock.close()
+    try:  # let a server that did allocate it give the memory back, so later tests see a sane server
+        wait_until(lambda: rss_bytes(server) < rss.baseline + 64 * MiB, 30, "the state server's memory to settle")
+    except AssertionError:
+        pass
+    assert growth < 16 * MiB, (f"a data frame header claiming 2 GiB made the state server (pid {server}) grow by "
+                               f"{growth / MiB:.0f} MiB ({answer})")
+    assert answer != "nothing", "the frame was neither refused nor the connection closed within 5 s"
+    assert alive(server)
+    bridge.serves()
+
+
+def test_hung_state_server_fails_the_batch_within_bounded_time(bridge):
+    """SIGSTOP the state server between two batches of a running query (its stores loaded, its
+    near cache complete, so the batch's only exchange with the server is the commit shipping
+    its changelog over the data channel): the batch must end within 60 s, not hang. The
+    bridgeTimeout conf is 5 s."""
+    session = bridge.session
+    assert session.start_query("steady", bridge.root / "steady-checkpoint", bridge.root / "steady-input")["ok"]
+    first = session.feed("steady", ["a", "b", "a"])
+    assert first["ok"] and first["counts"] == {"a": 2, "b": 1}, first
+    server = the_server(bridge)
+    os.kill(server, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        session.send({"op": "feed", "name": "steady", "keys": ["a", "c"]})
+        try:
+            result = session.reply(timeout=60)
+        except TimeoutError:
+            result = None
+        elapsed = time.monotonic() - started
+    finally:
+        signal_quietly(server, signal.SIGKILL)  # keyedstate may have stopped it already
+        signal_quietly(server, signal.SIGCONT)
+    assert result is not None, "the batch still hangs 60 s after the state server stopped responding"
+    if result["ok"]:  # recovered (e.g. a new server reloaded the state): then exactly
+        assert result["counts"] == {"a": 3, "c": 1}, result
+    else:
+        error = result["error"].lower()
+        clear = ("timed out", "timeout", "time out", "did not respond", "not responding", "no response",
+                 "did not answer", "unresponsive", "hung")
+        assert any(c in error for c in clear), f"unclear error after {elapsed:.0f} s: {result['error'][:1500]}"

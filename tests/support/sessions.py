@@ -1,0 +1,259 @@
+"""A SparkSession on keyedstate in a child process, for tests that must control a JVM's
+lifetime, environment, ``localDir`` or ``java.io.tmpdir`` (fixed per JVM by the first store it
+opens), or kill it. The child is driven by JSON commands on stdin, one JSON reply per command on
+stdout; every query is a count per key over JSON files with a column ``k``. Share one session
+per test module where the tests allow it: each costs a JVM start.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from .processes import alive, children, cmdline, descendants, signal_quietly
+
+QUICK_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+"""A session JVM does little work: C1 only and the serial GC start it faster."""
+
+# The child process: one SparkSession on keyedstate, driven by JSON commands on stdin, one JSON
+# reply per command on stdout. Every query is a count per key over JSON files with a column k.
+SESSION_SCRIPT = r'''
+import json, os, sys, time, traceback
+from pathlib import Path
+
+spec = json.loads(sys.argv[1])
+from pyspark.sql import SparkSession, functions as F
+import keyedstate
+
+builder = (SparkSession.builder.master(spec.get("master", "local[2]")).appName("keyedstate-session")
+           .config("spark.sql.shuffle.partitions", "2")
+           .config("spark.ui.enabled", "false")
+           .config("spark.ui.showConsoleProgress", "false")
+           .config("spark.sql.streaming.stateStore.maintenanceInterval", "1s")
+           .config("spark.driver.extraJavaOptions", spec["javaOptions"]))
+for key, value in spec.get("confs", {}).items():
+    builder = builder.config(key, value)
+spark = keyedstate.configure(builder).getOrCreate()
+spark.sparkContext.setLogLevel("WARN")
+out = sys.stdout
+sys.stdout = sys.stderr  # only replies go to the real stdout
+
+def reply(obj):
+    out.write(json.dumps(obj) + "\n")
+    out.flush()
+
+class Query:
+    def __init__(self, cmd):
+        self.input = Path(cmd["input"])
+        self.input.mkdir(parents=True, exist_ok=True)
+        self.seen = {}
+        for key, value in cmd.get("confs", {}).items():
+            spark.conf.set(key, value)
+        def sink(df, batch_id):
+            for row in df.collect():
+                self.seen[row["k"]] = int(row["n"])
+        df = spark.readStream.schema("k STRING").option("maxFilesPerTrigger", 1).json(str(self.input))
+        self.query = (df.groupBy("k").agg(F.count("*").alias("n")).writeStream.outputMode("update")
+                      .foreachBatch(sink).option("checkpointLocation", cmd["checkpoint"]).start())
+
+    def processAllAvailable(self):
+        self.query.processAllAvailable()
+
+    def stop(self):
+        self.query.stop()
+
+def start(cmd):
+    return Query(cmd)
+
+def feed(directory, cmd):
+    directory.mkdir(parents=True, exist_ok=True)
+    n = len([p for p in directory.iterdir() if p.name.endswith(".json")])
+    tmp = directory / f".{n:05d}.tmp"
+    tmp.write_text("".join(json.dumps({"k": k}) + "\n" for k in cmd["keys"]))
+    tmp.rename(directory / f"{n:05d}.json")
+
+queries = {}
+reply({"ready": True, "jvmPid": int(spark._jvm.ProcessHandle.current().pid()), "pid": os.getpid()})
+for line in sys.stdin:
+    cmd = json.loads(line)
+    op = cmd["op"]
+    try:
+        if op == "exit":
+            spark.stop()
+            reply({"ok": True})
+            break
+        elif op == "heap":  # the JVM heap in use after full collections
+            rt = spark._jvm.java.lang.Runtime.getRuntime()
+            for _ in range(3):
+                spark._jvm.java.lang.System.gc()
+            reply({"ok": True, "used": int(rt.totalMemory() - rt.freeMemory())})
+        elif op == "run":  # one more input file, then start the query, run it, stop it
+            feed(Path(cmd["input"]), cmd)
+            query = start(cmd)
+            try:
+                query.processAllAvailable()
+            finally:
+                query.stop()
+            reply({"ok": True, "counts": query.seen})
+        elif op == "start":  # start a query that keeps running (its stores stay loaded)
+            queries[cmd["name"]] = start(cmd)
+            reply({"ok": True})
+        elif op == "feed":  # one more input file through a running query
+            query = queries[cmd["name"]]
+            query.seen.clear()
+            feed(query.input, cmd)
+            query.processAllAvailable()
+            while not query.seen:  # the stream thread may not have seen the new file yet
+                time.sleep(0.05)
+                query.processAllAvailable()
+            reply({"ok": True, "counts": dict(query.seen)})
+        elif op == "stop":
+            queries.pop(cmd["name"]).stop()
+            reply({"ok": True})
+        else:
+            reply({"ok": False, "error": f"unknown op {op}"})
+    except Exception as exc:
+        reply({"ok": False, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()})
+'''
+
+
+class SessionProcess:
+    """A SparkSession on keyedstate in a child process (optionally wrapped, e.g. in ``unshare``)."""
+
+    def __init__(self, workdir: Path, confs: dict[str, str] | None = None,
+                 env: dict[str, str] | None = None, wrapper: list[str] | None = None,
+                 master: str = "local[2]", java_options: str = "", startup_timeout: float = 180.0) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.workdir = workdir
+        self.log_path = workdir / f"session-{time.monotonic_ns()}.log"
+        script = workdir / "session_main.py"
+        script.write_text(SESSION_SCRIPT)
+        spec = {"confs": confs or {}, "master": master, "javaOptions": f"{QUICK_JVM_OPTIONS} {java_options}".strip()}
+        full_env = {**os.environ, **(env or {})}
+        full_env.pop("PYSPARK_GATEWAY_PORT", None)
+        full_env.pop("PYSPARK_GATEWAY_SECRET", None)
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen([*(wrapper or []), sys.executable, str(script), json.dumps(spec)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+                                     env=full_env, start_new_session=True)
+        self._known: dict[int, list[str]] = {}  # pid -> cmdline of every process seen in the session
+        self._replies: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        try:
+            hello = self._next(startup_timeout, "session start")
+            self.jvm_pid_in_ns = hello["jvmPid"]  # as the JVM sees itself (differs inside a PID namespace)
+            self.jvm_pid = self._find_jvm()
+            self._remember()
+        except BaseException:
+            self.kill()
+            raise
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                self._replies.put(json.loads(line))
+            except ValueError:
+                pass
+        self._replies.put(None)
+
+    def _next(self, timeout: float, what: str) -> dict:
+        try:
+            item = self._replies.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError(f"{what}: no reply within {timeout:.0f} s; log {self.log_path}:\n{self.log_tail()}")
+        if item is None:
+            raise RuntimeError(f"{what}: the session process exited; log:\n{self.log_tail()}")
+        return item
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def _find_jvm(self) -> int:
+        for pid in descendants(self.proc.pid):
+            if cmdline(pid)[:1] and cmdline(pid)[0].endswith("java"):
+                return pid
+        raise RuntimeError("no JVM among the session's processes")
+
+    def send(self, cmd: dict) -> None:
+        self.proc.stdin.write((json.dumps(cmd) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def call(self, cmd: dict, timeout: float = 180.0) -> dict:
+        self.send(cmd)
+        return self._next(timeout, f"command {cmd.get('op')}")
+
+    def has_reply(self) -> bool:
+        return not self._replies.empty()
+
+    def reply(self, timeout: float) -> dict:
+        return self._next(timeout, "reply")
+
+    def run(self, checkpoint: Path, input_dir: Path, keys: list[str], confs: dict | None = None,
+            timeout: float = 180.0) -> dict:
+        return self.call({"op": "run", "checkpoint": str(checkpoint), "input": str(input_dir),
+                          "keys": keys, "confs": confs or {}}, timeout)
+
+    def start_query(self, name: str, checkpoint: Path, input_dir: Path, confs: dict | None = None,
+                    timeout: float = 180.0) -> dict:
+        """Start a query that keeps running (see :meth:`feed`)."""
+        return self.call({"op": "start", "name": name, "checkpoint": str(checkpoint), "input": str(input_dir),
+                          "confs": confs or {}}, timeout)
+
+    def feed(self, name: str, keys: list[str], timeout: float = 180.0) -> dict:
+        """One more input file through the running query ``name``; its batch's counts."""
+        return self.call({"op": "feed", "name": name, "keys": keys}, timeout)
+
+    def heap_used(self, timeout: float = 120.0) -> int:
+        return self.call({"op": "heap"}, timeout)["used"]
+
+    def servers(self) -> list[int]:
+        """The keyedstate state servers this session's JVM started (alive)."""
+        self._remember()
+        return [p for p in children(self.jvm_pid) if b"keyedstate.server" in b"\0".join(
+            c.encode() for c in cmdline(p))]
+
+    def exit(self, timeout: float = 60.0) -> None:
+        """A clean stop: spark.stop(), then the interpreter exits; waits until every process the
+        session started (JVM, state servers) has exited on its own."""
+        self._remember()
+        try:
+            self.call({"op": "exit"}, timeout)
+            self.proc.wait(timeout)
+            deadline = time.monotonic() + timeout
+            while any(alive(p) for p in self._known) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        finally:
+            self.kill()
+
+    def _remember(self) -> None:
+        for pid in descendants(self.proc.pid):
+            self._known.setdefault(pid, cmdline(pid))
+
+    def kill(self) -> None:
+        """SIGKILL everything this session started: its process tree, and processes of it seen
+        earlier that have been reparented since (e.g. state servers of a killed JVM)."""
+        self._remember()
+        pids = [self.proc.pid, *(p for p, cmd in self._known.items() if cmdline(p) == cmd)]
+        for pid in pids:
+            signal_quietly(pid, signal.SIGCONT)
+            signal_quietly(pid, signal.SIGKILL)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            pass
+        self._log.close()
+
+    def __enter__(self) -> "SessionProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.kill()
