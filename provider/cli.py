@@ -1,4 +1,9 @@
-"""The ``keyedstate`` command: ``jar``, ``demo``, ``conf-reference``, ``inspect``, ``rescale``."""
+"""The ``keyedstate`` command: ``jar``, ``demo``, ``conf-reference``, ``inspect``, ``rescale``,
+``verify``, ``get``.
+
+A checkpoint on a local path or ``file:`` URI needs no Spark; any other scheme (s3a, abfss, gs,
+hdfs, ...) is reached through a local SparkSession's JVM, configured like the query's:
+``spark-defaults.conf`` and ``--conf key=value`` (e.g. ``--conf spark.hadoop.fs.s3a.endpoint=...``)."""
 from __future__ import annotations
 
 import argparse
@@ -29,6 +34,20 @@ def main(argv: list[str] | None = None) -> int:
                            "offset entry Spark's own repartition leaves on a keyedstate checkpoint)")
     resc.add_argument("--idle-seconds", type=float, default=30.0,
                       help="an uncommitted batch younger than this means the query may be running (default 30)")
+    ver = sub.add_parser("verify", help="check every retained version of a checkpoint (CRCs, files and sizes, "
+                         "key counts, key groups, TTL metadata)")
+    ver.add_argument("--checkpoint", required=True, help="the query's checkpointLocation (any scheme)")
+    ver.add_argument("--json", action="store_true", help="print the report as JSON")
+    getp = sub.add_parser("get", help="one key's value at a retained batch, decoded with the state schema")
+    getp.add_argument("--checkpoint", required=True, help="the query's checkpointLocation (any scheme)")
+    getp.add_argument("--operator", type=int, required=True, help="the operator id (see keyedstate inspect)")
+    getp.add_argument("--store", help="the store name (needed for joins: left-keyToNumValues, ...)")
+    getp.add_argument("--key", required=True,
+                      help="the key as JSON: an object by key field name or a list in field order")
+    getp.add_argument("--batch", type=int, help="a committed batch id (default: the last committed)")
+    for p in (ver, getp):
+        p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                       help="a Spark conf for the session that reaches a non-local checkpoint (repeatable)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.command == "rescale" else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -73,7 +92,38 @@ def main(argv: list[str] | None = None) -> int:
             print(f"keyedstate rescale: {exc}", file=sys.stderr)
             return 1
         print(json.dumps(result.to_dict()) if result else json.dumps({"rolledBack": True}))
+    elif args.command in ("verify", "get"):
+        return _offline(args)
     return 0
+
+
+def _offline(args) -> int:
+    from .offline.storage import StorageError, set_session_confs
+    from .offline.stores import CheckpointProblem
+
+    confs = {}
+    for item in args.conf:
+        key, sep, value = item.partition("=")
+        if not sep:
+            print(f"keyedstate {args.command}: --conf {item!r} is not KEY=VALUE", file=sys.stderr)
+            return 2
+        confs[key] = value
+    set_session_confs(confs)
+    try:
+        if args.command == "verify":
+            from .offline.verify import render, verify
+
+            report = verify(args.checkpoint)
+            sys.stdout.write(json.dumps(report) + "\n" if args.json else render(report))
+            return 0 if report["ok"] else 1
+        from .offline.lookup import get
+
+        result = get(args.checkpoint, args.operator, args.key, store=args.store, batch=args.batch)
+        print(json.dumps(result))
+        return 0 if result["found"] else 3
+    except (CheckpointProblem, StorageError, FileNotFoundError) as exc:
+        print(f"keyedstate {args.command}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
