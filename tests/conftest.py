@@ -26,10 +26,11 @@ def pytest_configure(config):
 
 
 @pytest.fixture(scope="session")
-def spark():
+def spark(tmp_path_factory):
     from pyspark.sql import SparkSession
 
     import keyedstate
+    from support import testjar
 
     builder = (SparkSession.builder.master("local[2,4]")  # 2 cores, a failed task is tried 4 times
                .appName("keyedstate-tests")
@@ -39,6 +40,10 @@ def spark():
                .config("spark.sql.session.timeZone", "UTC")
                # snapshot upload and cleanup tests wait for maintenance; don't make them wait 60 s
                .config("spark.sql.streaming.stateStore.maintenanceInterval", "1s"))
+    # objtest:// (an object-store-like Hadoop FileSystem, tests/jvm/src) on the shared session, so
+    # that checkpoint code runs on a non-file: scheme without a JVM of its own (support/testjar.py)
+    for key, value in testjar.objtest_conf(tmp_path_factory.mktemp("objtest-root")).items():
+        builder = builder.config(key, value)
     # The suite is about keyedstate: if the shim does not build, every test must fail loudly.
     session = keyedstate.configure(builder).getOrCreate()
     session.sparkContext.setLogLevel("WARN")
