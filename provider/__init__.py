@@ -19,6 +19,7 @@ from . import conf
 from .offline.checkpoint import CheckpointError
 from .offline.inspection import InspectError, inspect
 from .offline.lookup import get
+from .offline.migration import MigrateError, migrate
 from .offline.rescaling import RescaleError, rescale
 from .offline.storage import StorageError
 from .offline.stores import CheckpointProblem
@@ -29,8 +30,8 @@ from .shim.jar import jar_path
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["PROVIDER_CLASS", "CheckpointError", "CheckpointProblem", "InspectError", "RescaleError",
-           "StorageError", "configure", "get", "inspect", "jar_path", "rescale", "verify", "__version__"]
+__all__ = ["PROVIDER_CLASS", "CheckpointError", "CheckpointProblem", "InspectError", "MigrateError", "RescaleError",
+           "StorageError", "configure", "get", "inspect", "jar_path", "migrate", "rescale", "verify", "__version__"]
 __version__ = "0.1.0"
 
 PROVIDER_CLASS_CONF = "spark.sql.streaming.stateStore.providerClass"

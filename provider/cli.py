@@ -45,11 +45,18 @@ def main(argv: list[str] | None = None) -> int:
     getp.add_argument("--key", required=True,
                       help="the key as JSON: an object by key field name or a list in field order")
     getp.add_argument("--batch", type=int, help="a committed batch id (default: the last committed)")
-    for p in (ver, getp):
+    mig = sub.add_parser("migrate", help="convert a stopped query's state to another state store provider")
+    mig.add_argument("--checkpoint", required=True, help="the query's checkpointLocation (any scheme)")
+    mig.add_argument("--to", required=True, choices=["keyedstate", "rocksdb", "hdfs"], help="the new provider")
+    mig.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    mig.add_argument("--keep-old", action="store_true",
+                     help="keep the old provider's files after the switch (rescale and verify then refuse them)")
+    mig.add_argument("--json", action="store_true", help="print the result as JSON")
+    for p in (ver, getp, mig):
         p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                        help="a Spark conf for the session that reaches a non-local checkpoint (repeatable)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.command == "rescale" else logging.WARNING,
+    logging.basicConfig(level=logging.INFO if args.command in ("rescale", "migrate") else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
 
@@ -92,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"keyedstate rescale: {exc}", file=sys.stderr)
             return 1
         print(json.dumps(result.to_dict()) if result else json.dumps({"rolledBack": True}))
-    elif args.command in ("verify", "get"):
+    elif args.command in ("verify", "get", "migrate"):
         return _offline(args)
     return 0
 
@@ -110,6 +117,16 @@ def _offline(args) -> int:
         confs[key] = value
     set_session_confs(confs)
     try:
+        if args.command == "migrate":
+            from .offline.migration import MigrateError, migrate, render as render_migration
+
+            try:
+                result = migrate(args.checkpoint, args.to, dry_run=args.dry_run, keep_old=args.keep_old)
+            except MigrateError as exc:
+                print(f"keyedstate migrate: {exc}", file=sys.stderr)
+                return 1
+            sys.stdout.write(json.dumps(result) + "\n" if args.json else render_migration(result))
+            return 0
         if args.command == "verify":
             from .offline.verify import render, verify
 

@@ -115,6 +115,11 @@ class Storage:
         """Copy a local file to ``path`` (atomically: it appears whole)."""
         raise NotImplementedError
 
+    def replace(self, path: str, data: bytes) -> None:
+        """Replace an existing file's content in one atomic step: readers see the old or the new
+        content, never neither (how depends on the file system; see the implementations)."""
+        raise NotImplementedError
+
     def delete(self, path: str) -> None:
         """Delete a file or a directory tree; a missing one is not an error."""
         raise NotImplementedError
@@ -221,6 +226,14 @@ class LocalStorage(Storage):
             raise StorageError(f"cannot write {path}: {exc.strerror or exc}") from exc
         finally:
             temp.unlink(missing_ok=True)
+
+    def replace(self, path: str, data: bytes) -> None:
+        """A rename over the old file (POSIX: atomic). Hadoop's local file system keeps a
+        ``.<name>.crc`` checksum beside files Spark wrote and verifies it on read: it is removed
+        first (a missing checksum is not checked; a stale one would fail the read)."""
+        target = Path(path)
+        (target.parent / f".{target.name}.crc").unlink(missing_ok=True)
+        self.write_atomic(path, data, overwrite=True)
 
     def delete(self, path: str) -> None:
         try:
@@ -352,6 +365,27 @@ class HadoopStorage(Storage):
             except Exception:
                 out.cancel()
                 raise
+        self._call("write", path, run)
+
+    def replace(self, path: str, data: bytes) -> None:
+        """With a FileContext-based manager (HDFS, local): ``createAtomic(overwrite)``, a rename
+        with OVERWRITE (atomic on HDFS). Otherwise (object stores: Spark's FileSystem-based
+        manager, whose rename cannot replace a file): ``FileSystem.create(overwrite)``, which an
+        object store publishes as one PUT on close, replacing the object whole."""
+        def run():
+            p = self._p(path)
+            if "FileContext" in self.fm.getClass().getName():
+                out = self.fm.createAtomic(p, True)
+                try:
+                    out.write(bytearray(data))
+                    out.close()
+                except Exception:
+                    out.cancel()
+                    raise
+            else:
+                out = self.fs.create(p, True)
+                out.write(bytearray(data))
+                out.close()
         self._call("write", path, run)
 
     def delete(self, path: str) -> None:
