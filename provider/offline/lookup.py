@@ -170,15 +170,36 @@ def get(checkpoint: str | os.PathLike, operator: int, key: Any, *, store: str | 
 
 def _last_record(log_: changelog.Changelog, skey: bytes) -> Any:
     """The key's last record in a changelog: its value (put), None (delete), _NO_RECORD (none).
-    The payload is parsed only if it contains the length-prefixed key at all."""
+
+    A C-speed substring search for the length-prefixed key finds the candidates; a candidate
+    counts only if a record starts there, which a walk over the record boundaries (lengths
+    only, no slicing: the records were checked when the changelog was read) decides exactly,
+    up to the last candidate. A value that happens to contain the key's bytes is not a match."""
+    payload = log_.payload
     needle = _U32.pack(len(skey)) + skey
-    if needle not in log_.payload:
+    hits = []
+    at = payload.find(needle)
+    while at >= 0:
+        hits.append(at - 1)  # the op byte before the key length
+        at = payload.find(needle, at + 1)
+    if not hits:
         return _NO_RECORD
-    last: Any = _NO_RECORD
-    for _, k, v in log_.records():
-        if k == skey:
-            last = v
-    return last
+    candidates, last_hit = set(hits), hits[-1]
+    unpack, puts = _U32.unpack_from, changelog.PUTS
+    result: Any = _NO_RECORD
+    pos = 0
+    while pos <= last_hit:
+        key_end = pos + 5 + unpack(payload, pos + 1)[0]
+        if payload[pos] in puts:
+            end = key_end + 4 + unpack(payload, key_end)[0]
+            if pos in candidates:
+                result = payload[key_end + 4:end]
+        else:
+            end = key_end
+            if pos in candidates:
+                result = None
+        pos = end
+    return result
 
 
 class _NoRecord:
