@@ -181,22 +181,30 @@ def migrate(checkpoint: str | os.PathLike, provider: str, spark: "SparkSession |
     uri = _uri(storage, ck.root)
     _, meta, _ = ck.offset_entry(the_plan.batch)
     confs = {k: str(v) for k, v in (meta.get("conf") or {}).items() if k != PROVIDER_KEY}
-    jvm = spark.sparkContext._jvm
     written = []
     for s in the_plan.stores:
         df = (spark.read.format("statestore").option("batchId", the_plan.batch).option("operatorId", s.operator)
               .option("storeName", s.store).load(uri))
-        counts = jvm.io.keyedstate.offline.StateMigrator.migrateStore(
-            spark._jsparkSession, df._jdf, uri, s.operator, s.store, s.partitions, the_plan.batch,
-            json.dumps(s.key_schema), json.dumps(s.value_schema), s.prefix_columns, target, confs)
-        written.append({"operator": s.operator, "store": s.store, "rows": sum(counts)})
-        log.info("migrate: operator %s store %s: %s rows written for %s", s.operator, s.store, sum(counts),
+        rows = write_store(spark, uri, s, df, s.value_schema, the_plan.batch, target, confs)
+        written.append({"operator": s.operator, "store": s.store, "rows": rows})
+        log.info("migrate: operator %s store %s: %s rows written for %s", s.operator, s.store, rows,
                  short_name(target))
     _switch(ck, the_plan)
     _retire(ck, the_plan, keep_old)
     out["written"] = written
     out["seconds"] = round(time.monotonic() - started, 1)
     return out
+
+
+def write_store(spark: "SparkSession", uri: str, s: StorePlan, rows, value_schema: dict, batch: int,
+                provider: str, confs: dict[str, str]) -> int:
+    """Write version ``batch + 1`` of every partition of one store with ``provider``'s own classes,
+    from a DataFrame of ``key``, ``value``, ``partition_id`` (``StateMigrator``, in Spark tasks);
+    returns the rows written."""
+    counts = spark.sparkContext._jvm.io.keyedstate.offline.StateMigrator.migrateStore(
+        spark._jsparkSession, rows._jdf, uri, s.operator, s.store, s.partitions, batch,
+        json.dumps(s.key_schema), json.dumps(value_schema), s.prefix_columns, provider, confs)
+    return int(sum(counts))
 
 
 def _uri(storage: Storage, root: str) -> str:

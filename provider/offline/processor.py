@@ -37,7 +37,7 @@ import os
 import struct
 from typing import TYPE_CHECKING, Any, Callable
 
-from .migration import DEFAULT_PROVIDER, MigrateError, Plan, StorePlan, plan as plan_of
+from .migration import DEFAULT_PROVIDER, MigrateError, Plan, StorePlan, plan as plan_of, write_store
 from .storage import HadoopStorage, LocalStorage, Storage, is_local
 from .stores import Checkpoint, partition_key_layout
 
@@ -171,31 +171,34 @@ class StateProcessor:
         _, meta, _ = self.ck.offset_entry(batch)
         confs = {k: str(v) for k, v in (meta.get("conf") or {}).items()
                  if k != "spark.sql.streaming.stateStore.providerClass"}
-        jvm = self.spark.sparkContext._jvm
         written = []
         for s in p.stores:
             if s is changed:
                 df, vs = rows, value_schema
             else:
                 df, vs = self.read(s.operator, s.store, p.batch), s.value_schema
-            counts = jvm.io.keyedstate.offline.StateMigrator.migrateStore(
-                self.spark._jsparkSession, df._jdf, self.uri, s.operator, s.store, s.partitions, batch,
-                json.dumps(s.key_schema), json.dumps(vs), s.prefix_columns, provider, confs)
-            written.append({"operator": s.operator, "store": s.store, "rows": sum(counts)})
+            n = write_store(self.spark, self.uri, s, df, vs, batch, provider, confs)
+            written.append({"operator": s.operator, "store": s.store, "rows": n})
         if value_schema != changed.value_schema:
-            self._write_schema(changed, value_schema)
+            self._write_schema(changed, value_schema, batch)
         commit = self.storage.read_bytes(self.ck.path("commits", str(p.batch)))
         self.storage.write_atomic(self.ck.path("commits", str(batch)), commit)
         return {"checkpoint": self.ck.root, "batch": batch, "version": batch + 1, "provider": provider,
                 "written": written}
 
-    def _write_schema(self, s: StorePlan, value_schema: dict) -> None:
-        """Spark's state schema file (format v2) of the store, with the new value schema."""
+    def _write_schema(self, s: StorePlan, value_schema: dict, batch: int) -> None:
+        """Spark's state schema file (format v2) of the store, with the new value schema. Spark
+        keeps one schema per store, so the state data source then reads the batches before the
+        change with the new schema: the previous file is kept beside it as
+        ``schema.before-batch-<batch>`` (for a rollback, or to read those batches)."""
         base = self.ck.path("state", str(s.operator), "0")
         path = self.storage.join(base, "_metadata", "schema") if s.store == "default" else \
             self.storage.join(base, s.store, "_metadata", "schema")
         data = _utf("v2") + _chunks(json.dumps(s.key_schema, separators=(",", ":"))) + \
             _chunks(json.dumps(value_schema, separators=(",", ":")))
+        backup = f"{path}.before-batch-{batch}"
+        if not self.storage.exists(backup):  # Spark keeps one schema per store: keep the old one
+            self.storage.write_atomic(backup, self.storage.read_bytes(path))
         self.storage.replace(path, data)
 
 

@@ -46,9 +46,15 @@ def _state(spark, checkpoint) -> list:
                                   "pandas-with-state-event-time-timeout", "session-window-append"])
 def test_migrate_chain_continues_like_an_uninterrupted_run(spark, tmp_path, name, monkeypatch):
     scenario = _scenario(name)
-    reference = run_query(spark, HDFS_PROVIDER, scenario.build, scenario.schema, scenario.steps,
-                          tmp_path / "reference" / "checkpoint", _inputs(scenario, tmp_path / "reference"),
-                          scenario.mode)
+    if scenario.multi:
+        # Spark itself changes a stream-stream join's output when it restarts at most points (it
+        # checkpoints only the global watermark: see support/driver.py): the reference restarts
+        # where the migrated run does, on HDFS, without migrating.
+        reference = _segments(spark, scenario, HDFS_PROVIDER, tmp_path / "reference")
+    else:
+        reference = run_query(spark, HDFS_PROVIDER, scenario.build, scenario.schema, scenario.steps,
+                              tmp_path / "reference" / "checkpoint", _inputs(scenario, tmp_path / "reference"),
+                              scenario.mode)
     root = tmp_path / "migrated"
     checkpoint = root / "checkpoint"
     output = []
@@ -58,8 +64,9 @@ def test_migrate_chain_continues_like_an_uninterrupted_run(spark, tmp_path, name
         if index == len(CHAIN):
             break
         target = CHAIN[index]
-        if index == 0 and name == "aggregation-update":
-            _interrupted_then_rerun(spark, checkpoint, target, monkeypatch)
+        if index == 0 and name in ("aggregation-update", "stream-stream-inner-join"):
+            _interrupted_then_rerun(spark, checkpoint, target, monkeypatch,
+                                    during_writes=name == "stream-stream-inner-join")
         else:
             before = _state(spark, checkpoint)
             result = keyedstate.migrate(checkpoint, target, spark=spark)
@@ -70,17 +77,37 @@ def test_migrate_chain_continues_like_an_uninterrupted_run(spark, tmp_path, name
     assert verify(checkpoint)["ok"]
 
 
-def _interrupted_then_rerun(spark, checkpoint: Path, target: str, monkeypatch) -> None:
-    """A migration that dies after writing the new state, before the switch: the checkpoint is
-    still the old provider's, whole; the rerun completes it."""
+def _segments(spark, scenario, provider, root: Path) -> list:
+    output = []
+    for start, end in SEGMENTS:
+        output += run_query(spark, provider, scenario.build, scenario.schema, scenario.steps[start:end],
+                            root / "checkpoint", _inputs(scenario, root), scenario.mode)
+    return output
+
+
+def _interrupted_then_rerun(spark, checkpoint: Path, target: str, monkeypatch, during_writes: bool) -> None:
+    """A migration that dies half way through writing the new state (after the first store of
+    several), or after writing it, before the switch: the checkpoint is still the old
+    provider's, whole; the rerun completes it."""
     before = _state(spark, checkpoint)
     plan = keyedstate.migrate(checkpoint, target, spark=spark, dry_run=True)
     assert plan["from"] == HDFS_PROVIDER and len(plan["steps"]) == 3 and not list(checkpoint.rglob("*.ks-*"))
+    write_store = migration.write_store
+    calls = []
+
+    def die_on_second_store(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt("killed while writing the second store")
+        return write_store(*args)
 
     def die(*_):
         raise KeyboardInterrupt("killed before the switch")
     with monkeypatch.context() as m:
-        m.setattr(migration, "_switch", die)
+        if during_writes:
+            m.setattr(migration, "write_store", die_on_second_store)
+        else:
+            m.setattr(migration, "_switch", die)
         with pytest.raises(KeyboardInterrupt):
             keyedstate.migrate(checkpoint, target, spark=spark)
     assert _provider(checkpoint) == HDFS_PROVIDER

@@ -51,7 +51,8 @@ def test_transform_into_the_new_value_schema(spark, tmp_path):
     after = keyedstate.state(spark, checkpoint).read(0).collect()
     assert sorted(r.value.groupState.mean for r in after) == sorted(
         r[1][0][1] / r[1][0][0] for r in before)
-    assert normalise(keyedstate.state(spark, checkpoint).read(0, batch=1).collect()) == before  # old batch kept
+    assert keyedstate.state(spark, checkpoint).read(0, batch=1).count() == len(before)  # old batch kept
+    assert (checkpoint / "state/0/0/_metadata/schema.before-batch-2").is_file()  # and its schema
     rest = run_query(spark, KS, pandas_with_mean, KV, KV_STEPS[2:], checkpoint, tmp_path / "old" / "input", "update")
     assert_same_output(reference[2:], [(b - 1, rows) for b, rows in rest],
                        labels=("new query from the start", "old state transformed"))
