@@ -22,10 +22,10 @@ def main(argv: list[str] | None = None) -> int:
     ref = sub.add_parser("conf-reference", help="print (or --write) the conf reference markdown")
     ref.add_argument("--write", type=Path, help="write to this file instead of stdout")
     insp = sub.add_parser("inspect", help="report the state a query's checkpoint holds, per operator and store")
-    insp.add_argument("--checkpoint", required=True, help="the query's checkpointLocation (local path)")
+    insp.add_argument("--checkpoint", required=True, help="the query's checkpointLocation (any scheme)")
     insp.add_argument("--json", action="store_true", help="print the report as JSON")
     resc = sub.add_parser("rescale", help="redistribute a stopped query's state over a new number of partitions")
-    resc.add_argument("--checkpoint", required=True, help="the query's checkpointLocation (local path)")
+    resc.add_argument("--checkpoint", required=True, help="the query's checkpointLocation (any scheme)")
     resc.add_argument("--partitions", type=int, help="the new partition count (required unless --rollback)")
     resc.add_argument("--skip-failed-batch", action="store_true",
                       help="drop an uncommitted (failed) last batch: its input does not reach the state")
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     mig.add_argument("--keep-old", action="store_true",
                      help="keep the old provider's files after the switch (rescale and verify then refuse them)")
     mig.add_argument("--json", action="store_true", help="print the result as JSON")
-    for p in (ver, getp, mig):
+    for p in (ver, getp, mig, insp, resc):
         p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                        help="a Spark conf for the session that reaches a non-local checkpoint (repeatable)")
     args = parser.parse_args(argv)
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         from .offline.inspection import InspectError, inspect, render
 
         try:
-            report = inspect(args.checkpoint)
+            report = _anywhere(args, "inspect")
         except InspectError as exc:
             print(f"keyedstate inspect: {exc}", file=sys.stderr)
             return 1
@@ -92,9 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.partitions is None and not args.rollback:
             parser.error("rescale needs --partitions (or --rollback)")
         try:
-            result = rescale(args.checkpoint, args.partitions if args.partitions is not None else 1,
-                             skip_failed_batch=args.skip_failed_batch, rollback=args.rollback,
-                             idle_seconds=args.idle_seconds)
+            result = _anywhere(args, "rescale", args.partitions if args.partitions is not None else 1,
+                               skip_failed_batch=args.skip_failed_batch, rollback=args.rollback,
+                               idle_seconds=args.idle_seconds)
         except (RescaleError, CheckpointError) as exc:
             print(f"keyedstate rescale: {exc}", file=sys.stderr)
             return 1
@@ -102,6 +102,26 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command in ("verify", "get", "migrate"):
         return _offline(args)
     return 0
+
+
+def _anywhere(args, tool: str, *rest, **options):
+    """inspect/rescale: local checkpoints directly, other schemes through offline/remote.py."""
+    from .offline.storage import is_local, set_session_confs
+
+    if is_local(args.checkpoint):
+        if tool == "inspect":
+            from .offline.inspection import inspect
+
+            return inspect(args.checkpoint)
+        from .offline.rescaling import rescale
+
+        return rescale(args.checkpoint, *rest, **options)
+    set_session_confs(dict(item.partition("=")[::2] for item in args.conf))
+    from .offline import remote
+
+    if tool == "inspect":
+        return remote.inspect_anywhere(args.checkpoint)
+    return remote.rescale_anywhere(args.checkpoint, *rest, **options)
 
 
 def _offline(args) -> int:

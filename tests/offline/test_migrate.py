@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import keyedstate
-from keyedstate.offline import migration
+from keyedstate.offline import migration, remote
 from keyedstate.offline.verify import verify
 from support.constants import HDFS_PROVIDER, KS, PROVIDER_CONF, ROCKSDB_PROVIDER
 from support.driver import assert_same_output, normalise, run_query
@@ -134,10 +134,12 @@ def test_migrate_on_objtest_then_rescale(spark, tmp_path):
     result = keyedstate.migrate(uri, "keyedstate", spark=spark)
     assert result["written"] and _state(spark, uri) == before
     assert verify(uri, spark=spark)["ok"]
-    # the migrated checkpoint, back on local disk, rescaled and continued
+    rescaled = remote.rescale_anywhere(uri, 3, spark=spark)  # downloaded, rescaled, uploaded in commit order
+    assert rescaled.to_dict()["toPartitions"] == 3 if "toPartitions" in rescaled.to_dict() else rescaled
+    assert verify(uri, spark=spark)["ok"]
+    # continued from the object store's copy (the driver reads the logs from local disk)
     shutil.rmtree(local)
     shutil.copytree(objtest_local(spark, uri), local)
-    keyedstate.rescale(local, 3, spark=spark)
     rest = run_query(spark, ROCKSDB_PROVIDER, scenario.build, scenario.schema, scenario.steps[3:], local,
                      root / "input", scenario.mode)
     shifted = [(b - 1, rows) for b, rows in rest]  # the rescale's repartition batch

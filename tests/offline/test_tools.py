@@ -243,6 +243,12 @@ def test_tools_on_the_object_store_scheme(spark, checkpoints):
         assert remote["from"].startswith("objtest://")
     last = _last_batch(local)
     assert _feed(spark, uri, 0, last) == _feed(spark, local, 0, last)
+    from keyedstate.offline.remote import inspect_anywhere
+
+    inspected = inspect_anywhere(uri, spark=spark)
+    assert json.dumps(inspected).count("objtest://") > 0
+    backing = objtest_local(spark, uri)  # the same objects as local files: the same report
+    assert inspected == json.loads(json.dumps(keyedstate.inspect(backing)).replace(str(backing), uri))
     damaged = _truncate_snapshot_file(objtest_local(spark, uri))
     report = verify(uri, spark=spark)
     assert not report["ok"] and any(damaged.name in p["path"] for p in report["problems"]), report
