@@ -18,15 +18,21 @@ from typing import TYPE_CHECKING, Any
 from . import conf
 from .offline.checkpoint import CheckpointError
 from .offline.inspection import InspectError, inspect
+from .offline.lookup import get
+from .offline.migration import MigrateError, migrate
+from .offline.processor import StateProcessor, StateProcessorError, state
 from .offline.rescaling import RescaleError, rescale
+from .offline.storage import StorageError
+from .offline.stores import CheckpointProblem
+from .offline.verify import verify
 from .shim import PROVIDER_CLASS
 from .shim.jar import jar_path
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["PROVIDER_CLASS", "CheckpointError", "InspectError", "RescaleError", "configure", "inspect",
-           "jar_path", "rescale", "__version__"]
+__all__ = ["PROVIDER_CLASS", "CheckpointError", "CheckpointProblem", "InspectError", "MigrateError", "RescaleError",
+           "StateProcessor", "StateProcessorError", "StorageError", "configure", "get", "inspect", "jar_path", "migrate", "rescale", "state", "verify", "__version__"]
 __version__ = "0.1.0"
 
 PROVIDER_CLASS_CONF = "spark.sql.streaming.stateStore.providerClass"

@@ -6,13 +6,14 @@ import org.apache.spark.sql.types.StructType
 
 import io.keyedstate.bridge.ServerLaunch
 import io.keyedstate.engine.{Metrics, OpenStores, StoreEngine}
+import io.keyedstate.offline.{ChangeFeed, SnapshotReplay}
 
 /**
  * keyedstate's StateStoreProvider: Spark's contract and nothing else (Spark's
  * `RocksDBStateStoreProvider` is the model). Storage, versions and files belong to the
  * [[StoreEngine]]; a version handed to a task is a [[KeyedStateStore]].
  */
-class KeyedStateProvider extends StateStoreProvider {
+class KeyedStateProvider extends StateStoreProvider with SupportsFineGrainedReplay {
   @volatile private var engine: StoreEngine = _
   private var storeId: StateStoreId = _
   private var hadoopConf: Configuration = _
@@ -65,6 +66,23 @@ class KeyedStateProvider extends StateStoreProvider {
   override def close(): Unit = if (engine != null) {
     OpenStores.unregister(engine)
     engine.close()
+  }
+
+  /** The state data source's `snapshotStartBatchId` (see [[SnapshotReplay]]). */
+  override def replayStateFromSnapshot(snapshotVersion: Long, endVersion: Long, readOnly: Boolean,
+      snapshotVersionStateStoreCkptId: Option[String], endVersionStateStoreCkptId: Option[String]): StateStore = {
+    SnapshotReplay.check(engine, snapshotVersion, endVersion, snapshotVersionStateStoreCkptId.filter(_ => engine.uniqueIds))
+    getStore(endVersion, endVersionStateStoreCkptId, forceSnapshotOnCommit = false, loadEmpty = false)
+  }
+
+  /** The state data source's `readChangeFeed` ([[ChangeFeed]]). */
+  override def getStateStoreChangeDataReader(startVersion: Long, endVersion: Long, colFamilyNameOpt: Option[String],
+      endVersionStateStoreCkptId: Option[String]) = {
+    colFamilyNameOpt.filter(_ != StateStore.DEFAULT_COL_FAMILY_NAME).foreach { cf =>
+      throw new UnsupportedOperationException(s"keyedstate has no column families (asked for '$cf')")
+    }
+    new ChangeFeed(engine.files, engine.codec, startVersion, endVersion,
+      endVersionStateStoreCkptId.filter(_ => engine.uniqueIds), engine.describe)
   }
 
   override def supportedCustomMetrics: Seq[StateStoreCustomMetric] = Metrics.all

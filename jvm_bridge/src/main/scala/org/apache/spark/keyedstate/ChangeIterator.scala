@@ -1,0 +1,27 @@
+package org.apache.spark.keyedstate
+
+import org.apache.spark.util.NextIterator
+
+/**
+ * The one keyedstate class in Spark's namespace, and why: Spark's change-feed SPI
+ * (`SupportsFineGrainedReplay.getStateStoreChangeDataReader`) returns
+ * `org.apache.spark.util.NextIterator`, which is `private[spark]`, so code in `io.keyedstate`
+ * cannot name or extend it. This adapter extends it and exposes two public hooks; everything
+ * else lives in `io.keyedstate.offline` ([[io.keyedstate.offline.ChangeFeed]]).
+ */
+abstract class ChangeIterator[U] extends NextIterator[U] {
+  /** The next element, or None at the end. */
+  protected def advance(): Option[U]
+
+  /** Called once, when Spark closes the iterator (also after an error). */
+  protected def release(): Unit
+
+  override protected def getNext(): U = advance() match {
+    case Some(u) => u
+    case None =>
+      finished = true
+      null.asInstanceOf[U]
+  }
+
+  override protected def close(): Unit = release()
+}

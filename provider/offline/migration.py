@@ -1,0 +1,259 @@
+"""``keyedstate migrate``: move a stopped query's state between state store providers.
+
+Spark pins a stateful query to the provider of its first batch (the offset log records it). A
+migration converts the state of the last committed batch ``B`` (state version ``B + 1``) of
+every operator and store to another provider, both ways between Spark's built-in providers
+(``hdfs``: HDFSBackedStateStoreProvider, ``rocksdb``: RocksDBStateStoreProvider) and keyedstate,
+and preserves batch ids: restarted, the query runs batch ``B + 1`` on the new provider, from
+exactly the state it had.
+
+How, in order (every step can be rerun):
+
+1. **Plan** (``--dry-run`` stops here): the last batch must be committed; the source provider is
+   the one ``offsets/B`` records; per operator and store, the schemas (Spark's schema files), the
+   prefix-key columns (operator metadata) and the partition count (``offsets/B``).
+2. **Write** every store partition's version ``B + 1`` for the target provider, in the same
+   directories, beside the source's files (their names never collide: ``<v>.delta``/``.snapshot``,
+   ``<v>.zip``/``.changelog`` + ``SSTs/``, ``<v>.ks-changelog``/``.ks-snapshot`` + ``ks-files/``).
+   The rows are read with Spark's state data source from the source provider and written with
+   the target provider's own classes (``io.keyedstate.offline.StateMigrator``, in Spark tasks).
+   Nothing the source provider reads is touched.
+3. **Switch**: ``offsets/B`` is rewritten with the target provider class, in one atomic step (a
+   rename over the old file on local disks and HDFS, a single PUT on object stores). Until then
+   the checkpoint is the source provider's, whole; a migration killed before it is simply rerun.
+   This is the only file the migration modifies.
+4. **Retire** the source provider's files (unless ``keep_old``): a later ``rescale`` or
+   ``verify`` then sees one provider's files. Deleting them can also be rerun.
+
+Refused, with what to do: an uncommitted last batch, checkpoint format version 2 (its commit log
+pins unique ids of the source's files), transformWithState operators.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .storage import HadoopStorage, LocalStorage, Storage, active_or_new_session, is_local
+from .stores import Checkpoint, CheckpointProblem
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+PROVIDER_KEY = "spark.sql.streaming.stateStore.providerClass"
+PROVIDERS = {
+    "keyedstate": "io.keyedstate.spark.KeyedStateProvider",
+    "rocksdb": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+    "hdfs": "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",
+}
+DEFAULT_PROVIDER = PROVIDERS["hdfs"]  # what Spark uses when the offset log records none
+_UUID = r"(?:_[0-9a-fA-F-]{36})?"
+FILES_OF = {  # a provider's files in a store partition directory: (file pattern, its directories)
+    PROVIDERS["hdfs"]: (re.compile(r"\d+\.(?:delta|snapshot)"), ()),
+    PROVIDERS["rocksdb"]: (re.compile(r"\d+" + _UUID + r"\.(?:zip|changelog)"), ("SSTs",)),
+    PROVIDERS["keyedstate"]: (re.compile(r"\d+" + _UUID + r"\.ks-(?:changelog|snapshot)"), ("ks-files",)),
+}
+
+
+class MigrateError(RuntimeError):
+    """The checkpoint cannot be migrated as it is; the message names the path and what to do."""
+
+
+def provider_class(name: str) -> str:
+    if name in PROVIDERS:
+        return PROVIDERS[name]
+    if name in PROVIDERS.values():
+        return name
+    raise MigrateError(f"unknown provider {name!r}: one of {', '.join(PROVIDERS)}")
+
+
+def short_name(cls: str) -> str:
+    return next((k for k, v in PROVIDERS.items() if v == cls), cls)
+
+
+@dataclass
+class StorePlan:
+    operator: int
+    operator_name: str | None
+    store: str
+    partitions: int
+    prefix_columns: int
+    key_schema: dict
+    value_schema: dict
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"operator": self.operator, "operatorName": self.operator_name, "store": self.store,
+                "partitions": self.partitions, "prefixKeyColumns": self.prefix_columns,
+                "key": [f["name"] for f in self.key_schema["fields"]],
+                "value": [f["name"] for f in self.value_schema["fields"]]}
+
+
+@dataclass
+class Plan:
+    checkpoint: str
+    batch: int
+    source: str
+    target: str
+    stores: list[StorePlan] = field(default_factory=list)
+    already: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        steps = [] if self.already else [
+            f"write version {self.batch + 1} of {len(self.stores)} store(s) with {short_name(self.target)} "
+            "beside the current files",
+            f"switch: rewrite offsets/{self.batch} with providerClass={self.target} (atomic)",
+            f"retire the {short_name(self.source)} files"]
+        return {"checkpoint": self.checkpoint, "batch": self.batch, "version": self.batch + 1,
+                "from": self.source, "to": self.target, "alreadyMigrated": self.already,
+                "stores": [s.to_dict() for s in self.stores], "steps": steps}
+
+
+def plan(ck: Checkpoint, target: str) -> Plan:
+    committed = ck.committed_batches()
+    offsets = ck.offset_batches()
+    if not committed:
+        raise MigrateError(f"{ck.path('commits')}: the query never committed a batch; there is no state to migrate "
+                           "(start the query with the new provider instead)")
+    batch = committed[-1]
+    if offsets and offsets[-1] > batch:
+        raise MigrateError(f"{ck.path('offsets', str(offsets[-1]))}: batch {offsets[-1]} started but did not commit "
+                           "(the query is running, or failed): stop the query, or restart it once so that it "
+                           "completes the batch, then migrate")
+    if ck.unique_ids(batch):
+        raise MigrateError(f"{ck.path('commits', str(batch))}: checkpoint format version 2 (the commit log pins the "
+                           "unique ids of the provider's files) is not supported by migrate")
+    source = ck.provider_at(batch) or DEFAULT_PROVIDER
+    result = Plan(ck.root, batch, source, target, already=source == target)
+    for op in ck.operators().values():
+        meta = _operator_metadata(ck, op.path)
+        if meta is None:
+            raise MigrateError(f"{ck.storage.join(op.path, '_metadata', 'metadata')} is missing: migrate needs "
+                               "Spark's operator metadata (written by Spark 3.5+ at the query's first batch)")
+        name, stores = meta
+        if name and "transformWithState" in name:
+            raise MigrateError(f"{op.path}: transformWithState state runs only on Spark's RocksDB provider")
+        partitions = ck.partitions_at(batch, op) or max(n for _, n, _ in stores)
+        for store, _, prefix in stores:
+            key_schema, value_schema = ck.schema(op.id, store)
+            result.stores.append(StorePlan(op.id, name, store, partitions, prefix, key_schema, value_schema))
+    return result
+
+
+def _operator_metadata(ck: Checkpoint, op_path: str) -> tuple[str | None, list[tuple[str, int, int]]] | None:
+    p = ck.storage.join(op_path, "_metadata", "metadata")
+    try:
+        text = ck.storage.read_bytes(p).decode("utf-8")
+    except OSError:
+        return None
+    try:
+        meta = json.loads(text.split("\n", 1)[1])
+        return (meta["operatorInfo"]["operatorName"],
+                [(s["storeName"], int(s["numPartitions"]), int(s.get("numColsPrefixKey", 0)))
+                 for s in meta["stateStoreInfo"]])
+    except (IndexError, ValueError, KeyError, TypeError) as exc:
+        raise MigrateError(f"operator metadata {p} is truncated or corrupt ({exc})") from None
+
+
+def migrate(checkpoint: str | os.PathLike, provider: str, spark: "SparkSession | None" = None, *,
+            dry_run: bool = False, keep_old: bool = False) -> dict[str, Any]:
+    """Migrate a stopped query's state to ``provider`` (``keyedstate``, ``rocksdb``, ``hdfs`` or a
+    class name); see the module doc. Returns the plan, and what was written."""
+    target = provider_class(provider)
+    if spark is None:
+        spark = active_or_new_session()
+    location = os.fspath(checkpoint)
+    storage: Storage = LocalStorage(location) if is_local(location) else HadoopStorage(location, spark)
+    ck = Checkpoint(storage)
+    the_plan = plan(ck, target)
+    out = the_plan.to_dict()
+    if dry_run:
+        return out
+    if the_plan.already:
+        _retire(ck, the_plan, keep_old)
+        return out
+    started = time.monotonic()
+    uri = _uri(storage, ck.root)
+    _, meta, _ = ck.offset_entry(the_plan.batch)
+    confs = {k: str(v) for k, v in (meta.get("conf") or {}).items() if k != PROVIDER_KEY}
+    written = []
+    for s in the_plan.stores:
+        df = (spark.read.format("statestore").option("batchId", the_plan.batch).option("operatorId", s.operator)
+              .option("storeName", s.store).load(uri))
+        rows = write_store(spark, uri, s, df, s.value_schema, the_plan.batch, target, confs)
+        written.append({"operator": s.operator, "store": s.store, "rows": rows})
+        log.info("migrate: operator %s store %s: %s rows written for %s", s.operator, s.store, rows,
+                 short_name(target))
+    _switch(ck, the_plan)
+    _retire(ck, the_plan, keep_old)
+    out["written"] = written
+    out["seconds"] = round(time.monotonic() - started, 1)
+    return out
+
+
+def write_store(spark: "SparkSession", uri: str, s: StorePlan, rows, value_schema: dict, batch: int,
+                provider: str, confs: dict[str, str]) -> int:
+    """Write version ``batch + 1`` of every partition of one store with ``provider``'s own classes,
+    from a DataFrame of ``key``, ``value``, ``partition_id`` (``StateMigrator``, in Spark tasks);
+    returns the rows written."""
+    counts = spark.sparkContext._jvm.io.keyedstate.offline.StateMigrator.migrateStore(
+        spark._jsparkSession, rows._jdf, uri, s.operator, s.store, s.partitions, batch,
+        json.dumps(s.key_schema), json.dumps(value_schema), s.prefix_columns, provider, confs)
+    return int(sum(counts))
+
+
+def _uri(storage: Storage, root: str) -> str:
+    return "file://" + root if isinstance(storage, LocalStorage) else root
+
+
+def _switch(ck: Checkpoint, the_plan: Plan) -> None:
+    """Rewrite offsets/B with the target provider: the migration's one atomic commit."""
+    path = ck.path("offsets", str(the_plan.batch))
+    text = ck.storage.read_bytes(path).decode("utf-8")
+    head, sep, rest = text.partition("\n")
+    line, nl, tail = rest.partition("\n")
+    meta = json.loads(line)
+    meta.setdefault("conf", {})[PROVIDER_KEY] = the_plan.target
+    new = head + sep + json.dumps(meta, separators=(",", ":")) + nl + tail
+    ck.storage.replace(path, new.encode("utf-8"))
+
+
+def _retire(ck: Checkpoint, the_plan: Plan, keep_old: bool) -> None:
+    """Delete the files of providers other than the target in every store partition directory."""
+    if keep_old:
+        return
+    storage = ck.storage
+    for s in the_plan.stores:
+        op_path = ck.path("state", str(s.operator))
+        for part in storage.list(op_path):
+            if not (part.is_dir and part.name.isdigit()):
+                continue
+            d = storage.join(op_path, part.name) if s.store == "default" else storage.join(op_path, part.name, s.store)
+            for cls, (pattern, dirs) in FILES_OF.items():
+                if cls == the_plan.target:
+                    continue
+                for e in storage.list(d):
+                    name = e.name[1:-4] if e.name.startswith(".") and e.name.endswith(".crc") else e.name
+                    if (not e.is_dir and pattern.fullmatch(name)) or (e.is_dir and e.name in dirs):
+                        storage.delete(storage.join(d, e.name))
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = [f"{result['checkpoint']}: batch {result['batch']} (state version {result['version']}), "
+             f"{short_name(result['from'])} -> {short_name(result['to'])}"]
+    if result["alreadyMigrated"]:
+        lines.append("  already on the target provider: nothing to write")
+    for s in result["stores"]:
+        lines.append(f"  operator {s['operator']} ({s['operatorName']}) store {s['store']}: {s['partitions']} "
+                     f"partition(s), key ({', '.join(s['key'])}), value ({', '.join(s['value'])})")
+    for i, step in enumerate(result["steps"], 1):
+        lines.append(f"  step {i}: {step}")
+    if "written" in result:
+        lines.append(f"  done in {result['seconds']} s: "
+                     + ", ".join(f"op {w['operator']}/{w['store']}: {w['rows']} rows" for w in result["written"]))
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,86 @@
+"""The state processor with real Spark (issue 15, point 3): read any store at any batch; a
+transform into a new value schema and a bootstrap from a DataFrame, each followed by batches
+whose output equals a query that had that state from the start.
+"""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.state import GroupStateTimeout
+
+import keyedstate
+from support.constants import HDFS_PROVIDER, KS
+from support.driver import assert_same_output, normalise, run_query
+from support.scenarios import DEDUP_STEPS, IV, KV, KV_STEPS, drop_duplicates, pandas_no_timeout
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def pandas_with_mean(df):
+    """The new version of the query in scenarios.pandas_no_timeout: its state gains a field."""
+    def running_totals(key, frames, state):
+        count, total, _ = state.get if state.exists else (0, 0, 0.0)
+        for frame in frames:
+            count += len(frame)
+            total += int(frame["v"].sum())
+        state.update((count, total, total / count))
+        yield pd.DataFrame({"k": [key[0]], "n": [count], "total": [total], "mean": [total / count]})
+
+    return df.groupBy("k").applyInPandasWithState(
+        running_totals, "k string, n long, total long, mean double", "n long, total long, mean double", "update",
+        GroupStateTimeout.NoTimeout)
+
+
+def test_transform_into_the_new_value_schema(spark, tmp_path):
+    reference = run_query(spark, KS, pandas_with_mean, KV, KV_STEPS, tmp_path / "ref" / "checkpoint",
+                          tmp_path / "ref" / "input", "update")
+    checkpoint = tmp_path / "old" / "checkpoint"
+    run_query(spark, KS, pandas_no_timeout, KV, KV_STEPS[:2], checkpoint, tmp_path / "old" / "input", "update")
+    processor = keyedstate.state(spark, checkpoint)
+    before = normalise(processor.read(0).collect())
+    # the new query's state schema, as its own checkpoint records it
+    new_schema = keyedstate.state(spark, tmp_path / "ref" / "checkpoint").operators()[0]["stores"]["default"]["value"]
+
+    def add_mean(key, value):
+        state = value["groupState"]
+        return {**value, "groupState": {**state, "mean": state["total"] / state["n"]}}
+
+    result = processor.transform(0, add_mean, value_schema=new_schema)
+    assert result["batch"] == 2 and result["written"][0]["rows"] == len(before)
+    after = keyedstate.state(spark, checkpoint).read(0).collect()
+    assert sorted(r.value.groupState.mean for r in after) == sorted(
+        r[1][0][1] / r[1][0][0] for r in before)
+    assert keyedstate.state(spark, checkpoint).read(0, batch=1).count() == len(before)  # old batch kept
+    assert (checkpoint / "state/0/0/_metadata/schema.before-batch-2").is_file()  # and its schema
+    rest = run_query(spark, KS, pandas_with_mean, KV, KV_STEPS[2:], checkpoint, tmp_path / "old" / "input", "update")
+    assert_same_output(reference[2:], [(b - 1, rows) for b, rows in rest],
+                       labels=("new query from the start", "old state transformed"))
+
+
+def test_bootstrap_dedup_from_a_batch_dataframe(spark, tmp_path):
+    history = DEDUP_STEPS[0]  # what the old system already saw
+    reference = run_query(spark, HDFS_PROVIDER, drop_duplicates, IV, DEDUP_STEPS, tmp_path / "ref" / "checkpoint",
+                          tmp_path / "ref" / "input", "append")
+    checkpoint = tmp_path / "new" / "checkpoint"
+    # the new query's first batch is an empty file: the checkpoint then knows its operators
+    first = run_query(spark, HDFS_PROVIDER, drop_duplicates, IV, [[]], checkpoint, tmp_path / "new" / "input",
+                      "append")
+    seen = spark.createDataFrame([(i,) for i, _ in history], "id long").distinct()
+    result = keyedstate.state(spark, checkpoint).bootstrap(0, seen.select(F.struct("id").alias("key")))
+    assert result["written"][0]["rows"] == len({i for i, _ in history})
+    rest = run_query(spark, HDFS_PROVIDER, drop_duplicates, IV, DEDUP_STEPS[1:], checkpoint,
+                     tmp_path / "new" / "input", "append")
+    assert first == [(0, [])]
+    assert_same_output(reference[1:], [(b - 1, rows) for b, rows in rest],
+                       labels=("query that saw the history", "bootstrapped query"))
+
+
+def test_read_any_store_at_any_batch_and_errors(spark, tmp_path):
+    checkpoint = tmp_path / "checkpoint"
+    run_query(spark, KS, drop_duplicates, IV, DEDUP_STEPS[:2], checkpoint, tmp_path / "input", "append")
+    p = keyedstate.state(spark, checkpoint)
+    assert [o["name"] for o in p.operators()] == ["dedupe"]
+    assert p.read(0, batch=0).count() < p.read(0).count()
+    with pytest.raises(keyedstate.MigrateError, match="no stateful operator 3"):
+        p.transform(3, lambda k, v: v)

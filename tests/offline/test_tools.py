@@ -1,0 +1,259 @@
+"""keyedstate verify, get and the change feed, on real checkpoints of real queries, locally and on
+the object-store test scheme objtest:// (issue 15, points 1, 4, 5, 6).
+
+One module-scoped set of checkpoints (two scenarios, each run with keyedstate and with Spark's
+RocksDB provider, changelog checkpointing on) serves every test; tests that corrupt files work
+on copies.
+"""
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import keyedstate
+from keyedstate.formats import changelog
+from keyedstate.offline.lookup import get
+from keyedstate.offline.verify import verify
+from support.constants import KS, PFX, ROCKSDB_PROVIDER
+from support.driver import normalise, run_query, session_confs
+from support.offline import copy_checkpoint, objtest_local, to_objtest
+from support.scenarios import SCENARIOS
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+JOIN_STORES = ["left-keyToNumValues", "left-keyWithIndexToValue", "right-keyToNumValues", "right-keyWithIndexToValue"]
+CASES = {"aggregation-update": 3, "drop-duplicates-within-watermark": 4}  # scenario -> steps run
+
+
+def _scenario(name):
+    return next(s for s in SCENARIOS if s.name == name)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(spark, tmp_path_factory):
+    """{(scenario, provider): checkpoint dir}; keyedstate snapshots every 2 versions."""
+    root = tmp_path_factory.mktemp("offline-tools")
+    out = {}
+    confs = {PFX + "snapshotInterval": "2",
+             "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true"}
+    with session_confs(spark, confs):
+        for name, steps in CASES.items():
+            sc = _scenario(name)
+            for provider in (KS, ROCKSDB_PROVIDER):
+                d = root / name / provider.rsplit(".", 1)[1]
+                run_query(spark, provider, sc.build, sc.schema, sc.steps[:steps], d / "checkpoint", d / "input",
+                          sc.mode)
+                out[(name, provider)] = d / "checkpoint"
+    return out
+
+
+def _last_batch(checkpoint: Path) -> int:
+    return max(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
+
+
+def _state_rows(spark, checkpoint, batch=None, **options):
+    reader = spark.read.format("statestore")
+    if batch is not None:
+        reader = reader.option("batchId", batch)
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    return reader.load(str(checkpoint)).collect()
+
+
+# -- verify ------------------------------------------------------------------------------------
+
+def _corrupt_changelog_byte(ck: Path) -> Path:
+    path = sorted((ck / "state/0/0").glob("*.ks-changelog"))[-1]
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    return path
+
+
+def _truncate_snapshot_file(ck: Path) -> Path:
+    manifest = sorted((ck / "state/0/0").glob("*.ks-snapshot"))[-1]
+    sst = next(f for f in json.loads(manifest.read_text())["files"] if f["name"].endswith(".sst"))
+    path = ck / "state/0/0" / sst["path"]
+    path.write_bytes(path.read_bytes()[:-10])
+    return path
+
+
+def _delete_snapshot_file(ck: Path) -> Path:
+    manifest = sorted((ck / "state/0/1").glob("*.ks-snapshot"))[-1]
+    path = ck / "state/0/1" / json.loads(manifest.read_text())["files"][0]["path"]
+    path.unlink()
+    return path
+
+
+def _wrong_key_count(ck: Path) -> Path:
+    path = sorted((ck / "state/0/0").glob("*.ks-snapshot"))[-1]
+    node = json.loads(path.read_text())
+    node["numKeys"] += 1
+    path.write_text(json.dumps(node, separators=(",", ":")))
+    return path
+
+
+def _rewrite_changelog(path: Path, edit) -> None:
+    log_ = changelog.decode(path.read_bytes(), str(path))
+    records = edit([(op, k, v) for op, k, v in log_.records()])
+    inner = changelog.encode(log_.version, log_.key_groups, records)
+    path.write_bytes(changelog.compress(inner, {k: v for k, v in log_.meta.items() if k not in ("version", "keyGroups")}))
+
+
+def _key_in_wrong_partition(ck: Path) -> Path:
+    """A valid changelog (CRCs right) holding a key of partition 1 in partition 0."""
+    other = changelog.decode((ck / "state/0/1/1.ks-changelog").read_bytes(), "p1")
+    foreign = next(r for r in other.records() if r.value is not None)
+    path = sorted((ck / "state/0/0").glob("*.ks-changelog"))[-1]
+    _rewrite_changelog(path, lambda rs: rs + [(changelog.OP_PUT, foreign.key, foreign.value)])
+    return path
+
+
+def _unknown_value_format(ck: Path) -> Path:
+    path = sorted((ck / "state/0/1").glob("*.ks-changelog"))[-1]
+
+    def edit(rs):
+        op, k, v = next(r for r in rs if r[2] is not None)
+        return [(op, k, b"\x07" + v[1:]) if kk == k else (o, kk, vv) for o, kk, vv in rs]
+    _rewrite_changelog(path, edit)
+    return path
+
+
+CORRUPTIONS = [_corrupt_changelog_byte, _truncate_snapshot_file, _delete_snapshot_file, _wrong_key_count,
+               _key_in_wrong_partition, _unknown_value_format]
+
+
+def test_verify_passes_clean_checkpoints(checkpoints):
+    for name in CASES:
+        report = verify(checkpoints[(name, KS)])
+        assert report["ok"], report
+        assert report["checked"]["snapshots"] > 0 and report["checked"]["keysChecked"] > 0, report
+
+
+@pytest.mark.parametrize("corrupt", CORRUPTIONS, ids=lambda f: f.__name__.strip("_"))
+def test_verify_detects_each_corruption(checkpoints, tmp_path, corrupt):
+    ck = copy_checkpoint(checkpoints[("aggregation-update", KS)], tmp_path / "ck")
+    damaged = corrupt(ck)
+    report = verify(ck)
+    assert not report["ok"], report
+    assert any(str(damaged) in p["path"] or str(damaged) in p["problem"] for p in report["problems"]), report
+    assert all(p["fix"] for p in report["problems"])
+
+
+def test_verify_cli_exit_status_and_json(checkpoints, tmp_path):
+    ck = copy_checkpoint(checkpoints[("aggregation-update", KS)], tmp_path / "ck")
+    cli = [sys.executable, "-m", "keyedstate.cli", "verify", "--checkpoint", str(ck), "--json"]
+    clean = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    assert clean.returncode == 0, clean.stderr
+    assert json.loads(clean.stdout)["ok"] is True
+    _corrupt_changelog_byte(ck)
+    bad = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and json.loads(bad.stdout)["ok"] is False
+    human = subprocess.run(cli[:-1], capture_output=True, text=True, timeout=120)
+    assert "CORRUPT" in human.stdout and "what to do" in human.stdout
+
+
+# -- get ---------------------------------------------------------------------------------------
+
+def _as_json(row) -> object:
+    from keyedstate.offline.rows import to_json_value
+
+    return to_json_value(row.asDict(recursive=True)) if hasattr(row, "asDict") else to_json_value(row)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_get_equals_the_state_reader_at_every_retained_batch(spark, checkpoints, name):
+    ck = checkpoints[(name, KS)]
+    last = _last_batch(ck)
+    for batch in sorted({last, last - 1, 1}):
+        rows = _state_rows(spark, ck, batch)
+        assert rows, f"no state at batch {batch}"
+        for row in rows:
+            result = get(ck, 0, row.key.asDict(recursive=True), batch=batch)
+            assert result["found"], (batch, row, result)
+            assert result["value"] == _as_json(row.value), (batch, row, result)
+            assert result["partition"] == row.partition_id
+    missing = get(ck, 0, {"k": "nope"} if name == "aggregation-update" else {"id": 999})
+    assert missing["found"] is False and missing["value"] is None
+
+
+def test_get_cli_without_spark_and_its_errors(checkpoints):
+    ck = checkpoints[("aggregation-update", KS)]
+    run = lambda *a: subprocess.run([sys.executable, "-m", "keyedstate.cli", "get", "--checkpoint", str(ck), *a],  # noqa: E731
+                                    capture_output=True, text=True, timeout=60)
+    found = run("--operator", "0", "--key", '{"k": "k1"}')
+    assert found.returncode == 0, found.stderr
+    assert json.loads(found.stdout)["value"]["count"] > 0
+    assert run("--operator", "0", "--key", '["nope"]').returncode == 3
+    bad_key = run("--operator", "0", "--key", '{"kk": 1}')
+    assert bad_key.returncode == 1 and "key schema" in bad_key.stderr and "k: string" in bad_key.stderr
+    bad_op = run("--operator", "7", "--key", '["a"]')
+    assert bad_op.returncode == 1 and "state/7" in bad_op.stderr
+    bad_batch = run("--operator", "0", "--key", '["a"]', "--batch", "99")
+    assert bad_batch.returncode == 1 and "batch 99 is not committed" in bad_batch.stderr
+
+
+# -- change feed -------------------------------------------------------------------------------
+
+def _feed(spark, ck, start, end, **options):
+    return normalise(_state_rows(spark, ck, None, readChangeFeed="true", changeStartBatchId=start,
+                                 changeEndBatchId=end, **options))
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_change_feed_equals_the_rocksdb_providers(spark, checkpoints, name):
+    ks, rocks = checkpoints[(name, KS)], checkpoints[(name, ROCKSDB_PROVIDER)]
+    last = _last_batch(ks)
+    assert last == _last_batch(rocks)
+    expected = _feed(spark, rocks, 0, last)
+    assert any(r[1] == "delete" for r in expected) or name == "aggregation-update"
+    assert _feed(spark, ks, 0, last) == expected
+    assert _feed(spark, ks, 1, last - 1) == _feed(spark, rocks, 1, last - 1)
+
+
+def test_snapshot_start_batch_reads_the_same_state(spark, checkpoints):
+    ck = checkpoints[("aggregation-update", KS)]
+    last = _last_batch(ck)
+    snapshots = sorted(int(p.name.split(".")[0]) for p in (ck / "state/0/0").glob("*.ks-snapshot"))
+    assert snapshots, "no snapshot was written"
+    start = snapshots[0] - 1
+    expected = normalise(r for r in _state_rows(spark, ck, last) if r.partition_id == 0)
+    replayed = normalise(_state_rows(spark, ck, last, snapshotStartBatchId=start, snapshotPartitionId=0))
+    assert replayed == expected
+    without = next(b for b in range(last + 1) if b + 1 not in snapshots)
+    with pytest.raises(Exception, match="has no snapshot of version"):
+        _state_rows(spark, ck, last, snapshotStartBatchId=without, snapshotPartitionId=0)
+
+
+# -- every tool on objtest:// ------------------------------------------------------------------
+
+def test_tools_on_the_object_store_scheme(spark, checkpoints):
+    local = checkpoints[("aggregation-update", KS)]
+    uri = to_objtest(spark, local)
+    report = verify(uri, spark=spark)
+    assert report["ok"] and report["checked"] == verify(local)["checked"], report
+    for row in _state_rows(spark, local):
+        remote = get(uri, 0, row.key.asDict(), spark=spark)
+        assert remote["value"] == get(local, 0, row.key.asDict())["value"]
+        assert remote["from"].startswith("objtest://")
+    last = _last_batch(local)
+    assert _feed(spark, uri, 0, last) == _feed(spark, local, 0, last)
+    from keyedstate.offline.remote import inspect_anywhere
+
+    inspected = inspect_anywhere(uri, spark=spark)
+    assert json.dumps(inspected).count("objtest://") > 0
+    backing = objtest_local(spark, uri)  # the same objects as local files: the same report
+    assert inspected == json.loads(json.dumps(keyedstate.inspect(backing)).replace(str(backing), uri))
+    damaged = _truncate_snapshot_file(objtest_local(spark, uri))
+    report = verify(uri, spark=spark)
+    assert not report["ok"] and any(damaged.name in p["path"] for p in report["problems"]), report
+    assert all(p["path"].startswith("objtest://") for p in report["problems"])
+
+
+def test_public_api():
+    assert keyedstate.verify is verify and keyedstate.get is get
