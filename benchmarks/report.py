@@ -16,6 +16,8 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from . import rescale
+from .fmt import contended, fmt_bytes, fmt_ms, fmt_rows, ratio
 from .workloads import BENCH_DIR, PROVIDERS, WORK_DIR, WORKLOADS
 
 PROVIDER_ORDER = list(PROVIDERS)
@@ -64,40 +66,8 @@ def load(paths: list[str]) -> dict[tuple[str, str], dict]:
 # ---------------------------------------------------------------------------------------------
 # Formatting
 # ---------------------------------------------------------------------------------------------
-def fmt_ms(v) -> str:
-    return "–" if v is None else f"{v:,.0f}"
-
-
-def fmt_bytes(v) -> str:
-    if v is None:
-        return "–"
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if v >= size:
-            return f"{v / size:,.1f} {unit}" if v < 100 * size else f"{v / size:,.0f} {unit}"
-    return f"{v:,.0f} B"
-
-
-def fmt_rows(v) -> str:
-    if v is None:
-        return "–"
-    for unit, size in (("M", 1_000_000), ("k", 1_000)):
-        if v >= size:
-            return f"{v / size:g}{unit}"
-    return str(v)
-
-
-def ratio(a, b) -> str:
-    return "–" if not a or not b else f"{a / b:.2f}×"
-
-
 def _median(result):
     return (result.get("summary") or {}).get("median_batch_ms")
-
-
-def contended(result) -> bool:
-    """Other processes used >10% of the CPUs while the run was measured (or just before)."""
-    shares = (result.get("other_cpu_share") or {}).values()
-    return max(shares, default=0) > 0.10 or (result.get("busy_cpu_share_before") or 0) > 0.10
 
 
 def _status(result) -> str:
@@ -352,8 +322,6 @@ def _rescale_section(path: Path | None) -> list[str]:
     except (OSError, ValueError) as exc:
         print(f"report: cannot read {path}: {exc}", file=sys.stderr)
         return []
-    from . import rescale
-
     runs = data.get("runs") or {}
     env = data.get("env") or {}
     s = data.get("summary") or {}
@@ -377,8 +345,7 @@ def _rescale_section(path: Path | None) -> list[str]:
            f"{(data.get('duration_s') or 0) / 60:.1f} min; commit `{data.get('commit') or '?'}`"
            + (" (uncommitted changes)" if data.get("dirty") else "")
            + f"; {env.get('nproc', '?')} CPUs, pyspark {env.get('pyspark', '?')}, Java {env.get('java', '?')}", ""]
-    busy = [p for p, r in runs.items()
-            if max((r.get("other_cpu_share") or {}).values(), default=0) > 0.10 or (r.get("busy_cpu_share_before") or 0) > 0.10]
+    busy = [p for p, r in runs.items() if contended(r)]
     if busy:
         out += [f"- ⚠ **Contended** ({', '.join(busy)}): other processes used >10% of the CPUs during or just "
                 "before the run; timings are not trustworthy.", ""]

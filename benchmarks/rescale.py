@@ -46,6 +46,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from .fmt import contended, fmt_bytes, fmt_rows
 from .workloads import (BASE_CONFS, PROVIDERS, REPO_DIR, WORK_DIR, CpuMonitor, RunSpec, _batch_record,
                         _descendants, _dir_bytes, _proc_table, RssSampler, _write_json, build_session,
                         environment, idle_check, is_keyedstate, rate)
@@ -420,8 +421,7 @@ def table(data: dict) -> list[str]:
         r = runs.get(provider)
         if r is None:
             continue
-        from .report import fmt_bytes, fmt_rows
-        busy = max((r.get("other_cpu_share") or {}).values(), default=0) > 0.10 or (r.get("busy_cpu_share_before") or 0) > 0.10
+        busy = contended(r)
         v = r.get("verify") or {}
         name = "**keyedstate** `keyedstate.rescale`" if provider == "keyedstate" else \
             "Spark RocksDB `_streamingCheckpointManager.repartition`"
@@ -447,8 +447,6 @@ def breakdown(data: dict) -> list[str]:
         b = r.get("breakdown_s")
         if not b:
             continue
-        from .report import fmt_bytes
-
         def shuffle(j):
             w, r_ = j.get("shuffle_write_bytes"), j.get("shuffle_read_bytes")
             return ((f", shuffle write {fmt_bytes(w)}" if w else "") + (f", shuffle read {fmt_bytes(r_)}" if r_ else ""))
