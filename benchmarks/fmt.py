@@ -70,20 +70,20 @@ def verdict(value: float | None, bound: float | None, higher_is_better: bool = F
     if value is None:
         return "**not measured**"
     if higher_is_better:
-        return "met" if value >= bound else f"**missed**: {value:.2f}× < {bound:g}×"
+        return "met" if value >= bound else f"**missed**: {value:.2f}× < {bound:.1f}×"
     return "met" if value <= bound else f"**missed** by {(value / bound - 1) * 100:,.0f}%"
 
 
 def target_text(bound: float | None, higher_is_better: bool = False) -> str:
     if bound is None:
         return "–"
-    return f"≥ {bound:g}×" if higher_is_better else f"≤ {bound:g}×"
+    return f"≥ {bound:.1f}×" if higher_is_better else f"≤ {bound:.1f}×"
 
 
 def table(columns: list[str], rows: list[list], align: list[str] | None = None) -> list[str]:
     """A Markdown table; ``align`` per column 'l' or 'r' (default: first left, the rest right)."""
-    align = align or ["l"] + ["r"] * (len(columns) - 1)
+    align = (align or ["l"]) + ["r"] * len(columns)
     out = ["| " + " | ".join(columns) + " |",
-           "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
+           "|" + "|".join("---:" if a == "r" else "---" for a in align[:len(columns)]) + "|"]
     out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return out
