@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         pytest_args += [f"--bench-conf={c}" for c in args.conf] + args.pytest_args
         os.environ["KEYEDSTATE_BENCH_COMMAND"] = command
         started = time.time()
+        os.environ["KEYEDSTATE_BENCH_INVOCATION"] = datetime.fromtimestamp(started, timezone.utc).isoformat(timespec="seconds")
         commit = report.commit_of(REPO_DIR)  # what ran, not what HEAD is when the report is re-rendered
         os.chdir(REPO_DIR)
         rc = int(pytest.main(pytest_args))

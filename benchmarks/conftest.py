@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+from datetime import datetime, timezone
 
 from .workloads import PROVIDER_PYTHON, PROVIDERS, TTL_WORKLOADS, WORKLOADS, register_provider_python
 
@@ -70,6 +71,10 @@ def pytest_generate_tests(metafunc):
              if p != "keyedstate_ttl" or w in TTL_WORKLOADS or opt("--bench-providers")
              or p in PROVIDER_PYTHON]
     metafunc.parametrize("pair", pairs, ids=[f"{w}-{p}" for w, p in pairs])
+
+
+INVOCATION = os.environ.get("KEYEDSTATE_BENCH_INVOCATION") or datetime.now(timezone.utc).isoformat(timespec="seconds")
+"""Identifies the runs of one invocation, so that the report can tell a merged comparison."""
 
 
 def bench_command() -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -23,7 +22,8 @@ from typing import Callable
 from . import extra, rescale
 from .fmt import (contended, fmt_bytes, fmt_ms, fmt_rows, fmt_s, ratio, ratio_value, table, target_text,
                   verdict)
-from .workloads import BASE_CONFS, BENCH_DIR, BUILTIN_PROVIDERS, PROVIDERS, WORK_DIR, WORKLOADS, base_provider
+from .workloads import (BASE_CONFS, BENCH_DIR, BUILTIN_PROVIDERS, PROVIDERS, WORK_DIR, WORKLOADS, _git,
+                        base_provider)
 
 COLORS = {"hdfs": "#4c72b0", "rocksdb": "#dd8452", "rocksdb_changelog": "#c44e52", "keyedstate": "#55a868",
           "keyedstate_ttl": "#8172b2"}
@@ -145,22 +145,17 @@ def _status(result) -> str:
 
 
 def _flag(*results) -> str:
-    """' ⚠' when any of the runs was contended or did not finish."""
+    """' ⚠' when any of the runs was contended or did not finish; ' (‡ merged)' when they come
+    from different invocations (``--merge``), so the comparison is not from one run."""
     bad = any(r is not None and (contended(r) or r.get("status") not in (None, "ok")) for r in results)
-    return " ⚠" if bad else ""
-
-
-def _sh(cmd: list[str]) -> str | None:
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
+    runs = {r.get("invocation") for r in results if r is not None and r.get("invocation")}
+    return (" ⚠" if bad else "") + (" ‡" if len(runs) > 1 else "")
 
 
 def commit_of(path: Path) -> str:
     """Short HEAD of the repository at ``path``, marked when the working tree has changes."""
-    head = _sh(['git', '-C', str(path), 'rev-parse', '--short', 'HEAD']) or '?'
-    dirty = _sh(['git', '-C', str(path), 'status', '--porcelain', '--untracked-files=no'])
+    head = _git(path, "rev-parse", "--short", "HEAD") or "?"
+    dirty = _git(path, "status", "--porcelain", "--untracked-files=no")
     return head + (" (working tree has uncommitted changes)" if dirty else "")
 
 
@@ -277,7 +272,8 @@ def _score_rows(by_wl: dict[str, dict[str, dict]], baseline: str, workloads, hdf
                 continue
             r = ratio_value(a, b)
             restart = m.get in (_restart_wait, _restart_first_ms)
-            flag = _flag(*(x.get("restart") if restart and x else x for x in (ks, base)))
+            flag = _flag(*(dict(x.get("restart") or {}, invocation=x.get("invocation")) if restart and x else x
+                           for x in (ks, base)))
             rows.append([m.label, wl, m.fmt(a), m.fmt(b), "–" if r is None else f"{r:.2f}×",
                          target_text(bound), (verdict(r, bound) or "–") + flag])
     return rows
@@ -291,7 +287,7 @@ def _scorecard(by_wl: dict[str, dict[str, dict]], rescale_data: dict | None) -> 
            "each from one run of this report; peak RSS compares keyedstate's JVM + state servers with "
            "Spark's JVM. *target* is the issue's bound (– = no target for that workload, shown for "
            "context); ⚠ = a run involved was contended or did not finish, so its verdict is not "
-           "trustworthy.", ""]
+           "trustworthy; ‡ = the two runs come from different invocations (`--merge`).", ""]
     cols = ["metric", "workload", "keyedstate", BASELINE, "ratio", "target", "result"]
     rows = _score_rows(by_wl, BASELINE, [w for w in by_wl], hdfs=False)
     rows += rescale.scorecard_rows(rescale_data) if rescale_data else []

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import bench_command, restart_for
+from .conftest import INVOCATION, bench_command, restart_for
 from .workloads import RunSpec, run_pair
 
 
@@ -24,7 +24,7 @@ def test_provider(benchmark, pair, request):
                    timeout=opt("--bench-timeout"), keep_checkpoint=opt("--bench-keep-checkpoints"),
                    wait_idle=opt("--bench-wait-idle"),
                    restart=restart_for(opt("--bench-restart"), workload),
-                   provider_python=list(opt("--bench-provider-python")))
+                   provider_python=list(opt("--bench-provider-python")), invocation=INVOCATION)
     benchmark.group = workload
     result = benchmark.pedantic(run_pair, args=(spec,), rounds=1, iterations=1)
     benchmark.extra_info.update({

@@ -483,6 +483,7 @@ class RunSpec:
     wait_idle: float = 0.0  # wait up to this many seconds for the machine to be idle first
     restart: bool | None = None  # restart in a fresh JVM after the measured batches; None: the workload's default
     provider_python: list[str] = field(default_factory=list)  # every --provider-python NAME=PYTHON of the run
+    invocation: str | None = None  # the `python3 -m benchmarks` (pytest) run this pair belongs to
 
     def resolved_restart(self) -> bool:
         return WORKLOADS[self.workload].restart if self.restart is None else self.restart
@@ -769,7 +770,9 @@ def keyedstate_build() -> dict[str, Any]:
     import keyedstate
     src = Path(keyedstate.__file__).resolve().parent
     out: dict[str, Any] = {"source": str(src), "commit": _git(src, "rev-parse", "--short", "HEAD")}
-    if out["commit"] and _git(src, "status", "--porcelain", "--untracked-files=no", "--", "."):
+    # the jar comes from jvm_bridge/, the state server from provider/: any change but the harness's
+    if out["commit"] and _git(src, "status", "--porcelain", "--untracked-files=no", "--", ":(top)",
+                              ":(top,exclude)benchmarks"):
         out["dirty"] = True
     try:
         out["jar"] = Path(keyedstate.jar_path()).name
@@ -929,6 +932,7 @@ def run_pair(spec: RunSpec, work_dir: Path = WORK_DIR) -> dict:
         result.setdefault("error", f"child exited with {code} before finishing; see {log_path}")
         result["summary"] = summarize(result)
     result["exit_code"] = code
+    result["invocation"] = spec.invocation
     result["busy_cpu_share_before"] = round(busy_before, 3)
     if busy_before > CONTENDED_SHARE:
         result.setdefault("notes", []).append(
