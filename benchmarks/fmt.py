@@ -34,6 +34,21 @@ def fmt_rows(v) -> str:
     return str(v)
 
 
+def fmt_load_plan(plan: dict | None) -> str:
+    """'v13: snapshot v10 + 3 changelogs' from ``workloads.checkpoint_versions()`` (ranges over the
+    store partitions when they differ)."""
+    if not plan or not plan.get("stores"):
+        return "–"
+
+    def span(lo, hi):
+        return f"{lo}" if lo == hi else f"{lo}–{hi}"
+    lo, hi = plan["newest_snapshot_min"], plan["newest_snapshot_max"]
+    snap = "no snapshot" if hi == 0 else f"snapshot v{span(lo, hi)}"
+    if hi and plan.get("stores_without_snapshot"):
+        snap += f" ({plan['stores_without_snapshot']}/{plan['stores']} stores none)"
+    return f"v{plan['latest_version']}: {snap} + {span(plan['replay_min'], plan['replay_max'])} changelogs"
+
+
 def fmt_value(v) -> str:
     """A cell of a generic table: numbers with separators, None as a dash, anything else as text."""
     if v is None:

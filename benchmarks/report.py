@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Callable
 
 from . import extra, rescale
-from .fmt import (contended, fmt_bytes, fmt_ms, fmt_rows, fmt_s, ratio, ratio_value, table, target_text,
-                  verdict)
+from .fmt import (contended, fmt_bytes, fmt_load_plan, fmt_ms, fmt_rows, fmt_s, ratio, ratio_value, table,
+                  target_text, verdict)
 from .workloads import (BASE_CONFS, BENCH_DIR, BUILTIN_PROVIDERS, PROVIDERS, WORK_DIR, WORKLOADS, _git,
                         base_provider)
 
@@ -304,20 +304,6 @@ def _scorecard(by_wl: dict[str, dict[str, dict]], rescale_data: dict | None) -> 
 # ---------------------------------------------------------------------------------------------
 # Recovery and before/after
 # ---------------------------------------------------------------------------------------------
-def load_plan_text(plan: dict | None) -> str:
-    """'v13: snapshot v10 + 3 changelogs' from workloads.checkpoint_versions()."""
-    if not plan or not plan.get("stores"):
-        return "–"
-
-    def span(lo, hi):
-        return f"{lo}" if lo == hi else f"{lo}–{hi}"
-    lo, hi = plan["newest_snapshot_min"], plan["newest_snapshot_max"]
-    snap = "no snapshot" if hi == 0 else f"snapshot v{span(lo, hi)}"
-    if hi and plan.get("stores_without_snapshot"):
-        snap += f" ({plan['stores_without_snapshot']}/{plan['stores']} stores none)"
-    return f"v{plan['latest_version']}: {snap} + {span(plan['replay_min'], plan['replay_max'])} changelogs"
-
-
 def _recovery(by_wl: dict[str, dict[str, dict]]) -> list[str]:
     rows = []
     for wl, runs in by_wl.items():
@@ -336,7 +322,7 @@ def _recovery(by_wl: dict[str, dict[str, dict]]) -> list[str]:
             servers = rec.get("rss_state_servers_peak_bytes")
             rows.append([wl, f"**{provider}**" if provider == "keyedstate" else provider, status,
                          fmt_s(rec.get("session_start_s")), fmt_s(rec.get("start_to_first_batch_s"), 2),
-                         fmt_ms(rec.get("first_batch_ms")), load_plan_text(rec.get("load_plan")),
+                         fmt_ms(rec.get("first_batch_ms")), fmt_load_plan(rec.get("load_plan")),
                          fmt_bytes(_rss_total(rec)) + (f" (servers {fmt_bytes(servers)})" if servers else ""),
                          f"{ratio(_restart_wait(r), _restart_wait(base))} / {ratio(_restart_first_ms(r), _restart_first_ms(base))}"])
     if not rows:

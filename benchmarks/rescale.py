@@ -56,7 +56,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .fmt import CONTENDED_SHARE, contended, fmt_bytes, fmt_ms, fmt_rows, fmt_s, ratio_value, table, target_text, verdict
+from .fmt import (CONTENDED_SHARE, contended, fmt_bytes, fmt_load_plan, fmt_ms, fmt_rows, fmt_s, ratio_value,
+                  table, target_text, verdict)
 from .workloads import (BASE_CONFS, PROVIDER_PYTHON, PROVIDERS, REPO_DIR, WORK_DIR, CpuMonitor, RssSampler,
                         RunSpec, _batch_record, _descendants, _dir_bytes, _git, _proc_table, _write_json,
                         base_provider, build_session, checkpoint_versions, child_env, environment,
@@ -484,17 +485,6 @@ def _provider_label(provider: str) -> str:
     return f"Spark {provider} `repartition`"
 
 
-def _plan_text(plan: dict | None) -> str:
-    if not plan or not plan.get("stores"):
-        return "–"
-    lo, hi = plan["newest_snapshot_min"], plan["newest_snapshot_max"]
-    snap = "no snapshot" if hi == 0 else (f"snapshot v{hi}" if lo == hi else f"snapshots v{lo}–v{hi}")
-    if hi and plan.get("stores_without_snapshot"):
-        snap += f" ({plan['stores_without_snapshot']}/{plan['stores']} stores none)"
-    rep = plan["replay_min"] if plan["replay_min"] == plan["replay_max"] else f"{plan['replay_min']}–{plan['replay_max']}"
-    return f"v{plan['latest_version']}: {snap} + {rep} changelogs"
-
-
 def table_lines(data: dict) -> list[str]:
     """Markdown table of a rescale.json, one row per provider run."""
     runs = data.get("runs") or {}
@@ -508,7 +498,7 @@ def table_lines(data: dict) -> list[str]:
             _provider_label(provider), f"{r.get('status', '?')}{' ⚠' if contended(r) else ''}",
             fmt_rows(r.get("keys")), f"{r.get('from_partitions', '?')} → {r.get('to_partitions', '?')}",
             "–" if r.get("batches") is None else f"1 + {r['batches']} × {fmt_rows(r.get('batch_rows'))}",
-            _plan_text(r.get("load_plan_at_stop")), fmt_s(r.get("rescale_s"), 2),
+            fmt_load_plan(r.get("load_plan_at_stop")), fmt_s(r.get("rescale_s"), 2),
             fmt_s(res.get("start_to_first_batch_s"), 2), fmt_ms(res.get("first_batch_ms")),
             fmt_s(res.get("total_s"), 2),
             f"{fmt_bytes(r.get('checkpoint_bytes_before'))} → {fmt_bytes(r.get('checkpoint_bytes_after'))}",

@@ -770,9 +770,9 @@ def keyedstate_build() -> dict[str, Any]:
     import keyedstate
     src = Path(keyedstate.__file__).resolve().parent
     out: dict[str, Any] = {"source": str(src), "commit": _git(src, "rev-parse", "--short", "HEAD")}
-    # the jar comes from jvm_bridge/, the state server from provider/: any change but the harness's
-    if out["commit"] and _git(src, "status", "--porcelain", "--untracked-files=no", "--", ":(top)",
-                              ":(top,exclude)benchmarks"):
+    # the jar is built from jvm_bridge/, the state server runs provider/
+    if out["commit"] and _git(src, "status", "--porcelain", "--untracked-files=no", "--",
+                              ":(top)provider", ":(top)jvm_bridge"):
         out["dirty"] = True
     try:
         out["jar"] = Path(keyedstate.jar_path()).name
