@@ -214,7 +214,7 @@ def _jobs_since(spark, since_ms: float, until_ms: float, wait_s: float = 10.0) -
 
 
 class _LogCapture(logging.Handler):
-    """keyedstate.rescale's own INFO lines (phase timings), kept for the result."""
+    """keyedstate's own INFO lines during the rescale (phase timings), kept for the result."""
 
     def __init__(self) -> None:
         super().__init__(logging.INFO)
@@ -288,7 +288,7 @@ def run_child(provider: str, keys: int, from_n: int, to_n: int, batches: int, ba
 
         # 2. rescale (timed)
         capture = _LogCapture()
-        ks_log = logging.getLogger("keyedstate.rescale")
+        ks_log = logging.getLogger("keyedstate")  # keyedstate.offline.rescaling (keyedstate.rescale before 932aed2)
         ks_log.addHandler(capture)
         ks_log.setLevel(logging.INFO)
         sampler = _PeakSampler()
@@ -479,10 +479,12 @@ def summarize(runs: dict[str, dict]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 # Rendering (the report's "Rescale and resume" section and scorecard rows)
 # ---------------------------------------------------------------------------------------------
-def _provider_label(provider: str) -> str:
-    if is_keyedstate(provider):
-        return f"**{provider}** `keyedstate.rescale`" if provider == "keyedstate" else f"{provider} `keyedstate.rescale`"
-    return f"Spark {provider} `repartition`"
+def _provider_label(provider: str, result: dict) -> str:
+    if not is_keyedstate(provider):
+        return f"Spark {provider} `repartition`"
+    build = (result.get("keyedstate_build") or {}).get("commit")
+    name = f"**{provider}**" if provider == "keyedstate" else provider
+    return f"{name} `keyedstate.rescale`" + (f" (`{build}`)" if build else "")
 
 
 def table_lines(data: dict) -> list[str]:
@@ -495,7 +497,7 @@ def table_lines(data: dict) -> list[str]:
         res = r.get("resume") or {}
         verified = "yes" if v.get("ok") else ("**no**: " + "; ".join(v.get("problems") or [r.get("error") or "?"]))[:200]
         rows.append([
-            _provider_label(provider), f"{r.get('status', '?')}{' ⚠' if contended(r) else ''}",
+            _provider_label(provider, r), f"{r.get('status', '?')}{' ⚠' if contended(r) else ''}",
             fmt_rows(r.get("keys")), f"{r.get('from_partitions', '?')} → {r.get('to_partitions', '?')}",
             "–" if r.get("batches") is None else f"1 + {r['batches']} × {fmt_rows(r.get('batch_rows'))}",
             fmt_load_plan(r.get("load_plan_at_stop")), fmt_s(r.get("rescale_s"), 2),
@@ -574,7 +576,7 @@ def section(data: dict) -> list[str]:
                             f"(target ≥ {TARGET_SPEEDUP:g}×: {'met' if c.get('meets_target') else '**not met**'})")
     batches = data.get("batches")
     shape = (f"a seed batch of {fmt_rows(data.get('keys'))} rows (= keys), then {batches} batches of "
-             f"{fmt_rows(data.get('batch_rows'))} rows" if batches is not None
+             f"{fmt_rows(data.get('batch_rows'))} rows" if batches
              else f"one seed batch of {fmt_rows(data.get('keys'))} rows (= keys)")
     out = ["## Rescale and resume: keyedstate.rescale vs Spark's repartition", "",
            f"A stopped query's state redistributed from {data.get('from_partitions', '?')} to "
