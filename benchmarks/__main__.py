@@ -5,6 +5,8 @@
     python3 -m benchmarks --only W5 --providers keyedstate --merge \\
         --conf keyedstate:spark.sql.streaming.stateStore.keyedstate.nearCacheBytes=512m
     python3 -m benchmarks --report-only                     # re-render RESULTS.md and plots/
+    python3 -m benchmarks --provider-python keyedstate_before=/path/to/old-venv/bin/python
+                                                            # an older keyedstate build side by side
 """
 from __future__ import annotations
 
@@ -15,9 +17,10 @@ import shlex
 import sys
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 
 from . import report
-from .workloads import BENCH_DIR, PROVIDERS, REPO_DIR, WORK_DIR, WORKLOADS
+from .workloads import BENCH_DIR, PROVIDERS, REPO_DIR, WORK_DIR, WORKLOADS, register_provider_python
 
 RESULTS_JSON = WORK_DIR / "results.json"
 
@@ -45,7 +48,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wait-idle", type=float, default=0.0, metavar="S",
                     help="before each run, wait up to S seconds until other processes use <10%% "
                          "of the CPUs (runs that start or run contended are flagged either way)")
+    ap.add_argument("--restart", default="default", metavar="W1,W5|all|none",
+                    help="workloads that, after their measured batches, restart the query in a fresh "
+                         "JVM and time its first batch (default: W1,W5)")
+    ap.add_argument("--provider-python", action="append", default=[], metavar="NAME=PYTHON",
+                    help="run provider NAME with interpreter PYTHON (repeatable). NAME is a provider or "
+                         "<provider>_<suffix>, e.g. keyedstate_before=/venvs/ks-14b501e/bin/python: the "
+                         "keyedstate provider with that interpreter's keyedstate (jar built from its "
+                         "sources), reported side by side with keyedstate. Always run, on every workload")
     ap.add_argument("--json", default=str(RESULTS_JSON), help="pytest-benchmark JSON output")
+    ap.add_argument("--out", type=Path, default=BENCH_DIR / "RESULTS.md",
+                    help="report file (default benchmarks/RESULTS.md); plots go to plots/ beside it")
     ap.add_argument("--merge", action="store_true",
                     help="report these runs together with earlier ones from benchmarks/.work/runs/ "
                          "(the newest run of each workload x provider wins)")
@@ -53,6 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-report", action="store_true")
     ap.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = ap.parse_args(argv)
+    try:
+        for item in args.provider_python:
+            register_provider_python(item)
+    except ValueError as exc:
+        ap.error(str(exc))
     command = shlex.join(["python3", "-m", "benchmarks", *argv])
     meta_path = WORK_DIR / "meta.json"
     WORK_DIR.mkdir(parents=True, exist_ok=True)
@@ -77,9 +95,13 @@ def main(argv: list[str] | None = None) -> int:
             pytest_args.append(f"--bench-wait-idle={args.wait_idle}")
         if args.keep_checkpoints:
             pytest_args.append("--bench-keep-checkpoints")
+        if args.restart != "default":
+            pytest_args.append(f"--bench-restart={args.restart}")
+        pytest_args += [f"--bench-provider-python={p}" for p in args.provider_python]
         pytest_args += [f"--bench-conf={c}" for c in args.conf] + args.pytest_args
         os.environ["KEYEDSTATE_BENCH_COMMAND"] = command
         started = time.time()
+        os.environ["KEYEDSTATE_BENCH_INVOCATION"] = datetime.fromtimestamp(started, timezone.utc).isoformat(timespec="seconds")
         commit = report.commit_of(REPO_DIR)  # what ran, not what HEAD is when the report is re-rendered
         os.chdir(REPO_DIR)
         rc = int(pytest.main(pytest_args))
@@ -98,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no results found ({results})", file=sys.stderr)
         return rc or 1
     report.main([*sources, "--command", meta.get("command", command),
-                 "--duration", str(meta.get("duration_s", ""))]
+                 "--duration", str(meta.get("duration_s", "")),
+                 "--out", str(args.out), "--plots", str(args.out.parent / "plots")]
                 + (["--commit", meta["commit"]] if meta.get("commit") else []))
     return rc
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+from datetime import datetime, timezone
 
-from .workloads import PROVIDERS, TTL_WORKLOADS, WORKLOADS
+from .workloads import PROVIDER_PYTHON, PROVIDERS, TTL_WORKLOADS, WORKLOADS, register_provider_python
 
 
 def _csv(value: str | None, known, what: str) -> list[str]:
@@ -33,10 +34,29 @@ def pytest_addoption(parser):
     g.addoption("--bench-keep-checkpoints", action="store_true")
     g.addoption("--bench-wait-idle", type=float, default=0.0,
                 help="before each run, wait up to this many seconds for the CPUs to be idle")
+    g.addoption("--bench-restart", default="default",
+                help="workloads that restart in a fresh JVM after their measured batches: default "
+                     "(W1,W5), all, none, or a comma-separated list")
+    g.addoption("--bench-provider-python", action="append", default=[], metavar="NAME=PYTHON",
+                help="run provider NAME (a built-in or <built-in>_<suffix>, e.g. keyedstate_before) "
+                     "with another interpreter; repeatable; such providers are always run")
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "keyedstate_bench: a workload x provider benchmark run")
+    for item in config.getoption("--bench-provider-python", default=[]) or []:
+        register_provider_python(item)
+
+
+def restart_for(option: str, workload: str) -> bool | None:
+    """--bench-restart -> RunSpec.restart (None: the workload's default)."""
+    if option in ("", "default"):
+        return None
+    if option == "all":
+        return True
+    if option == "none":
+        return False
+    return workload in _csv(option, WORKLOADS, "workloads")
 
 
 def pytest_generate_tests(metafunc):
@@ -45,10 +65,16 @@ def pytest_generate_tests(metafunc):
     opt = metafunc.config.getoption
     workloads = _csv(opt("--bench-only"), WORKLOADS, "workloads")
     providers = _csv(opt("--bench-providers"), PROVIDERS, "providers")
+    providers += [p for p in PROVIDER_PYTHON if p not in providers]  # asked for by --provider-python
     pairs = [(w, p) for w in workloads for p in providers
              # keyedstate_ttl runs on W1/W2 unless named explicitly
-             if p != "keyedstate_ttl" or w in TTL_WORKLOADS or opt("--bench-providers")]
+             if p != "keyedstate_ttl" or w in TTL_WORKLOADS or opt("--bench-providers")
+             or p in PROVIDER_PYTHON]
     metafunc.parametrize("pair", pairs, ids=[f"{w}-{p}" for w, p in pairs])
+
+
+INVOCATION = os.environ.get("KEYEDSTATE_BENCH_INVOCATION") or datetime.now(timezone.utc).isoformat(timespec="seconds")
+"""Identifies the runs of one invocation, so that the report can tell a merged comparison."""
 
 
 def bench_command() -> str:

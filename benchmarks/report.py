@@ -4,23 +4,50 @@
 
 Each RESULTS is a pytest-benchmark ``--benchmark-json`` file, a single run's JSON (as written to
 ``benchmarks/.work/runs/``) or a directory of those; default ``benchmarks/.work/results.json``.
-When several results cover the same workload x provider, the one listed last wins.
+When several results cover the same workload x provider, the one listed last wins. The rescale
+comparison (``benchmarks/.work/rescale.json``) and extra measurement tables
+(``benchmarks/.work/extra/*.json``, see ``benchmarks/extra.py``) are added when present.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
-import subprocess
 import sys
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
-from .workloads import BENCH_DIR, PROVIDERS, WORK_DIR, WORKLOADS
+from . import extra, rescale
+from .fmt import (contended, fmt_bytes, fmt_load_plan, fmt_ms, fmt_rows, fmt_s, ratio, ratio_value, table,
+                  target_text, verdict)
+from .workloads import (BASE_CONFS, BENCH_DIR, BUILTIN_PROVIDERS, PROVIDERS, WORK_DIR, WORKLOADS, _git,
+                        base_provider)
 
-PROVIDER_ORDER = list(PROVIDERS)
 COLORS = {"hdfs": "#4c72b0", "rocksdb": "#dd8452", "rocksdb_changelog": "#c44e52", "keyedstate": "#55a868",
           "keyedstate_ttl": "#8172b2"}
+EXTRA_COLORS = ["#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd"]
+BASELINE = "rocksdb_changelog"
+"""Issue 14's reference: Spark's RocksDB provider with changelog checkpointing."""
+
+
+def provider_order(names) -> list[str]:
+    """Built-in providers in their usual order, each alias (``--provider-python``) after its base."""
+    names = set(names)
+    out = []
+    for p in BUILTIN_PROVIDERS:
+        if p in names:
+            out.append(p)
+        out += sorted(n for n in names if n not in BUILTIN_PROVIDERS and base_provider(n) == p)
+    return out + sorted(names - set(out))
+
+
+def color(provider: str) -> str:
+    if provider in COLORS:
+        return COLORS[provider]
+    aliases = sorted(p for p in PROVIDERS if p not in COLORS)
+    return EXTRA_COLORS[aliases.index(provider) % len(EXTRA_COLORS)] if provider in aliases else "grey"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -62,46 +89,54 @@ def load(paths: list[str]) -> dict[tuple[str, str], dict]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Formatting
+# Metrics of one run (None when not measured)
 # ---------------------------------------------------------------------------------------------
-def fmt_ms(v) -> str:
-    return "–" if v is None else f"{v:,.0f}"
-
-
-def fmt_bytes(v) -> str:
-    if v is None:
-        return "–"
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if v >= size:
-            return f"{v / size:,.1f} {unit}" if v < 100 * size else f"{v / size:,.0f} {unit}"
-    return f"{v:,.0f} B"
-
-
-def fmt_rows(v) -> str:
-    if v is None:
-        return "–"
-    for unit, size in (("M", 1_000_000), ("k", 1_000)):
-        if v >= size:
-            return f"{v / size:g}{unit}"
-    return str(v)
-
-
-def ratio(a, b) -> str:
-    return "–" if not a or not b else f"{a / b:.2f}×"
+def _summary(result) -> dict:
+    return (result or {}).get("summary") or {}
 
 
 def _median(result):
-    return (result.get("summary") or {}).get("median_batch_ms")
+    return _summary(result).get("median_batch_ms")
 
 
-def contended(result) -> bool:
-    """Other processes used >10% of the CPUs while the run was measured (or just before)."""
-    shares = (result.get("other_cpu_share") or {}).values()
-    return max(shares, default=0) > 0.10 or (result.get("busy_cpu_share_before") or 0) > 0.10
+def _commit_p50(result):
+    return _summary(result).get("commit_p50_ms")
+
+
+def _commit_p99(result):
+    return _summary(result).get("commit_p99_ms")
+
+
+def _ckpt_mean(result):
+    """State bytes written per measured batch, mean (snapshot uploads included)."""
+    s = _summary(result)
+    if s.get("ckpt_bytes_per_batch_mean") is not None:
+        return s["ckpt_bytes_per_batch_mean"]
+    total, n = s.get("ckpt_bytes_measured_total"), s.get("measured_batches")  # older run JSONs
+    return total / n if total is not None and n else None
+
+
+def _rss_total(result):
+    """Peak RSS of the JVM plus keyedstate's state servers (0 for Spark's providers)."""
+    jvm = (result or {}).get("rss_jvm_peak_bytes")
+    return None if jvm is None else jvm + ((result or {}).get("rss_state_servers_peak_bytes") or 0)
+
+
+def _restart(result) -> dict:
+    r = (result or {}).get("restart") or {}
+    return r if r.get("status") == "ok" else {}
+
+
+def _restart_wait(result):
+    return _restart(result).get("start_to_first_batch_s")
+
+
+def _restart_first_ms(result):
+    return _restart(result).get("first_batch_ms")
 
 
 def _status(result) -> str:
-    s = result.get("summary") or {}
+    s = _summary(result)
     status = result.get("status", "?")
     warn = " ⚠" if contended(result) else ""
     if status == "ok":
@@ -109,18 +144,36 @@ def _status(result) -> str:
     return f"**{status}** ({s.get('measured_batches', 0)}/{result.get('batches_requested', '?')}){warn}"
 
 
-def _sh(cmd: list[str]) -> str | None:
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
+def _flag(*results) -> str:
+    """' ⚠' when any of the runs was contended or did not finish; ' (‡ merged)' when they come
+    from different invocations (``--merge``), so the comparison is not from one run."""
+    bad = any(r is not None and (contended(r) or r.get("status") not in (None, "ok")) for r in results)
+    runs = {r.get("invocation") for r in results if r is not None and r.get("invocation")}
+    return (" ⚠" if bad else "") + (" ‡" if len(runs) > 1 else "")
 
 
 def commit_of(path: Path) -> str:
     """Short HEAD of the repository at ``path``, marked when the working tree has changes."""
-    head = _sh(['git', '-C', str(path), 'rev-parse', '--short', 'HEAD']) or '?'
-    dirty = _sh(['git', '-C', str(path), 'status', '--porcelain', '--untracked-files=no'])
+    head = _git(path, "rev-parse", "--short", "HEAD") or "?"
+    dirty = _git(path, "status", "--porcelain", "--untracked-files=no")
     return head + (" (working tree has uncommitted changes)" if dirty else "")
+
+
+# ---------------------------------------------------------------------------------------------
+# Header
+# ---------------------------------------------------------------------------------------------
+def _builds(results: dict) -> list[str]:
+    """Which keyedstate each keyedstate provider ran (its checkout's commit, interpreter, jar)."""
+    seen: dict[str, dict] = {}
+    for (_, provider), r in sorted(results.items()):
+        if r.get("keyedstate_build") and provider not in seen:
+            seen[provider] = dict(r["keyedstate_build"], python=r.get("python"))
+    out = []
+    for provider in provider_order(seen):
+        b = seen[provider]
+        out.append(f"`{provider}` = commit `{b.get('commit') or '?'}`{' (uncommitted changes)' if b.get('dirty') else ''}"
+                   f" (`{b.get('source')}`, {b.get('jar')})" + (f", Python `{b['python']}`" if b.get("python") else ""))
+    return ["- keyedstate builds: " + "; ".join(out)] if out else []
 
 
 def _header(results: dict, command: str | None, duration: str | None, commit: str | None = None) -> list[str]:
@@ -140,85 +193,241 @@ def _header(results: dict, command: str | None, duration: str | None, commit: st
         f"- Versions: Python {env.get('python', '?')}, Java {env.get('java', '?')}, "
         f"pyspark {env.get('pyspark', '?')}",
         f"- Commit: `{commit or commit_of(BENCH_DIR)}`",
+        *_builds(results),
         f"- Command: `{command or '?'}`",
     ]
     busy = sorted(f"{r['workload']}/{r['provider']}" for r in results.values() if contended(r))
+    busy += sorted(f"{r['workload']}/{r['provider']} restart" for r in results.values()
+                   if r.get("restart") and contended(r["restart"]))
     if busy:
         lines.append(f"- ⚠ **Contended runs** (other processes used >10% of the CPUs during or just "
                      f"before the run; timings are not trustworthy): {', '.join(busy)}")
     if len(commands) > 1:
         lines.append("- Merged from several invocations: " + "; ".join(f"`{c}`" for c in commands))
+    maintenance = BASE_CONFS.get("spark.sql.streaming.stateStore.maintenanceInterval")
     lines += [
         "- Session (every run, fresh JVM each): `local[2]`, `spark.sql.shuffle.partitions=4`, "
-        "`spark.driver.memory=6g`, UI off; `noDataMicroBatches.enabled=false` for W1/W2/W5. "
+        "`spark.driver.memory=6g`, UI off, `stateStore.maintenanceInterval="
+        f"{maintenance}` (snapshot uploads happen in maintenance; Spark's default of 60 s is longer than "
+        "most runs); `noDataMicroBatches.enabled=false` for W1/W2/W5. "
         "Source `rate-micro-batch` (2 partitions, 1 s event time per batch), sink `noop`, "
         "default trigger.",
         "",
         "Definitions: **batch** = `triggerExecution` of the batch's progress, median over the "
-        "measured batches (warm-up and seed batches excluded; 10 for W1/W2, 5 for the others). **commit** = sum of "
-        "`stateOperators[].commitTimeMs` per batch, p50/p99 over measured batches (linear "
-        "interpolation; with 5 batches p99 ≈ max). **RSS** = peak `VmHWM` of the JVM, and the sum "
-        "over keyedstate state-server processes (Python). **ckpt/batch** = bytes of files under "
-        "`<checkpoint>/state/` whose mtime falls within the batch, median (mean) over measured "
-        "batches; the mean includes occasional compactions / full snapshots (see "
-        "`benchmarks/README.md`). **state rows** = `numRowsTotal` after the last batch. "
-        "Ratios are median batch time of the row's provider over rocksdb / hdfs (>1 = slower).",
+        "measured batches (warm-up and seed batches excluded; 10 for W1/W2, 5 for the others by default). "
+        "**commit** = sum of `stateOperators[].commitTimeMs` per batch, p50/p99 over measured batches "
+        "(linear interpolation; with 5-10 batches p99 ≈ max). **peak RSS** = peak `VmHWM` of the JVM "
+        "plus the sum over keyedstate's state-server processes (Python; 0 for Spark's providers, whose "
+        "RocksDB lives in the JVM). **ckpt/batch** = state bytes written per batch: every file under "
+        "`<checkpoint>/state/` (each inode once) whose mtime falls within the batch, i.e. changelogs / "
+        "deltas as stored, snapshot files and SSTs uploaded by maintenance, `.crc` files; mean (median) "
+        "over the measured batches. Every provider but `rocksdb` snapshots every 10 versions, so a 10-batch "
+        "window holds one snapshot and a 5-batch window usually none: the **snapshots** column lists the "
+        "snapshot versions uploaded inside the window. **state rows** = `numRowsTotal` after the last "
+        "batch. Ratios are the row's median batch time over the column's provider (>1 = slower). "
+        "**restart** (W1, W5 by default): after the measured batches the query is stopped and started "
+        "again on its checkpoint in a fresh JVM; *first batch* = its `triggerExecution` (includes the "
+        "state load), *start() → done* = from `start()` to that batch's end.",
         "",
     ]
     return lines
 
 
-def _mean_ckpt(summary):
-    total, n = summary.get("ckpt_bytes_measured_total"), summary.get("measured_batches")
-    return total / n if total is not None and n else None
+# ---------------------------------------------------------------------------------------------
+# Scorecard: keyedstate against issue 14's targets
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Metric:
+    label: str
+    get: Callable[[dict], float | None]
+    fmt: Callable[[object], str]
+    targets: dict[str, float]  # workload -> bound on keyedstate ÷ baseline (lower is better)
+    hdfs_targets: dict[str, float] | None = None  # W1/W2 vs hdfs (the stretch goal)
+    restart: bool = False  # measured by the restart, whose own contention decides the ⚠
+
+
+METRICS = (
+    Metric("state bytes written per batch (mean)", _ckpt_mean, fmt_bytes, {"W1": 1.0, "W2": 1.0, "W3": 1.0, "W5": 1.0}),
+    Metric("commit p99 (ms)", _commit_p99, fmt_ms, {"W1": 1.0, "W2": 1.0}),
+    Metric("peak RSS, JVM + state servers", _rss_total, fmt_bytes, {"W1": 1.0, "W2": 1.0, "W5": 1.0}),
+    Metric("median batch (ms)", _median, fmt_ms, {"W1": 1.0, "W2": 1.0, "W3": 1.0, "W4": 1.0, "W5": 1.1},
+           hdfs_targets={"W1": 1.0, "W2": 1.0}),
+    Metric("restart: start() → first batch done (s)", _restart_wait, fmt_s, {"W5": 1.0}, restart=True),
+    Metric("restart: first batch (ms)", _restart_first_ms, fmt_ms, {"W5": 1.0}, restart=True),
+)
+HDFS_WORKLOADS = ("W1", "W2")
+
+
+def _score_rows(by_wl: dict[str, dict[str, dict]], baseline: str, workloads, hdfs: bool) -> list[list[str]]:
+    rows = []
+    for m in METRICS:
+        targets = (m.hdfs_targets or {}) if hdfs else m.targets
+        for wl in workloads:
+            runs = by_wl.get(wl) or {}
+            ks, base = runs.get("keyedstate"), runs.get(baseline)
+            if ks is None and base is None:
+                continue
+            a, b = m.get(ks), m.get(base)
+            bound = targets.get(wl)
+            if a is None and b is None and bound is None:
+                continue
+            r = ratio_value(a, b)
+            flag = _flag(*(dict(x.get("restart") or {}, invocation=x.get("invocation")) if m.restart and x else x
+                           for x in (ks, base)))
+            rows.append([m.label, wl, m.fmt(a), m.fmt(b), "–" if r is None else f"{r:.2f}×",
+                         target_text(bound), (verdict(r, bound) or "–") + flag])
+    return rows
+
+
+def _scorecard(by_wl: dict[str, dict[str, dict]], rescale_data: dict | None) -> list[str]:
+    if not any("keyedstate" in runs for runs in by_wl.values()):
+        return []
+    out = ["## Scorecard: keyedstate against issue 14's targets", "",
+           f"Ratios keyedstate ÷ `{BASELINE}` (Spark's RocksDB provider with changelog checkpointing), "
+           "each from one run of this report; peak RSS compares keyedstate's JVM + state servers with "
+           "Spark's JVM. *target* is the issue's bound (– = no target for that workload, shown for "
+           "context); ⚠ = a run involved was contended or did not finish, so its verdict is not "
+           "trustworthy; ‡ = the two runs come from different invocations (`--merge`).", ""]
+    cols = ["metric", "workload", "keyedstate", BASELINE, "ratio", "target", "result"]
+    rows = _score_rows(by_wl, BASELINE, [w for w in by_wl], hdfs=False)
+    rows += rescale.scorecard_rows(rescale_data) if rescale_data else []
+    out += table(cols, rows, ["l", "l", "r", "r", "r", "r", "l"]) + [""]
+    hdfs_wls = [w for w in HDFS_WORKLOADS if w in by_wl and "hdfs" in by_wl[w]]
+    if hdfs_wls:
+        out += [f"Against `hdfs` (Spark's default, in-memory provider), {', '.join(hdfs_wls)}; the "
+                "stretch goal is the median batch:", ""]
+        out += table(["metric", "workload", "keyedstate", "hdfs", "ratio", "target", "result"],
+                     _score_rows(by_wl, "hdfs", hdfs_wls, hdfs=True), ["l", "l", "r", "r", "r", "r", "l"]) + [""]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Recovery and before/after
+# ---------------------------------------------------------------------------------------------
+def _recovery(by_wl: dict[str, dict[str, dict]]) -> list[str]:
+    rows = []
+    for wl, runs in by_wl.items():
+        base = runs.get(BASELINE)
+        for provider in provider_order(runs):
+            r = runs[provider]
+            rec = r.get("restart")
+            if not rec:
+                continue
+            ok = rec.get("status") == "ok"
+            status = ("ok" if ok else f"**{rec.get('status')}**") + (" ⚠" if contended(rec) else "")
+            if rec.get("status") == "skipped":
+                status += " (" + "; ".join(rec.get("notes") or []) + ")"
+            elif not ok and rec.get("error"):
+                status += f": `{rec['error'].splitlines()[0][:160]}`"
+            servers = rec.get("rss_state_servers_peak_bytes")
+            rows.append([wl, f"**{provider}**" if provider == "keyedstate" else provider, status,
+                         fmt_s(rec.get("session_start_s")), fmt_s(rec.get("start_to_first_batch_s"), 2),
+                         fmt_ms(rec.get("first_batch_ms")), fmt_load_plan(rec.get("load_plan")),
+                         fmt_bytes(_rss_total(rec)) + (f" (servers {fmt_bytes(servers)})" if servers else ""),
+                         f"{ratio(_restart_wait(r), _restart_wait(base))} / {ratio(_restart_first_ms(r), _restart_first_ms(base))}"])
+    if not rows:
+        return []
+    return ["## Recovery: restart in a fresh JVM", "",
+            "After the measured batches the query is stopped and the JVM exits; a new process and JVM "
+            "start the same query on the checkpoint. *JVM + session* = until the SparkSession is up "
+            "(not part of the ratios); *start() → done* = from `query.start()` to the end of the first "
+            "batch; *first batch* = its `triggerExecution`, which includes loading the state; *load plan* "
+            "= newest version, the snapshot a load starts from and the changelogs/deltas it replays "
+            "(over the store partitions). Peak RSS is over the restart process.", ""] + table(
+        ["workload", "provider", "status", "JVM + session s", "start() → done s", "first batch ms",
+         "load plan", "peak RSS JVM + servers", f"÷ {BASELINE} (wait / batch)"],
+        rows, ["l", "l", "l", "r", "r", "r", "l", "r", "r"]) + [""]
+
+
+def _before_after(by_wl: dict[str, dict[str, dict]]) -> list[str]:
+    """Every ``--provider-python`` alias against its base provider, same run."""
+    names = {p for runs in by_wl.values() for p in runs}
+    out = []
+    for alias in provider_order(names):
+        base = base_provider(alias)
+        if alias in BUILTIN_PROVIDERS or base is None:
+            continue
+        pairs = [(wl, runs[alias], runs[base]) for wl, runs in by_wl.items() if alias in runs and base in runs]
+        if not pairs:
+            continue
+
+        def build(r):
+            b = r.get("keyedstate_build") or {}
+            return f"commit `{b.get('commit') or '?'}`" if b else f"Python `{r.get('python') or '?'}`"
+
+        def cell(get, fmt, before, after):
+            a, b = get(before), get(after)
+            return f"{fmt(a)} → {fmt(b)} ({ratio(b, a)})"
+        rows = [[wl + _flag(before, after), cell(_median, fmt_ms, before, after),
+                 cell(_commit_p50, fmt_ms, before, after), cell(_commit_p99, fmt_ms, before, after),
+                 cell(_ckpt_mean, fmt_bytes, before, after), cell(_rss_total, fmt_bytes, before, after),
+                 cell(_restart_wait, fmt_s, before, after)]
+                for wl, before, after in pairs]
+        out += [f"## Before/after: `{alias}` ({build(pairs[0][1])}) → `{base}` ({build(pairs[0][2])})", "",
+                f"Same run, same session and confs; `{alias}` runs the `{base}` provider with another "
+                f"interpreter (`--provider-python`), whose keyedstate sources build its jar. Cells: "
+                f"`{alias}` → `{base}` (`{base}` ÷ `{alias}`; < 1 = the current build is faster / smaller).", ""]
+        out += table(["workload", "median batch ms", "commit p50 ms", "commit p99 ms", "ckpt/batch (mean)",
+                      "peak RSS JVM + servers", "restart start() → done s"], rows) + [""]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Per workload
+# ---------------------------------------------------------------------------------------------
+def _rss_cell(r) -> str:
+    servers = r.get("rss_state_servers_peak_bytes")
+    if not servers:
+        return fmt_bytes(r.get("rss_jvm_peak_bytes"))
+    return f"{fmt_bytes(r.get('rss_jvm_peak_bytes'))} + {fmt_bytes(servers)} = {fmt_bytes(_rss_total(r))}"
+
+
+def _snapshots_cell(s: dict) -> str:
+    if "ckpt_snapshot_versions" not in s:
+        return "?"
+    versions = s["ckpt_snapshot_versions"]
+    return "none" if not versions else ", ".join(f"v{v}" for v in versions) + f" ({s.get('ckpt_snapshot_files')} files)"
 
 
 def _workload_table(wl: str, rows: dict[str, dict]) -> list[str]:
-    rocks, hdfs = _median(rows.get("rocksdb", {})), _median(rows.get("hdfs", {}))
-    out = ["| provider | status | rows/batch | batch ms (median) | min–max ms | commit p50 / p99 ms "
-           "| RSS JVM | RSS state servers | ckpt/batch median (mean) | state rows | ÷ rocksdb | ÷ hdfs |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for provider in PROVIDER_ORDER:
-        r = rows.get(provider)
-        if r is None:
-            continue
-        s = r.get("summary") or {}
+    refs = {p: _median(rows.get(p)) for p in ("rocksdb", BASELINE, "hdfs")}
+    out = []
+    for provider in provider_order(rows):
+        r = rows[provider]
+        s = _summary(r)
         med = s.get("median_batch_ms")
-        name = f"**{provider}**" if provider == "keyedstate" else provider
-        out.append(
-            f"| {name} | {_status(r)} | {fmt_rows(r.get('rows_per_batch'))} | {fmt_ms(med)} "
-            f"| {fmt_ms(s.get('min_batch_ms'))}–{fmt_ms(s.get('max_batch_ms'))} "
-            f"| {fmt_ms(s.get('commit_p50_ms'))} / {fmt_ms(s.get('commit_p99_ms'))} "
-            f"| {fmt_bytes(r.get('rss_jvm_peak_bytes'))} | {fmt_bytes(r.get('rss_state_servers_peak_bytes'))} "
-            f"| {fmt_bytes(s.get('ckpt_bytes_per_batch_median'))} ({fmt_bytes(_mean_ckpt(s))}) "
-            f"| {fmt_rows(s.get('num_rows_total_final'))} "
-            f"| {ratio(med, rocks)} | {ratio(med, hdfs)} |")
-    return out
+        out.append([f"**{provider}**" if provider == "keyedstate" else provider, _status(r),
+                    f"{fmt_ms(med)} ({fmt_ms(s.get('min_batch_ms'))}–{fmt_ms(s.get('max_batch_ms'))})",
+                    f"{fmt_ms(s.get('commit_p50_ms'))} / {fmt_ms(s.get('commit_p99_ms'))}", _rss_cell(r),
+                    f"{fmt_bytes(_ckpt_mean(r))} ({fmt_bytes(s.get('ckpt_bytes_per_batch_median'))})",
+                    _snapshots_cell(s), fmt_rows(s.get("num_rows_total_final")),
+                    *(ratio(med, refs[p]) for p in refs)])
+    return table(["provider", "status", "batch ms median (min–max)", "commit p50 / p99 ms",
+                  "peak RSS JVM + servers", "ckpt/batch mean (median)", "snapshots in window", "state rows",
+                  *(f"÷ {p}" for p in refs)],
+                 out, ["l", "l"])
 
 
 def _notes(wl: str, rows: dict[str, dict]) -> list[str]:
     out = []
-    for provider in PROVIDER_ORDER:
-        r = rows.get(provider)
-        if r is None:
-            continue
-        s = r.get("summary") or {}
+    for provider in provider_order(rows):
+        r = rows[provider]
+        s = _summary(r)
         bits = []
         if s.get("seed_batch_ms") is not None:
             bits.append(f"seed batch ({fmt_rows(r.get('seed_rows'))} rows) {fmt_ms(s['seed_batch_ms'])} ms")
         if s.get("warmup_batch_ms"):
             bits.append("warm-up " + ", ".join(fmt_ms(v) for v in s["warmup_batch_ms"]) + " ms")
         bits += r.get("notes") or []
+        bits += [f"restart: {n}" for n in (r.get("restart") or {}).get("notes") or []
+                 if (r.get("restart") or {}).get("status") != "skipped"]
         if r.get("error"):
             bits.append(f"error: `{r['error'].splitlines()[0][:300]}`")
-        extra = {k: v for k, v in r.get("confs", {}).items()
-                 if k not in ("spark.master", "spark.sql.shuffle.partitions", "spark.ui.enabled",
-                              "spark.driver.memory", "spark.ui.showConsoleProgress",
-                              "spark.sql.streaming.noDataMicroBatches.enabled",
-                              "spark.sql.streaming.stateStore.providerClass",
-                              "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled")}
-        if extra:
-            bits.append("extra confs: " + ", ".join(f"`{k}={v}`" for k, v in extra.items()))
+        usual = dict(BASE_CONFS, **PROVIDERS.get(base_provider(provider) or provider, {}))
+        extra_confs = {k: v for k, v in r.get("confs", {}).items()
+                       if usual.get(k) != v and k != "spark.sql.streaming.noDataMicroBatches.enabled"}
+        if extra_confs:
+            bits.append("extra confs: " + ", ".join(f"`{k}={v}`" for k, v in extra_confs.items()))
         if bits:
             out.append(f"- {provider}: " + "; ".join(bits))
     return out
@@ -227,10 +436,8 @@ def _notes(wl: str, rows: dict[str, dict]) -> list[str]:
 def _custom_metrics(rows: dict[str, dict]) -> list[str]:
     """Median per measured batch of every custom metric (summed over operators)."""
     out = []
-    for provider in PROVIDER_ORDER:
-        r = rows.get(provider)
-        if r is None:
-            continue
+    for provider in provider_order(rows):
+        r = rows[provider]
         per_metric: dict[str, list[float]] = {}
         for b in r.get("batches", []):
             if b.get("phase") != "measured":
@@ -260,12 +467,12 @@ def plot(by_wl: dict[str, dict[str, dict]], plots_dir: Path) -> dict[str, list[s
         old.unlink()
     made: dict[str, list[str]] = {}
     for wl, rows in by_wl.items():
-        providers = [p for p in PROVIDER_ORDER if p in rows]
+        providers = provider_order(rows)
         title = f"{wl} {WORKLOADS[wl].title if wl in WORKLOADS else ''}".strip()
         # median batch time
         fig, ax = plt.subplots(figsize=(6.4, 3.6))
         meds = [(_median(rows[p]) or 0) / 1000 for p in providers]
-        bars = ax.bar(providers, meds, color=[COLORS.get(p, "grey") for p in providers])
+        bars = ax.bar(providers, meds, color=[color(p) for p in providers])
         for bar, p, v in zip(bars, providers, meds):
             label = f"{v:.2f} s" + ("" if rows[p].get("status") == "ok" else f"\n({rows[p].get('status')})")
             ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()),
@@ -286,13 +493,13 @@ def plot(by_wl: dict[str, dict[str, dict]], plots_dir: Path) -> dict[str, list[s
                 continue
             xs = [b["batchId"] for b in batches]
             ys = [b["batch_ms"] / 1000 for b in batches]
-            ax.plot(xs, ys, "-", color=COLORS.get(p, "grey"), label=p, alpha=0.8)
+            ax.plot(xs, ys, "-", color=color(p), label=p, alpha=0.8)
             mx = [b["batchId"] for b in batches if b.get("phase") == "measured"]
             my = [b["batch_ms"] / 1000 for b in batches if b.get("phase") == "measured"]
             ox = [b["batchId"] for b in batches if b.get("phase") != "measured"]
             oy = [b["batch_ms"] / 1000 for b in batches if b.get("phase") != "measured"]
-            ax.plot(mx, my, "o", color=COLORS.get(p, "grey"), ms=4)
-            ax.plot(ox, oy, "x", color=COLORS.get(p, "grey"), ms=5)
+            ax.plot(mx, my, "o", color=color(p), ms=4)
+            ax.plot(ox, oy, "x", color=color(p), ms=5)
         ys_all = [b["batch_ms"] for p in providers for b in rows[p].get("batches", []) if b.get("batch_ms")]
         if ys_all and max(ys_all) / max(1, min(ys_all)) > 30:
             ax.set_yscale("log")
@@ -323,12 +530,14 @@ def _ttl_overhead(by_wl: dict[str, dict[str, dict]]) -> list[str]:
            "batches so that one scan and one snapshot fall inside them for both) the state server "
            "scans up to 1M entries per partition in the background. "
            "Target: <= 1.10x.", "",
-           "| workload | keyedstate ms | keyedstate_ttl ms | ttl ÷ no ttl | TTL cleanup ms/batch (median) | commit p50 ms (no ttl / ttl) |",
-           "|---|---:|---:|---:|---:|---:|"]
+           "| workload | keyedstate ms | keyedstate_ttl ms | ttl ÷ no ttl | target | TTL cleanup ms/batch (median) | commit p50 ms (no ttl / ttl) |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
     for wl, r in rows:
         off, on = r["keyedstate"], r["keyedstate_ttl"]
         cleanup = (_custom_median(on, "keyedstateTtlCleanupMs"))
-        out.append(f"| {wl} | {fmt_ms(_median(off))} | {fmt_ms(_median(on))} | {ratio(_median(on), _median(off))} "
+        r_ = ratio_value(_median(on), _median(off))
+        out.append(f"| {wl}{_flag(off, on)} | {fmt_ms(_median(off))} | {fmt_ms(_median(on))} | {ratio(_median(on), _median(off))} "
+                   f"| ≤ 1.1× {verdict(r_, 1.10)} "
                    f"| {'–' if cleanup is None else fmt_ms(cleanup)} "
                    f"| {fmt_ms((off.get('summary') or {}).get('commit_p50_ms'))} / "
                    f"{fmt_ms((on.get('summary') or {}).get('commit_p50_ms'))} |")
@@ -343,86 +552,58 @@ def _custom_median(result: dict, name: str):
 
 
 # ---------------------------------------------------------------------------------------------
-def _rescale_section(path: Path | None) -> list[str]:
-    """The offline rescale comparison (``python3 -m benchmarks.rescale``), if it was run."""
+def _summary_table(by_wl: dict[str, dict[str, dict]]) -> list[str]:
+    providers = provider_order({p for runs in by_wl.values() for p in runs})
+    rows = []
+    for wl, runs in by_wl.items():
+        cells = []
+        for p in providers:
+            r = runs.get(p)
+            cells.append("–" if r is None else fmt_ms(_median(r))
+                         + ("" if r.get("status") == "ok" else f" ({r.get('status')})")
+                         + (" ⚠" if contended(r) else ""))
+        ks = _median(runs.get("keyedstate"))
+        rows.append([f"{wl} {WORKLOADS[wl].title if wl in WORKLOADS else ''}", *cells,
+                     *(ratio(ks, _median(runs.get(p))) for p in ("rocksdb", BASELINE, "hdfs"))])
+    return ["## Summary: median batch time (ms)", ""] + table(
+        ["workload", *providers, "keyedstate ÷ rocksdb", f"keyedstate ÷ {BASELINE}", "keyedstate ÷ hdfs"],
+        rows) + [""]
+
+
+def _load_rescale(path: Path | None) -> dict | None:
     if path is None or not path.exists():
-        return []
+        return None
     try:
-        data = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         print(f"report: cannot read {path}: {exc}", file=sys.stderr)
-        return []
-    from . import rescale
-
-    runs = data.get("runs") or {}
-    env = data.get("env") or {}
-    s = data.get("summary") or {}
-    verdict = ""
-    if s.get("speedup_spark_over_keyedstate"):
-        verdict = (f" Result: keyedstate is **{s['speedup_spark_over_keyedstate']:.2f}× as fast** as Spark "
-                   f"(target ≥ {s.get('target_speedup', rescale.TARGET_SPEEDUP):g}×: "
-                   f"{'met' if s.get('meets_target') else '**not met**'}).")
-    out = ["## Rescale: keyedstate.rescale vs Spark's RocksDB repartition", "",
-           f"Offline redistribution of a stopped query's state from {data.get('from_partitions', '?')} to "
-           f"{data.get('to_partitions', '?')} partitions: W5's seed shape (`groupBy(value % keys).count()`, one "
-           f"seed batch of {fmt_rows(data.get('keys'))} rows = keys), then `keyedstate.rescale(checkpoint, n)` on "
-           "keyedstate (default confs) vs `spark._streamingCheckpointManager.repartition(checkpoint, n)` on "
-           "RocksDBStateStoreProvider. **rescale s** = wall clock around that one call, in a session that "
-           "is already up (JVM start excluded for both; PySpark worker start, which keyedstate's tasks "
-           "need, " + ("excluded too: `--warm-workers`" if data.get("warm_workers") else "included") + "). Fresh JVM per provider; afterwards an untimed batch restarts the query on "
-           "the rescaled checkpoint and must run with the new partition count and keep every key's "
-           "count (**verified**). Peak RSS is over the call only (JVM VmHWM reset before it; Python "
-           "workers summed, over-counting shared pages)." + verdict, "",
-           f"- Command: `{data.get('command', '?')}`; started {data.get('started_at', '?')}, took "
-           f"{(data.get('duration_s') or 0) / 60:.1f} min; commit `{data.get('commit') or '?'}`"
-           + (" (uncommitted changes)" if data.get("dirty") else "")
-           + f"; {env.get('nproc', '?')} CPUs, pyspark {env.get('pyspark', '?')}, Java {env.get('java', '?')}", ""]
-    busy = [p for p, r in runs.items()
-            if max((r.get("other_cpu_share") or {}).values(), default=0) > 0.10 or (r.get("busy_cpu_share_before") or 0) > 0.10]
-    if busy:
-        out += [f"- ⚠ **Contended** ({', '.join(busy)}): other processes used >10% of the CPUs during or just "
-                "before the run; timings are not trustworthy.", ""]
-    out += rescale.table(data) + [""]
-    where = rescale.breakdown(data)
-    if where:
-        out += ["Where the time went (Spark jobs submitted during the call, from the driver's status store):", ""]
-        out += where + [""]
-    return out
+        return None
 
 
 def render(results: dict[tuple[str, str], dict], out: Path, plots_dir: Path,
            command: str | None = None, duration: str | None = None, plots: bool = True,
-           rescale_json: Path | None = WORK_DIR / "rescale.json", commit: str | None = None) -> str:
+           rescale_json: Path | None = WORK_DIR / "rescale.json", commit: str | None = None,
+           extra_source: Path | None = extra.EXTRA_DIR) -> str:
     by_wl: dict[str, dict[str, dict]] = {}
     for (wl, provider), r in sorted(results.items()):
         by_wl.setdefault(wl, {})[provider] = r
     by_wl = {wl: by_wl[wl] for wl in sorted(by_wl, key=lambda w: (w not in WORKLOADS, w))}
     made = plot(by_wl, plots_dir) if plots else {}
+    rescale_data = _load_rescale(rescale_json)
 
     lines = _header(results, command, duration, commit)
-    # summary
-    lines += ["## Summary: median batch time (ms)", "",
-              "| workload | " + " | ".join(PROVIDER_ORDER) + " | keyedstate ÷ rocksdb | keyedstate ÷ hdfs |",
-              "|---|" + "---:|" * (len(PROVIDER_ORDER) + 2)]
-    for wl, rows in by_wl.items():
-        cells = []
-        for p in PROVIDER_ORDER:
-            r = rows.get(p)
-            cells.append("–" if r is None else fmt_ms(_median(r))
-                         + ("" if r.get("status") == "ok" else f" ({r.get('status')})")
-                         + (" ⚠" if contended(r) else ""))
-        ks = _median(rows.get("keyedstate", {}))
-        lines.append(f"| {wl} {WORKLOADS[wl].title if wl in WORKLOADS else ''} | " + " | ".join(cells)
-                     + f" | {ratio(ks, _median(rows.get('rocksdb', {})))} | {ratio(ks, _median(rows.get('hdfs', {})))} |")
-    lines.append("")
+    lines += _summary_table(by_wl)
+    lines += _scorecard(by_wl, rescale_data)
+    lines += _recovery(by_wl)
+    lines += _before_after(by_wl)
     lines += _ttl_overhead(by_wl)
     for wl, rows in by_wl.items():
         w = WORKLOADS.get(wl)
         any_r = next(iter(rows.values()))
         lines += [f"## {wl}: {w.title if w else ''}", "",
-                  f"{w.shape if w else any_r.get('workload_shape', '')}. Key space "
-                  f"{fmt_rows(any_r.get('keys'))}; {any_r.get('batches_requested', '?')} measured "
-                  f"batches after {any_r.get('warmup_batches', '?')} warm-up"
+                  f"{w.shape if w else any_r.get('workload_shape', '')}. {fmt_rows(any_r.get('rows_per_batch'))} "
+                  f"rows per batch, key space {fmt_rows(any_r.get('keys'))}; {any_r.get('batches_requested', '?')} "
+                  f"measured batches after {any_r.get('warmup_batches', '?')} warm-up"
                   + (f" (and 1 seed batch of {fmt_rows(any_r.get('seed_rows'))} rows)" if any_r.get("seed_rows") else "")
                   + ".", ""]
         lines += _workload_table(wl, rows) + [""]
@@ -436,13 +617,16 @@ def render(results: dict[tuple[str, str], dict], out: Path, plots_dir: Path,
         for name in made.get(wl, []):
             lines.append(f"![{wl} {name}](plots/{name})")
         lines.append("")
-    lines += _rescale_section(rescale_json)
+    if rescale_data:
+        lines += rescale.section(rescale_data)
+    lines += extra.section(extra_source)
     # The hand-written reading of the numbers (targets, where the time goes, what would close a
     # gap) lives beside the generator, so re-rendering keeps it.
     analysis = BENCH_DIR / "ANALYSIS.md"
     if analysis.exists():
         lines += [analysis.read_text().rstrip(), ""]
     text = "\n".join(lines).rstrip() + "\n"
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     return text
 
@@ -458,13 +642,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--commit", help="commit the runs used (header; default: HEAD now)")
     ap.add_argument("--rescale", type=Path, default=WORK_DIR / "rescale.json",
                     help="rescale comparison to include if present (python3 -m benchmarks.rescale)")
+    ap.add_argument("--extra", type=Path, default=extra.EXTRA_DIR,
+                    help="extra measurement tables to include if present: a directory of JSON files or "
+                         "one file (see benchmarks/extra.py)")
     args = ap.parse_args(argv)
     results = load(args.results)
     if not results:
         print(f"report: no results in {', '.join(args.results)}", file=sys.stderr)
         return 1
     render(results, args.out, args.plots, args.command, args.duration or None, plots=not args.no_plots,
-           rescale_json=args.rescale, commit=args.commit)
+           rescale_json=args.rescale, commit=args.commit, extra_source=args.extra)
     print(f"wrote {args.out} ({len(results)} runs) and plots in {args.plots}")
     return 0
 

@@ -1,31 +1,43 @@
-"""Offline rescale of a stopped query's state: ``keyedstate.rescale`` vs Spark's own repartition.
+"""Rescale a stopped query's state, and resume it: ``keyedstate.rescale`` vs Spark's repartition.
 
-    python3 -m benchmarks.rescale                       # 10M keys, 4 -> 8 partitions
-    python3 -m benchmarks.rescale --keys 200000 --from 4 --to 8 --json /tmp/rescale.json
+    python3 -m benchmarks.rescale                       # 10M keys, 22 batches, 4 -> 8 partitions
+    python3 -m benchmarks.rescale --keys 200000         # quick check
+    python3 -m benchmarks.rescale --keys 1000000 --batches 0 --json /tmp/rescale.json   # seed only
 
-For each provider (keyedstate, and Spark's RocksDBStateStoreProvider = ``rocksdb``), in its own
+For each provider (keyedstate, and Spark's RocksDB provider with changelog checkpointing =
+``rocksdb_changelog``; ``rocksdb`` without it on request), in its own
 ``python -m benchmarks.rescale --child ...`` subprocess (own process group, SparkSession, JVM):
 
-1. **seed**: W5's seed batch with ``--keys`` rows and keys -- ``groupBy(value % keys).count()``,
-   update mode, ``rate-micro-batch`` (2 partitions), ``trigger(availableNow=True)`` so exactly one
-   batch is logged, ``spark.sql.shuffle.partitions=--from``, sink ``noop``. Then the query stops.
-   Session as in every benchmark run (``local[2]``, 6g driver, UI off); keyedstate with its
-   default confs (no near cache: no batch runs after the seed).
-2. **rescale** (timed): wall clock around ``keyedstate.rescale(checkpoint, to, spark=spark)``
-   or ``spark._streamingCheckpointManager.repartition(checkpoint, to)`` alone. The session (JVM,
+1. **run**: W5's state shape, ``groupBy(value % keys).count()`` in update mode with
+   ``spark.sql.shuffle.partitions=--from``, over a parquet file source read one file per batch
+   (``maxFilesPerTrigger=1``) with ``trigger(availableNow=True)``: a seed file of ``--keys`` rows
+   (values ``0..keys-1``: every key once), then ``--batches`` files of ``--batch-rows`` rows
+   (the values continue, so each batch updates ``batch-rows`` consecutive keys). The query ends
+   by itself after the last file, with every batch committed (Spark's repartition and keyedstate's
+   rescale both refuse an uncommitted last batch, which stopping a running query leaves). With
+   the default 22 batches (versions 1-23) every provider has written snapshots (keyedstate's
+   ``snapshotInterval`` and Spark's ``minDeltasForSnapshot`` are both 10; the session's 1 s
+   ``maintenanceInterval`` uploads them while the query runs); the load plan at the stop is
+   recorded. ``--batches 0`` is the old seed-only benchmark.
+2. **rescale** (timed): wall clock around ``keyedstate.rescale(checkpoint, to, spark=spark)`` or
+   ``spark._streamingCheckpointManager.repartition(checkpoint, to)`` alone. The session (JVM,
    executors) is already up, so JVM start is excluded for both; PySpark worker start-up (which
-   keyedstate's tasks need and Spark's do not) is included. Spark jobs/stages submitted during the
-   call are read back from the driver's status store for a breakdown.
-3. **verify** (not timed): restart the same query on the rescaled checkpoint for one batch of
-   ``--verify-rows`` rows (values ``keys..keys+k-1``, i.e. keys ``0..k-1``, all already in state)
-   into ``foreachBatch``; it must run with ``--to`` shuffle partitions / state store instances,
-   keep ``numRowsTotal == keys``, and every output count must be 2 (1 from the seed + 1 now), so
-   no key's state was lost or duplicated.
+   keyedstate's tasks need and Spark's do not) is included unless ``--warm-workers``. Spark jobs
+   and stages submitted during the call are read back from the driver's status store.
+3. **resume** (timed): one more input file of ``--batch-rows`` rows is added and the same query
+   is started again on the rescaled checkpoint, in the same session; *start() -> first batch
+   done* runs from ``start()`` to the end of that batch (its ``triggerExecution`` includes
+   loading the new partitions' state). *resume* = rescale + start() -> first batch done: what
+   a user waits between the stopped query and its first batch at the new partition count.
+   The batch verifies itself (``foreachBatch``, also used, as a no-op write, by the run phase so
+   that the callback server is already up): it must run with ``--to`` shuffle partitions and state
+   store instances, keep ``numRowsTotal == keys``, and every output count must equal the number
+   of input values of that key over all batches (no key's state lost or duplicated); failing that,
+   status ``verify_failed``.
 
-Results: ``benchmarks/.work/rescale.json`` (per provider: seconds, keys, checkpoint bytes before
-and after, peak RSS during the call, job breakdown, verification) and
-``benchmarks/.work/logs/rescale__<provider>.log``. ``python3 -m benchmarks --report-only`` adds
-a "Rescale" section from that file.
+Results: ``benchmarks/.work/rescale.json`` and ``benchmarks/.work/logs/rescale__<provider>.log``.
+``python3 -m benchmarks --report-only`` (and every normal run) adds a "Rescale and resume" section
+and scorecard rows from that file.
 """
 from __future__ import annotations
 
@@ -35,8 +47,6 @@ import logging
 import os
 import shlex
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -46,38 +56,72 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .workloads import (BASE_CONFS, PROVIDERS, REPO_DIR, WORK_DIR, CpuMonitor, RunSpec, _batch_record,
-                        _descendants, _dir_bytes, _proc_table, RssSampler, _write_json, build_session,
-                        environment, idle_check, is_keyedstate, rate)
+from .fmt import (CONTENDED_SHARE, contended, fmt_bytes, fmt_load_plan, fmt_ms, fmt_rows, fmt_s, ratio_value,
+                  table, target_text, verdict)
+from .workloads import (BASE_CONFS, PROVIDER_PYTHON, PROVIDERS, REPO_DIR, WORK_DIR, CpuMonitor, RssSampler,
+                        RunSpec, _batch_record, _descendants, _dir_bytes, _git, _proc_table, _write_json,
+                        base_provider, build_session, checkpoint_versions, child_env, environment,
+                        is_keyedstate, keyedstate_build, register_provider_python, run_subprocess,
+                        wait_until_idle)
 
 RESCALE_JSON = WORK_DIR / "rescale.json"
-RESCALE_PROVIDERS = ("keyedstate", "rocksdb")
+RESCALE_PROVIDERS = ("keyedstate", "rocksdb_changelog", "rocksdb")
+DEFAULT_PROVIDERS = ("keyedstate", "rocksdb_changelog")
 TARGET_SPEEDUP = 5.0
+"""Issue 14: resume after rescale (rescale + first batch) >= 5x faster than Spark's."""
+DEFAULT_BATCHES = 22
 
 
 # ---------------------------------------------------------------------------------------------
 # Child: one provider, in this process
 # ---------------------------------------------------------------------------------------------
-def _query(spark, keys: int, rows: int, checkpoint: Path, name: str, sink=None):
+def _write_input(directory: Path, index: int, start: int, end: int) -> None:
+    """Input file ``index`` (values ``start..end-1``); mtimes increase with the index, which is
+    the order the file source reads them in."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{index:05d}.parquet"
+    tmp = directory.parent / f".{path.name}.tmp"
+    pq.write_table(pa.table({"value": np.arange(start, end, dtype=np.int64)}), tmp)
+    os.replace(tmp, path)
+    os.utime(path, (1_000_000 + index, 1_000_000 + index))
+
+
+def _query(spark, keys: int, input_dir: Path, checkpoint: Path, name: str, sink):
     from pyspark.sql import functions as F
-    df = rate(spark, rows).groupBy((F.col("value") % keys).alias("key")).count()
-    writer = (df.writeStream.outputMode("update").option("checkpointLocation", str(checkpoint))
-              .queryName(name).trigger(availableNow=True))
-    writer = writer.foreachBatch(sink) if sink is not None else writer.format("noop")
-    return writer.start()
+    df = (spark.readStream.schema("value long").option("maxFilesPerTrigger", 1).parquet(str(input_dir))
+          .groupBy((F.col("value") % keys).alias("key")).count())
+    return (df.writeStream.outputMode("update").option("checkpointLocation", str(checkpoint))
+            .queryName(name).trigger(availableNow=True).foreachBatch(sink).start())
 
 
-def _run_one_batch(query, timeout: float) -> dict:
+def _noop_sink(df, batch_id) -> None:
+    df.write.format("noop").mode("overwrite").save()
+
+
+def _run_to_end(query, timeout: float) -> list[dict]:
+    """Wait until an availableNow query has processed everything; its batches' records."""
     if not query.awaitTermination(timeout):
         query.stop()
-        raise TimeoutError(f"query {query.name} did not finish its batch in {timeout:.0f} s")
+        raise TimeoutError(f"query {query.name} did not finish in {timeout:.0f} s")
     if query.exception() is not None:
         raise RuntimeError(f"query {query.name} failed: {query.exception()}")
-    progress = [json.loads(p.json) for p in query.recentProgress
-                if (p.durationMs or {}).get("triggerExecution")]
-    if not progress:
+    batches = [_batch_record(json.loads(p.json)) for p in query.recentProgress
+               if (p.durationMs or {}).get("triggerExecution")]
+    if not batches:
         raise RuntimeError(f"query {query.name} reported no batch")
-    return _batch_record(progress[-1])
+    return batches
+
+
+def _brief(batch: dict) -> dict:
+    out = {k: v for k, v in batch.items() if k != "stateOperators"}
+    ops = batch.get("stateOperators") or []
+    out["numShufflePartitions"] = [op.get("numShufflePartitions") for op in ops]
+    out["numStateStoreInstances"] = [op.get("numStateStoreInstances") for op in ops]
+    out["customMetrics"] = [op.get("customMetrics") for op in ops]
+    return out
 
 
 class _PeakSampler(threading.Thread):
@@ -170,7 +214,7 @@ def _jobs_since(spark, since_ms: float, until_ms: float, wait_s: float = 10.0) -
 
 
 class _LogCapture(logging.Handler):
-    """keyedstate.rescale's own INFO lines (phase timings), kept for the result."""
+    """keyedstate's own INFO lines during the rescale (phase timings), kept for the result."""
 
     def __init__(self) -> None:
         super().__init__(logging.INFO)
@@ -180,17 +224,19 @@ class _LogCapture(logging.Handler):
         self.lines.append(f"{record.created:.3f} {record.getMessage()}")
 
 
-def run_child(provider: str, keys: int, from_n: int, to_n: int, verify_rows: int, out: Path,
+def run_child(provider: str, keys: int, from_n: int, to_n: int, batches: int, batch_rows: int, out: Path,
               run_dir: Path, timeout: float, warm_workers: bool = False) -> dict:
     started = time.monotonic()
     deadline = started + timeout
-    checkpoint = run_dir / "checkpoint"
+    checkpoint, input_dir = run_dir / "checkpoint", run_dir / "input"
     result: dict[str, Any] = {
         "provider": provider, "status": "running", "keys": keys, "from_partitions": from_n,
-        "to_partitions": to_n, "verify_rows": verify_rows, "warm_workers": warm_workers,
+        "to_partitions": to_n, "batches": batches, "batch_rows": batch_rows, "warm_workers": warm_workers,
         "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "env": environment(), "notes": [], "other_cpu_share": {},
     }
+    if provider in PROVIDER_PYTHON:
+        result["python"] = sys.executable
     spark = None
     try:
         confs = dict(BASE_CONFS)
@@ -198,24 +244,38 @@ def run_child(provider: str, keys: int, from_n: int, to_n: int, verify_rows: int
         confs["spark.sql.streaming.noDataMicroBatches.enabled"] = "false"
         confs.update(PROVIDERS[provider])
         result["confs"] = confs
+        t = time.monotonic()
+        _write_input(input_dir, 0, 0, keys)
+        for j in range(1, batches + 1):
+            _write_input(input_dir, j, keys + (j - 1) * batch_rows, keys + j * batch_rows)
+        result["input_write_s"] = round(time.monotonic() - t, 2)
         spark = build_session(RunSpec(workload="W5", provider=provider), confs, run_dir)
         result["env"]["java"] = spark.sparkContext._jvm.System.getProperty("java.version")
         result["session_start_s"] = round(time.monotonic() - started, 2)
+        if is_keyedstate(provider):
+            result["keyedstate_build"] = keyedstate_build()
         _write_json(out, result)
 
-        # 1. seed
+        # 1. seed + run, until the query ends by itself
         cpu = CpuMonitor()
         t = time.monotonic()
-        seed = _run_one_batch(_query(spark, keys, keys, checkpoint, f"rescale_{provider}_seed"),
-                              deadline - time.monotonic())
-        result["seed_wall_s"] = round(time.monotonic() - t, 3)
-        result["seed_batch"] = {k: v for k, v in seed.items() if k != "stateOperators"}
-        result["seed_batch"]["numShufflePartitions"] = [op.get("numShufflePartitions") for op in seed["stateOperators"]]
-        result["other_cpu_share"]["seed"] = round(cpu.other_cpu_share(), 3)
-        if seed["numRowsTotal"] != keys:
-            raise RuntimeError(f"seed batch left {seed['numRowsTotal']} state rows, expected {keys}")
+        ran = _run_to_end(_query(spark, keys, input_dir, checkpoint, f"rescale_{provider}_run", _noop_sink),
+                          deadline - time.monotonic())
+        result["run_wall_s"] = round(time.monotonic() - t, 3)
+        result["other_cpu_share"]["run"] = round(cpu.other_cpu_share(), 3)
+        result["seed_batch"] = _brief(ran[0])
+        result["run_batch_ms"] = [b["batch_ms"] for b in ran[1:]]
+        if len(ran) != batches + 1:
+            raise RuntimeError(f"the run phase processed {len(ran)} batches, expected {batches + 1}")
+        if ran[-1]["numRowsTotal"] != keys:
+            raise RuntimeError(f"the run left {ran[-1]['numRowsTotal']} state rows, expected {keys}")
+        result["load_plan_at_stop"] = plan = checkpoint_versions(checkpoint / "state")
+        if batches >= 20 and (plan.get("stores_without_snapshot") or not plan.get("newest_snapshot_max")):
+            result["notes"].append(f"{plan.get('stores_without_snapshot')} of {plan.get('stores')} store "
+                                   "partitions had no snapshot when the query stopped")
         result["checkpoint_bytes_before"] = _dir_bytes(checkpoint)
         result["state_bytes_before"] = _dir_bytes(checkpoint / "state")
+        _write_input(input_dir, batches + 1, keys + batches * batch_rows, keys + (batches + 1) * batch_rows)
         _write_json(out, result)
 
         if warm_workers:
@@ -228,7 +288,7 @@ def run_child(provider: str, keys: int, from_n: int, to_n: int, verify_rows: int
 
         # 2. rescale (timed)
         capture = _LogCapture()
-        ks_log = logging.getLogger("keyedstate.rescale")
+        ks_log = logging.getLogger("keyedstate")  # keyedstate.offline.rescaling (keyedstate.rescale before 932aed2)
         ks_log.addHandler(capture)
         ks_log.setLevel(logging.INFO)
         sampler = _PeakSampler()
@@ -253,73 +313,42 @@ def run_child(provider: str, keys: int, from_n: int, to_n: int, verify_rows: int
             result["keyedstate_log"] = capture.lines
         result["checkpoint_bytes_after"] = _dir_bytes(checkpoint)
         result["state_bytes_after"] = _dir_bytes(checkpoint / "state")
-        try:
-            jobs = _jobs_since(spark, since_ms, until_ms)
-            result["jobs"] = jobs
-            if jobs:
-                first = min(j["submitted_ms"] for j in jobs)
-                last = max(j["completed_ms"] or until_ms for j in jobs)
-                result["breakdown_s"] = {
-                    "before_first_job": round((first - since_ms) / 1000, 3),
-                    "jobs": [{"name": j["description"] or j["name"], "seconds":
-                              round(((j["completed_ms"] or until_ms) - j["submitted_ms"]) / 1000, 3),
-                              "tasks": j["numTasks"],
-                              "shuffle_write_bytes": sum(st.get("shuffleWriteBytes") or 0 for st in j["stages"]),
-                              "shuffle_read_bytes": sum(st.get("shuffleReadBytes") or 0 for st in j["stages"])}
-                             for j in jobs],
-                    "after_last_job": round((until_ms - last) / 1000, 3),
-                }
-        except Exception as exc:  # noqa: BLE001 - best effort
-            result["notes"].append(f"no job breakdown: {type(exc).__name__}: {exc}"[:500])
+        _record_jobs(spark, since_ms, until_ms, result)
         _write_json(out, result)
 
-        # 3. verify (not timed)
+        # 3. resume (timed): the first batch at the new partition count, verifying itself
+        total = keys + (batches + 1) * batch_rows  # values 0..total-1 went in, each once
         seen: dict[str, Any] = {}
 
-        def sink(df, batch_id):
+        def verify_sink(df, batch_id):
             from pyspark.sql import functions as F
-            row = df.agg(F.count("*").alias("rows"), F.min("count").alias("min"),
-                         F.max("count").alias("max"), F.countDistinct("key").alias("keys")).first()
+            expected = F.floor((F.lit(total - 1) - F.col("key")) / keys) + 1
+            row = df.agg(F.count("*").alias("rows"), F.countDistinct("key").alias("keys"),
+                         F.sum(F.when(F.col("count") != expected, 1).otherwise(0)).alias("wrong")).first()
             seen.update(batch_id=batch_id, **row.asDict())
 
-        t = time.monotonic()
-        verify = _run_one_batch(
-            _query(spark, keys, verify_rows, checkpoint, f"rescale_{provider}_verify", sink),
-            deadline - time.monotonic())
-        ops = verify["stateOperators"]
-        check = {
-            "batchId": verify["batchId"], "wall_s": round(time.monotonic() - t, 3),
-            "batch_ms": verify["batch_ms"],
-            "numShufflePartitions": [op.get("numShufflePartitions") for op in ops],
-            "numStateStoreInstances": [op.get("numStateStoreInstances") for op in ops],
-            "numRowsTotal": verify["numRowsTotal"], "numRowsUpdated": verify["numRowsUpdated"],
-            "output": seen,
-        }
-        expected_rows = min(verify_rows, keys)
-        problems = []
-        if any(n != to_n for n in check["numShufflePartitions"]):
-            problems.append(f"numShufflePartitions {check['numShufflePartitions']}, expected {to_n}")
-        if any(n != to_n for n in check["numStateStoreInstances"]):
-            problems.append(f"numStateStoreInstances {check['numStateStoreInstances']}, expected {to_n}")
-        if check["numRowsTotal"] != keys:
-            problems.append(f"numRowsTotal {check['numRowsTotal']}, expected {keys}")
-        if seen.get("rows") != expected_rows or seen.get("keys") != expected_rows:
-            problems.append(f"{seen.get('rows')} output rows / {seen.get('keys')} keys, expected {expected_rows}")
-        want = 2 if verify_rows <= keys else None
-        if want is not None and (seen.get("min"), seen.get("max")) != (want, want):
-            problems.append(f"output counts in [{seen.get('min')}, {seen.get('max')}], expected all {want} "
-                            "(1 from the seed + 1 now): state lost or duplicated")
-        check["ok"] = not problems
-        check["problems"] = problems
-        result["verify"] = check
-        result["status"] = "ok" if not problems else "verify_failed"
+        sampler = _PeakSampler()
+        sampler.start()
+        cpu = CpuMonitor()
+        start_wall = time.time()
+        resumed = _run_to_end(_query(spark, keys, input_dir, checkpoint, f"rescale_{provider}_resume", verify_sink),
+                              deadline - time.monotonic())
+        result["other_cpu_share"]["resume"] = round(cpu.other_cpu_share(), 3)
+        first = resumed[0]
+        resume = {"start_to_first_batch_s": round(first["start_epoch"] + first["batch_ms"] / 1000 - start_wall, 3),
+                  "first_batch_ms": first["batch_ms"], "batch": _brief(first),
+                  **{k: v for k, v in sampler.finish().items() if k != "rss_jvm_peak_reset"}}
+        resume["total_s"] = round(result["rescale_s"] + resume["start_to_first_batch_s"], 3)
+        result["resume"] = resume
+        result["verify"] = check = _verify(first, seen, keys, to_n, min(batch_rows, keys), len(resumed))
+        result["status"] = "ok" if check["ok"] else "verify_failed"
     except BaseException as exc:  # noqa: BLE001 - everything goes into the result
         result["status"] = "failed"
         result["error"] = f"{type(exc).__name__}: {exc}"[:4000]
         result["traceback"] = traceback.format_exc()[-8000:]
     finally:
         busy = max(result["other_cpu_share"].values(), default=0)
-        if busy > 0.10:
+        if busy > CONTENDED_SHARE:
             result["notes"].append(f"other processes used up to {busy:.0%} of the CPUs during a phase: "
                                    "timings are contended")
         result["wall_s"] = round(time.monotonic() - started, 2)
@@ -332,6 +361,54 @@ def run_child(provider: str, keys: int, from_n: int, to_n: int, verify_rows: int
     return result
 
 
+def _verify(batch: dict, seen: dict, keys: int, to_n: int, expected_rows: int, n_batches: int) -> dict:
+    ops = batch["stateOperators"]
+    check = {
+        "batchId": batch["batchId"],
+        "numShufflePartitions": [op.get("numShufflePartitions") for op in ops],
+        "numStateStoreInstances": [op.get("numStateStoreInstances") for op in ops],
+        "numRowsTotal": batch["numRowsTotal"], "numRowsUpdated": batch["numRowsUpdated"], "output": seen,
+    }
+    problems = []
+    if n_batches != 1:
+        problems.append(f"the resumed query ran {n_batches} batches, expected 1")
+    if any(n != to_n for n in check["numShufflePartitions"]):
+        problems.append(f"numShufflePartitions {check['numShufflePartitions']}, expected {to_n}")
+    if any(n != to_n for n in check["numStateStoreInstances"]):
+        problems.append(f"numStateStoreInstances {check['numStateStoreInstances']}, expected {to_n}")
+    if check["numRowsTotal"] != keys:
+        problems.append(f"numRowsTotal {check['numRowsTotal']}, expected {keys}")
+    if seen.get("rows") != expected_rows or seen.get("keys") != expected_rows:
+        problems.append(f"{seen.get('rows')} output rows / {seen.get('keys')} keys, expected {expected_rows}")
+    if seen.get("wrong"):
+        problems.append(f"{seen['wrong']} keys with a wrong count: state lost or duplicated")
+    check["ok"] = not problems
+    check["problems"] = problems
+    return check
+
+
+def _record_jobs(spark, since_ms: float, until_ms: float, result: dict) -> None:
+    """The Spark jobs the timed call submitted, and where its time went."""
+    try:
+        jobs = _jobs_since(spark, since_ms, until_ms)
+        result["jobs"] = jobs
+        if jobs:
+            first = min(j["submitted_ms"] for j in jobs)
+            last = max(j["completed_ms"] or until_ms for j in jobs)
+            result["breakdown_s"] = {
+                "before_first_job": round((first - since_ms) / 1000, 3),
+                "jobs": [{"name": j["description"] or j["name"], "seconds":
+                          round(((j["completed_ms"] or until_ms) - j["submitted_ms"]) / 1000, 3),
+                          "tasks": j["numTasks"],
+                          "shuffle_write_bytes": sum(st.get("shuffleWriteBytes") or 0 for st in j["stages"]),
+                          "shuffle_read_bytes": sum(st.get("shuffleReadBytes") or 0 for st in j["stages"])}
+                         for j in jobs],
+                "after_last_job": round((until_ms - last) / 1000, 3),
+            }
+    except Exception as exc:  # noqa: BLE001 - best effort
+        result["notes"].append(f"no job breakdown: {type(exc).__name__}: {exc}"[:500])
+
+
 # ---------------------------------------------------------------------------------------------
 # Parent: one subprocess per provider
 # ---------------------------------------------------------------------------------------------
@@ -341,52 +418,32 @@ def run_provider(provider: str, args, work_dir: Path = WORK_DIR) -> dict:
     runs.mkdir(parents=True, exist_ok=True)
     # short, under $TMPDIR: keyedstate binds a Unix socket below java.io.tmpdir (108-byte limit)
     run_dir = Path(tempfile.mkdtemp(prefix=f"ksr-{provider}-"))
-    (run_dir / "tmp").mkdir()
     out = runs / f"{provider}.json"
     out.unlink(missing_ok=True)
     log_path = logs / f"rescale__{provider}.log"
-    cmd = [sys.executable, "-m", "benchmarks.rescale", "--child", provider, "--keys", str(args.keys),
-           "--from", str(args.from_n), "--to", str(args.to_n), "--verify-rows", str(args.verify_rows),
-           "--timeout", str(args.timeout), "--out", str(out), "--run-dir", str(run_dir)]
+    python = PROVIDER_PYTHON.get(provider, sys.executable)
+    cmd = [python, "-m", "benchmarks.rescale", "--child", provider, "--keys", str(args.keys),
+           "--from", str(args.from_n), "--to", str(args.to_n), "--batches", str(args.batches),
+           "--batch-rows", str(args.batch_rows), "--timeout", str(args.timeout), "--out", str(out),
+           "--run-dir", str(run_dir)]
+    cmd += [a for item in args.provider_python for a in ("--provider-python", item)]
     if args.warm_workers:
         cmd.append("--warm-workers")
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
-               TMPDIR=str(run_dir / "tmp"))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_DIR), env.get("PYTHONPATH")]))
-    busy_before = idle_check()
-    waited_until = time.monotonic() + args.wait_idle
-    while busy_before > 0.10 and time.monotonic() < waited_until:
-        time.sleep(4)
-        busy_before = idle_check(2.0)
-    print(f"rescale {provider}: {args.keys:,} keys, {args.from_n} -> {args.to_n} partitions "
-          f"(log {log_path})", flush=True)
-    killed = False
-    with open(log_path, "w") as log:
-        log.write(shlex.join(cmd) + "\n")
-        log.flush()
-        proc = subprocess.Popen(cmd, cwd=REPO_DIR, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        try:
-            proc.wait(timeout=args.timeout + 60)
-        except subprocess.TimeoutExpired:
-            killed = True
-        finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # JVM, state servers, Python workers
-            except ProcessLookupError:
-                pass
-            proc.wait()
+    busy_before = wait_until_idle(args.wait_idle)
+    print(f"rescale {provider}: {args.keys:,} keys, {args.batches} batches of {args.batch_rows:,} rows, "
+          f"{args.from_n} -> {args.to_n} partitions (log {log_path})", flush=True)
+    code, killed = run_subprocess(cmd, child_env(python, run_dir), log_path, args.timeout + 60)
     try:
         result = json.loads(out.read_text())
     except (OSError, ValueError):
         result = {"provider": provider, "status": "failed", "keys": args.keys, "notes": [],
-                  "error": f"no result written (exit code {proc.returncode})"}
+                  "error": f"no result written (exit code {code})"}
     if killed or result.get("status") == "running":
         result["status"] = "timeout" if killed else "failed"
-        result.setdefault("error", f"child exited with {proc.returncode} before finishing; see {log_path}")
-    result["exit_code"] = proc.returncode
+        result.setdefault("error", f"child exited with {code} before finishing; see {log_path}")
+    result["exit_code"] = code
     result["busy_cpu_share_before"] = round(busy_before, 3)
-    if busy_before > 0.10:
+    if busy_before > CONTENDED_SHARE:
         result.setdefault("notes", []).append(f"machine was {busy_before:.0%} busy just before the run started")
     result["log"] = str(log_path.relative_to(REPO_DIR)) if log_path.is_relative_to(REPO_DIR) else str(log_path)
     if args.keep_checkpoints:
@@ -396,58 +453,105 @@ def run_provider(provider: str, args, work_dir: Path = WORK_DIR) -> dict:
     return result
 
 
+def _resume_s(r: dict) -> float | None:
+    return (r.get("resume") or {}).get("total_s")
+
+
 def summarize(runs: dict[str, dict]) -> dict[str, Any]:
-    ks, sp = (runs.get("keyedstate") or {}), (runs.get("rocksdb") or {})
-    a, b = ks.get("rescale_s"), sp.get("rescale_s")
-    ok = ks.get("status") == "ok" and sp.get("status") == "ok"
-    out: dict[str, Any] = {"both_ok": ok, "keyedstate_s": a, "spark_rocksdb_s": b,
-                           "target_speedup": TARGET_SPEEDUP}
-    if a and b:
-        out["ratio_keyedstate_over_spark"] = round(a / b, 3)
-        out["speedup_spark_over_keyedstate"] = round(b / a, 3)
-        out["meets_target"] = ok and b / a >= TARGET_SPEEDUP
-    return out
+    """Every keyedstate run against every Spark run: rescale-only and resume speedups."""
+    comparisons = []
+    for ks in (p for p in runs if is_keyedstate(p)):
+        for sp in (p for p in runs if not is_keyedstate(p)):
+            a, b = runs[ks], runs[sp]
+            both_ok = a.get("status") == "ok" and b.get("status") == "ok"
+            c: dict[str, Any] = {"keyedstate": ks, "spark": sp, "both_ok": both_ok}
+            for what, get in (("rescale", lambda r: r.get("rescale_s")), ("resume", _resume_s)):
+                x, y = get(a), get(b)
+                c[f"{what}_keyedstate_s"], c[f"{what}_spark_s"] = x, y
+                if x and y:
+                    c[f"{what}_speedup"] = round(y / x, 3)
+            if c.get("resume_speedup") is not None:
+                c["meets_target"] = both_ok and c["resume_speedup"] >= TARGET_SPEEDUP
+            comparisons.append(c)
+    return {"target_speedup": TARGET_SPEEDUP, "comparisons": comparisons}
 
 
-def table(data: dict) -> list[str]:
-    """Markdown table of a rescale.json (shared with the report)."""
+# ---------------------------------------------------------------------------------------------
+# Rendering (the report's "Rescale and resume" section and scorecard rows)
+# ---------------------------------------------------------------------------------------------
+def _provider_label(provider: str, result: dict) -> str:
+    if not is_keyedstate(provider):
+        return f"Spark {provider} `repartition`"
+    build = (result.get("keyedstate_build") or {}).get("commit")
+    name = f"**{provider}**" if provider == "keyedstate" else provider
+    return f"{name} `keyedstate.rescale`" + (f" (`{build}`)" if build else "")
+
+
+def table_lines(data: dict) -> list[str]:
+    """Markdown table of a rescale.json, one row per provider run."""
     runs = data.get("runs") or {}
-    s = data.get("summary") or {}
-    lines = ["| provider | status | keys | partitions | rescale s | keyedstate ÷ Spark | Spark ÷ keyedstate "
-             "| ckpt before → after | peak RSS during rescale (JVM / Python workers) | verified |",
-             "|---|---|---:|---|---:|---:|---:|---:|---:|---|"]
-    for provider in RESCALE_PROVIDERS:
-        r = runs.get(provider)
-        if r is None:
-            continue
-        from .report import fmt_bytes, fmt_rows
-        busy = max((r.get("other_cpu_share") or {}).values(), default=0) > 0.10 or (r.get("busy_cpu_share_before") or 0) > 0.10
+    rows = []
+    for provider in _ordered(runs):
+        r = runs[provider]
         v = r.get("verify") or {}
-        name = "**keyedstate** `keyedstate.rescale`" if provider == "keyedstate" else \
-            "Spark RocksDB `_streamingCheckpointManager.repartition`"
-        ratio = s.get("ratio_keyedstate_over_spark") if provider == "keyedstate" else None
-        speed = s.get("speedup_spark_over_keyedstate") if provider == "keyedstate" else None
-        lines.append(
-            f"| {name} | {r.get('status', '?')}{' ⚠' if busy else ''} | {fmt_rows(r.get('keys'))} "
-            f"| {r.get('from_partitions', '?')} → {r.get('to_partitions', '?')} "
-            f"| {'–' if r.get('rescale_s') is None else format(r['rescale_s'], '.2f')} "
-            f"| {'–' if ratio is None else format(ratio, '.2f') + '×'} "
-            f"| {'–' if speed is None else format(speed, '.2f') + '×'} "
-            f"| {fmt_bytes(r.get('checkpoint_bytes_before'))} → {fmt_bytes(r.get('checkpoint_bytes_after'))} "
-            f"| {fmt_bytes(r.get('rss_jvm_peak_bytes'))} / {fmt_bytes(r.get('rss_python_workers_peak_bytes_sum'))} "
-            f"| {'yes' if v.get('ok') else ('**no**: ' + '; '.join(v.get('problems') or [r.get('error') or '?']))[:200]} |")
-    return lines
+        res = r.get("resume") or {}
+        verified = "yes" if v.get("ok") else ("**no**: " + "; ".join(v.get("problems") or [r.get("error") or "?"]))[:200]
+        rows.append([
+            _provider_label(provider, r), f"{r.get('status', '?')}{' ⚠' if contended(r) else ''}",
+            fmt_rows(r.get("keys")), f"{r.get('from_partitions', '?')} → {r.get('to_partitions', '?')}",
+            "–" if r.get("batches") is None else f"1 + {r['batches']} × {fmt_rows(r.get('batch_rows'))}",
+            fmt_load_plan(r.get("load_plan_at_stop")), fmt_s(r.get("rescale_s"), 2),
+            fmt_s(res.get("start_to_first_batch_s"), 2), fmt_ms(res.get("first_batch_ms")),
+            fmt_s(res.get("total_s"), 2),
+            f"{fmt_bytes(r.get('checkpoint_bytes_before'))} → {fmt_bytes(r.get('checkpoint_bytes_after'))}",
+            f"{fmt_bytes(r.get('rss_jvm_peak_bytes'))} / {fmt_bytes(res.get('rss_jvm_peak_bytes'))}",
+            verified])
+    return table(["provider", "status", "keys", "partitions", "batches before stop", "load plan at stop",
+                  "rescale s", "start() → first batch done s", "first batch ms", "resume s (rescale + first batch)",
+                  "ckpt before → after", "peak RSS JVM: rescale / first batch", "verified"],
+                 rows, ["l", "l", "r", "l", "r", "l", "r", "r", "r", "r", "r", "r", "l"])
+
+
+def _ordered(runs) -> list[str]:
+    return sorted(runs, key=lambda p: (not is_keyedstate(p), p != "keyedstate", p))
+
+
+def _comparison_rows(data: dict) -> list[list[str]]:
+    runs = data.get("runs") or {}
+    rows = []
+    for c in (data.get("summary") or {}).get("comparisons") or []:
+        flag = " ⚠" if any(contended(runs.get(p) or {}) or (runs.get(p) or {}).get("status") != "ok"
+                          for p in (c["keyedstate"], c["spark"])) else ""
+        for what, label, bound in (("resume", "resume after rescale: rescale + first batch (s)", TARGET_SPEEDUP),
+                                   ("rescale", "rescale call alone (s)", None)):
+            a, b = c.get(f"{what}_keyedstate_s"), c.get(f"{what}_spark_s")
+            speed = c.get(f"{what}_speedup")
+            r = ratio_value(a, b)
+            rows.append([label, f"{c['keyedstate']} vs {c['spark']}", fmt_s(a, 2), fmt_s(b, 2),
+                         "–" if r is None else f"{r:.2f}× ({'–' if speed is None else f'{speed:.2f}'}× faster)",
+                         target_text(bound, higher_is_better=True).replace("×", "× faster"),
+                         (verdict(speed, bound, higher_is_better=True) or "–") + flag])
+    return rows
+
+
+def scorecard_rows(data: dict) -> list[list[str]]:
+    """Rows for the report's scorecard: metric, case, keyedstate, Spark, ratio, target, result."""
+    rows = []
+    for row in _comparison_rows(data):
+        label, case, *rest = row
+        rows.append([label, f"{fmt_rows(data.get('keys'))} keys {data.get('from_partitions')}→"
+                     f"{data.get('to_partitions')}, {case} (rescale run {str(data.get('started_at', '?'))[:16]})", *rest])
+    return rows
 
 
 def breakdown(data: dict) -> list[str]:
     """One line per provider: where the rescale time went (Spark jobs of the call)."""
     out = []
-    for provider in RESCALE_PROVIDERS:
-        r = (data.get("runs") or {}).get(provider) or {}
+    for provider in _ordered(data.get("runs") or {}):
+        r = data["runs"][provider]
         b = r.get("breakdown_s")
         if not b:
             continue
-        from .report import fmt_bytes
 
         def shuffle(j):
             w, r_ = j.get("shuffle_write_bytes"), j.get("shuffle_read_bytes")
@@ -461,17 +565,77 @@ def breakdown(data: dict) -> list[str]:
     return out
 
 
+def section(data: dict) -> list[str]:
+    """The report's section for a rescale.json."""
+    runs = data.get("runs") or {}
+    env = data.get("env") or {}
+    verdicts = []
+    for c in (data.get("summary") or {}).get("comparisons") or []:
+        if c.get("resume_speedup"):
+            verdicts.append(f"{c['keyedstate']} resumes **{c['resume_speedup']:.2f}× as fast** as Spark {c['spark']} "
+                            f"(target ≥ {TARGET_SPEEDUP:g}×: {'met' if c.get('meets_target') else '**not met**'})")
+    batches = data.get("batches")
+    shape = (f"a seed batch of {fmt_rows(data.get('keys'))} rows (= keys), then {batches} batches of "
+             f"{fmt_rows(data.get('batch_rows'))} rows" if batches
+             else f"one seed batch of {fmt_rows(data.get('keys'))} rows (= keys)")
+    out = ["## Rescale and resume: keyedstate.rescale vs Spark's repartition", "",
+           f"A stopped query's state redistributed from {data.get('from_partitions', '?')} to "
+           f"{data.get('to_partitions', '?')} partitions, then the query resumed. W5's state shape "
+           f"(`groupBy(value % keys).count()`): {shape}, read from parquet one file per batch with "
+           "`trigger(availableNow=True)`, so the query ends by itself with every batch committed "
+           "(*load plan at stop*: the snapshot and changelogs a load would use). Then, in the same "
+           "session (JVM start excluded for both; keyedstate's PySpark worker start "
+           + ("excluded too: `--warm-workers`" if data.get("warm_workers") else "included")
+           + "): **rescale s** = `keyedstate.rescale(checkpoint, n)` or "
+           "`spark._streamingCheckpointManager.repartition(checkpoint, n)`; **start() → first batch "
+           "done** = the same query restarted on the rescaled checkpoint with one more file, until its "
+           "first batch ended (it loads the new partitions' state); **resume s** = the sum, what a user "
+           "waits. That batch checks itself (**verified**: new partition count, every key kept, every "
+           "count right). Peak RSS: JVM `VmHWM`, reset before each phase. "
+           + (" ".join(v + "." for v in verdicts)), "",
+           f"- Command: `{data.get('command', '?')}`; started {data.get('started_at', '?')}, took "
+           f"{(data.get('duration_s') or 0) / 60:.1f} min; commit `{data.get('commit') or '?'}`"
+           + (" (uncommitted changes)" if data.get("dirty") else "")
+           + f"; {env.get('nproc', '?')} CPUs, pyspark {env.get('pyspark', '?')}, Java {env.get('java', '?')}", ""]
+    busy = [p for p, r in runs.items() if contended(r)]
+    if busy:
+        out += [f"- ⚠ **Contended** ({', '.join(busy)}): other processes used >10% of the CPUs during or just "
+                "before the run; timings are not trustworthy.", ""]
+    out += table_lines(data) + [""]
+    comparisons = _comparison_rows(data)
+    if comparisons:
+        out += table(["figure", "keyedstate vs Spark", "keyedstate s", "Spark s", "keyedstate ÷ Spark", "target", "result"],
+                     comparisons, ["l", "l", "r", "r", "r", "r", "l"]) + [""]
+    notes = [f"- {p}: " + "; ".join(r["notes"]) for p, r in runs.items() if r.get("notes")]
+    notes += [f"- {p}: error `{r['error'].splitlines()[0][:300]}`" for p, r in runs.items() if r.get("error")]
+    if notes:
+        out += ["Notes:", ""] + notes + [""]
+    where = breakdown(data)
+    if where:
+        out += ["Where the rescale time went (Spark jobs submitted during the call, from the driver's status store):", ""]
+        out += where + [""]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(prog="python3 -m benchmarks.rescale", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--keys", type=int, default=10_000_000, help="keys (= seed rows); default 10M")
-    ap.add_argument("--from", dest="from_n", type=int, default=4, help="partitions of the seed batch (default 4)")
+    ap.add_argument("--from", dest="from_n", type=int, default=4, help="partitions before (default 4)")
     ap.add_argument("--to", dest="to_n", type=int, default=8, help="partitions to rescale to (default 8)")
-    ap.add_argument("--providers", default=",".join(RESCALE_PROVIDERS),
-                    help=f"comma-separated, of {','.join(RESCALE_PROVIDERS)} (default both)")
-    ap.add_argument("--verify-rows", type=int, default=10_000,
-                    help="rows of the (untimed) verification batch after the rescale (default 10k)")
+    ap.add_argument("--batches", type=int, default=DEFAULT_BATCHES,
+                    help=f"batches after the seed before the stop (default {DEFAULT_BATCHES}: >= 2 x the "
+                         "snapshot interval of both providers, so both have snapshots); 0 = seed only")
+    ap.add_argument("--batch-rows", type=int,
+                    help="rows of each batch after the seed, and of the first batch after the rescale "
+                         "(default keys/100)")
+    ap.add_argument("--providers", default=",".join(DEFAULT_PROVIDERS),
+                    help=f"comma-separated, of {','.join(RESCALE_PROVIDERS)} and --provider-python names "
+                         f"(default {','.join(DEFAULT_PROVIDERS)})")
+    ap.add_argument("--provider-python", action="append", default=[], metavar="NAME=PYTHON",
+                    help="also run NAME (e.g. keyedstate_before) with another interpreter, as in "
+                         "python3 -m benchmarks; repeatable")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per provider run (default 1800)")
     ap.add_argument("--wait-idle", type=float, default=0.0, metavar="S",
                     help="before each run, wait up to S s until other processes use <10%% of the CPUs")
@@ -481,39 +645,47 @@ def main(argv: list[str] | None = None) -> int:
                          "that it excludes their start too (keyedstate's tasks run in them; by default "
                          "their cold start, ~3 s on the 2-CPU VM, is part of keyedstate's time)")
     ap.add_argument("--json", type=Path, default=RESCALE_JSON, help=f"result file (default {RESCALE_JSON})")
-    ap.add_argument("--child", choices=list(RESCALE_PROVIDERS), help=argparse.SUPPRESS)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--run-dir", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.keys < 1 or args.from_n < 1 or args.to_n < 1 or args.from_n == args.to_n:
-        ap.error("--keys, --from, --to must be >= 1 and --from != --to")
+    if args.keys < 1 or args.from_n < 1 or args.to_n < 1 or args.from_n == args.to_n or args.batches < 0:
+        ap.error("--keys, --from, --to must be >= 1, --from != --to, --batches >= 0")
+    args.batch_rows = args.batch_rows or max(1, args.keys // 100)
+    try:
+        aliases = [register_provider_python(item) for item in args.provider_python]
+    except ValueError as exc:
+        ap.error(str(exc))
 
     if args.child:
         args.run_dir.mkdir(parents=True, exist_ok=True)
-        r = run_child(args.child, args.keys, args.from_n, args.to_n, args.verify_rows, args.out,
+        r = run_child(args.child, args.keys, args.from_n, args.to_n, args.batches, args.batch_rows, args.out,
                       args.run_dir, args.timeout, args.warm_workers)
-        print(json.dumps({k: r.get(k) for k in ("status", "rescale_s", "error")}), flush=True)
+        print(json.dumps({k: r.get(k) for k in ("status", "rescale_s", "error")}
+                         | {"resume_s": (r.get("resume") or {}).get("total_s")}), flush=True)
         return 0 if r["status"] == "ok" else 1
 
     providers = [p.strip() for p in args.providers.split(",") if p.strip()]
-    unknown = set(providers) - set(RESCALE_PROVIDERS)
+    providers += [a for a in aliases if a not in providers]
+    unknown = [p for p in providers if p not in RESCALE_PROVIDERS and p not in PROVIDER_PYTHON]
+    unknown += [p for p in providers if base_provider(p) == "hdfs"]
     if unknown:
-        ap.error(f"unknown providers {sorted(unknown)}")
+        ap.error(f"unknown providers {sorted(set(unknown))} (rescale: {', '.join(RESCALE_PROVIDERS)})")
     command = shlex.join(["python3", "-m", "benchmarks.rescale", *argv])
     started = time.time()
     data: dict[str, Any] = {
         "benchmark": "rescale", "command": command,
         "started_at": datetime.fromtimestamp(started, timezone.utc).isoformat(timespec="seconds"),
         "keys": args.keys, "from_partitions": args.from_n, "to_partitions": args.to_n,
-        "warm_workers": args.warm_workers,
-        "env": environment(), "commit": _git("rev-parse", "--short", "HEAD"),
-        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "batches": args.batches, "batch_rows": args.batch_rows, "warm_workers": args.warm_workers,
+        "env": environment(), "commit": _git(REPO_DIR, "rev-parse", "--short", "HEAD"),
+        "dirty": bool(_git(REPO_DIR, "status", "--porcelain", "--untracked-files=no")),
         "runs": {},
     }
     for provider in providers:
         data["runs"][provider] = run_provider(provider, args)
         r = data["runs"][provider]
-        print(f"  {provider}: {r.get('status')}, rescale {r.get('rescale_s')} s"
+        print(f"  {provider}: {r.get('status')}, rescale {r.get('rescale_s')} s, resume {_resume_s(r)} s"
               + (f", error: {r.get('error', '').splitlines()[0][:300]}" if r.get("error") else ""), flush=True)
     data["duration_s"] = round(time.time() - started, 1)
     java = next((r.get("env", {}).get("java") for r in data["runs"].values() if r.get("env", {}).get("java")), None)
@@ -521,21 +693,9 @@ def main(argv: list[str] | None = None) -> int:
     data["summary"] = summarize(data["runs"])
     args.json.parent.mkdir(parents=True, exist_ok=True)
     _write_json(args.json, data)
-    print("\n".join(["", *table(data), "", *breakdown(data), ""]))
-    s = data["summary"]
-    if s.get("speedup_spark_over_keyedstate"):
-        print(f"keyedstate is {s['speedup_spark_over_keyedstate']:.2f}x as fast as Spark's repartition "
-              f"(target >= {TARGET_SPEEDUP:g}x: {'met' if s.get('meets_target') else 'NOT met'})")
+    print("\n".join(["", *section(data)]))
     print(f"wrote {args.json}")
     return 0 if all(r.get("status") == "ok" for r in data["runs"].values()) else 1
-
-
-def _git(*cmd: str) -> str | None:
-    try:
-        return subprocess.run(["git", "-C", str(REPO_DIR), *cmd], capture_output=True, text=True,
-                              timeout=20).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 if __name__ == "__main__":

@@ -14,9 +14,13 @@ Definitions used in the results (see README.md):
   (the max is recorded too).
 * checkpoint bytes of a batch: the total size of the files under ``<checkpoint>/state/`` whose
   mtime falls in the batch's window [start of batch i, start of batch i+1), listed once after the
-  query stopped. Files are written once and renamed into place, so this is the bytes the provider
-  wrote (and kept) for that batch, including ``.crc`` side files and anything maintenance wrote
-  while the batch ran. Nothing is deleted during a run (``minBatchesToRetain`` defaults to 100).
+  query stopped, each inode once (a hard link is not a second write). Files are written once and
+  renamed into place, so this is the bytes the provider wrote (and kept) for that batch:
+  changelogs/deltas as stored (compressed or not), snapshot files and SSTs, ``.crc`` side files,
+  and whatever maintenance uploaded while the batch ran. Maintenance (snapshot uploads, for every
+  provider but ``rocksdb``) runs every ``maintenanceInterval``: the session sets it to 1 s (Spark's
+  default, 60 s, is longer than most runs, so no snapshot would ever be counted). Nothing is
+  deleted during a run (``minBatchesToRetain`` defaults to 100).
 * peak RSS: ``VmHWM`` from ``/proc/<pid>/status`` of the JVM (the ``java`` child of the runner)
   and the sum over every ``keyedstate.server`` process below it; sampled every second and once
   more just before the query stops (a pid's VmHWM only grows, so the last sample is its peak).
@@ -26,6 +30,8 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
+import shlex
 import shutil
 import signal
 import statistics
@@ -38,6 +44,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
+
+from .fmt import CONTENDED_SHARE
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
@@ -72,6 +80,47 @@ TTL_WORKLOADS = ("W1", "W2")
 def is_keyedstate(provider: str) -> bool:
     return provider.startswith("keyedstate")
 
+
+BUILTIN_PROVIDERS = tuple(PROVIDERS)
+PROVIDER_PYTHON: dict[str, str] = {}
+"""Providers whose runs use another Python interpreter (``--provider-python NAME=PYTHON``)."""
+
+
+def base_provider(name: str) -> str | None:
+    """The built-in provider an alias runs: the longest one that ``name`` is or starts with + '_'."""
+    for p in sorted(BUILTIN_PROVIDERS, key=len, reverse=True):
+        if name == p or name.startswith(p + "_"):
+            return p
+    return None
+
+
+def register_provider_python(item: str) -> str:
+    """``NAME=PYTHON``: run provider NAME with interpreter PYTHON (its child process, its PySpark
+    workers and, for keyedstate, its state servers and the jar built from *that* interpreter's
+    ``keyedstate`` sources). NAME is a built-in provider or ``<built-in>_<suffix>`` (an alias
+    with the built-in's confs, e.g. ``keyedstate_before``). Returns NAME."""
+    name, sep, python = item.partition("=")
+    name, python = name.strip(), python.strip()
+    if not sep or not name or not python:
+        raise ValueError(f"--provider-python {item!r}: expected NAME=PYTHON")
+    base = base_provider(name)
+    if base is None or not re.fullmatch(r"[A-Za-z0-9_]+", name):
+        raise ValueError(f"--provider-python {item!r}: NAME must be one of {', '.join(BUILTIN_PROVIDERS)} "
+                         "or start with one of them followed by '_' (e.g. keyedstate_before)")
+    path = shutil.which(python)
+    if path is None:
+        raise ValueError(f"--provider-python {item!r}: {python} is not an executable")
+    PROVIDER_PYTHON[name] = os.path.abspath(python) if os.path.exists(python) else path
+    PROVIDERS.setdefault(name, dict(PROVIDERS[base]))
+    return name
+
+
+def conf_targets(provider: str) -> set[str]:
+    """``--conf TARGET:key=value`` prefixes that apply to ``provider``: its own name, and for an
+    alias also its base (``keyedstate:...`` reaches ``keyedstate_before`` too)."""
+    base = base_provider(provider)
+    return {provider} | ({base} if provider in PROVIDER_PYTHON and base else set())
+
 # Same for every provider and workload.
 BASE_CONFS: dict[str, str] = {
     "spark.master": "local[2]",
@@ -79,6 +128,12 @@ BASE_CONFS: dict[str, str] = {
     "spark.ui.enabled": "false",
     "spark.driver.memory": "6g",
     "spark.ui.showConsoleProgress": "false",
+    # Snapshot uploads (hdfs, rocksdb_changelog, keyedstate) and cleanup happen in Spark's
+    # maintenance task. Its default period, 60 s, is longer than most runs: no snapshot would
+    # ever be uploaded (or counted in ckpt/batch) during the measured batches. 1 s uploads each
+    # provider's snapshots (every 10 versions for all three) within about a second of their
+    # creation, as a long-running query pays for them.
+    "spark.sql.streaming.stateStore.maintenanceInterval": "1s",
 }
 
 
@@ -104,6 +159,7 @@ class Workload:
     near_cache_default: bool = False  # keyedstate gets nearCacheBytes = 10% of estimated state
     warmup: int = 1  # batches run before the measured ones (after the seed batch, if any)
     batches: int = 5  # measured batches unless --batches says otherwise
+    restart: bool = False  # after the measured batches, restart the query in a fresh JVM (recovery)
 
 
 def rate(spark, rows: int):
@@ -170,7 +226,8 @@ def _sessions(spark, source_rows: int, p: Params):
 
 WORKLOADS: dict[str, Workload] = {w.name: w for w in (
     Workload("W1", "aggregation", "groupBy(value % rows).count(), update; every batch updates all keys",
-             1_000_000, keys=lambda rows: rows, build=_aggregation, no_data_batches=False, batches=10),
+             1_000_000, keys=lambda rows: rows, build=_aggregation, no_data_batches=False, batches=10,
+             restart=True),
     Workload("W2", "dedup", "dropDuplicates(id = value), append; state grows by `rows` every batch",
              1_000_000, keys=lambda rows: rows, build=_dedup, no_data_batches=False, batches=10),
     Workload("W3", "stream-stream join",
@@ -184,7 +241,7 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
              "W1 with 10x`rows` keys: one seed batch of 10x`rows` rows fills the state, restart, "
              "then `rows` rows per batch update 10% of it",
              1_000_000, keys=lambda rows: 10 * rows, build=_aggregation, no_data_batches=False,
-             seed_rows=lambda p: p.keys, near_cache_default=True),
+             seed_rows=lambda p: p.keys, near_cache_default=True, restart=True),
 )}
 
 # keyedstate's near cache for W5 is 10% of the state, estimated at this many bytes per entry
@@ -311,27 +368,65 @@ def idle_check(seconds: float = 1.0) -> float:
     return (_busy_jiffies() - b0) / hz / ((time.monotonic() - t0) * n)
 
 
-def _dir_bytes(path: Path) -> int:
-    total = 0
-    for root, _, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.stat(os.path.join(root, name)).st_size
-            except OSError:
-                pass
-    return total
+# A store partition's version files, by provider: hdfs <v>.delta / <v>.snapshot; RocksDB
+# <v>.changelog / <v>.zip (checkpoint format v2 adds _<uuid>); keyedstate <v>.ks-changelog /
+# <v>.ks-snapshot (the manifest; its SSTs live in ks-files/, Spark's in SSTs/).
+_SNAPSHOT_FILE = re.compile(r"^(\d+)(?:_[0-9a-fA-F-]+)?\.(?:snapshot|zip|ks-snapshot)$")
+_CHANGELOG_FILE = re.compile(r"^(\d+)(?:_[0-9a-fA-F-]+)?\.(?:delta|changelog|ks-changelog)$")
 
 
-def _files_with_mtime(path: Path) -> list[tuple[float, int]]:
-    out = []
+def _state_files(path: Path) -> list[tuple[float, int, str]]:
+    """(mtime, size, relative path) of every file below ``path``, each inode once (a hard link is
+    not another write)."""
+    out, seen = [], set()
     for root, _, files in os.walk(path):
         for name in files:
+            full = os.path.join(root, name)
             try:
-                st = os.stat(os.path.join(root, name))
+                st = os.stat(full)
             except OSError:
                 continue
-            out.append((st.st_mtime, st.st_size))
+            if (st.st_dev, st.st_ino) in seen:
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            out.append((st.st_mtime, st.st_size, os.path.relpath(full, path)))
     return out
+
+
+def _dir_bytes(path: Path) -> int:
+    """Bytes of the files below ``path``, each inode once (what the directory occupies)."""
+    return sum(size for _, size, _ in _state_files(path))
+
+
+def snapshot_version(name: str) -> int | None:
+    """Version of a snapshot file (one per store partition and snapshot) from its base name."""
+    m = _SNAPSHOT_FILE.match(os.path.basename(name))
+    return int(m.group(1)) if m else None
+
+
+def checkpoint_versions(state_dir: Path) -> dict[str, Any]:
+    """What a load of the newest version needs, over every store partition under ``state_dir``:
+    its newest snapshot and how many changelogs/deltas after it it replays (min/max over stores)."""
+    stores: dict[str, dict[str, set[int]]] = {}
+    for root, _, files in os.walk(state_dir):
+        for name in files:
+            for kind, pattern in (("snapshots", _SNAPSHOT_FILE), ("changelogs", _CHANGELOG_FILE)):
+                m = pattern.match(name)
+                if m:
+                    stores.setdefault(root, {"snapshots": set(), "changelogs": set()})[kind].add(int(m.group(1)))
+    if not stores:
+        return {"stores": 0}
+    latest, newest_snapshot, replay = [], [], []
+    for v in stores.values():
+        last = max(v["snapshots"] | v["changelogs"])
+        snap = max(v["snapshots"], default=0)
+        latest.append(last)
+        newest_snapshot.append(snap)
+        replay.append(sum(1 for c in v["changelogs"] if snap < c <= last))
+    return {"stores": len(stores), "latest_version": max(latest),
+            "newest_snapshot_min": min(newest_snapshot), "newest_snapshot_max": max(newest_snapshot),
+            "stores_without_snapshot": sum(1 for x in newest_snapshot if x == 0),
+            "replay_min": min(replay), "replay_max": max(replay)}
 
 
 def _epoch(ts: str) -> float:
@@ -386,6 +481,16 @@ class RunSpec:
     timeout: float = 300.0  # seconds for the whole run, JVM start included
     keep_checkpoint: bool = False
     wait_idle: float = 0.0  # wait up to this many seconds for the machine to be idle first
+    restart: bool | None = None  # restart in a fresh JVM after the measured batches; None: the workload's default
+    provider_python: list[str] = field(default_factory=list)  # every --provider-python NAME=PYTHON of the run
+    invocation: str | None = None  # the `python3 -m benchmarks` (pytest) run this pair belongs to
+
+    def resolved_restart(self) -> bool:
+        return WORKLOADS[self.workload].restart if self.restart is None else self.restart
+
+    def python(self) -> str:
+        """The interpreter of this pair's child process (and its workers and state servers)."""
+        return PROVIDER_PYTHON.get(self.provider, sys.executable)
 
     def resolved_warmup(self) -> int:
         return WORKLOADS[self.workload].warmup if self.warmup is None else self.warmup
@@ -407,8 +512,8 @@ def parse_conf_args(items: list[str], provider: str) -> dict[str, str]:
         target, sep, rest = item.partition(":")
         if not sep or "=" in target:  # no provider prefix: applies to all
             target, rest = "all", item
-        if target not in ("all", "*", provider):
-            if target not in PROVIDERS and target not in ("all", "*"):
+        if target not in ("all", "*") and target not in conf_targets(provider):
+            if target not in PROVIDERS:
                 raise ValueError(f"--conf {item!r}: unknown provider {target!r} ({', '.join(PROVIDERS)})")
             continue
         key, eq, value = rest.partition("=")
@@ -485,8 +590,9 @@ def _batch_record(progress: dict) -> dict:
 
 def _drive(spark, spec: RunSpec, params: Params, source_rows: int, checkpoint: Path,
            first_measured: int | None, last_batch: int, deadline: float, result: dict,
-           out: Path, sampler: RssSampler, phase: str) -> None:
-    """Run one query until batch ``last_batch`` completed, recording batches into ``result``."""
+           save: Callable[[], None], sampler: RssSampler, phase: str) -> None:
+    """Run one query until batch ``last_batch`` completed, recording batches, peak RSS, notes and
+    contention into ``result`` (``save()`` persists it after every batch)."""
     wl = WORKLOADS[spec.workload]
     df, mode = wl.build(spark, source_rows, params)
     state_dir = checkpoint / "state"
@@ -496,6 +602,7 @@ def _drive(spark, spec: RunSpec, params: Params, source_rows: int, checkpoint: P
         # exactly one batch: stopping a free-running query would leave the next (seed-sized)
         # batch in the offset log, to be replayed after the restart
         writer = writer.trigger(availableNow=True)
+    result.setdefault("query_start_epoch", {})[phase] = time.time()
     query = writer.start()
     seen = {b["batchId"] for b in result["batches"]}
     next_rss = 0.0
@@ -511,7 +618,7 @@ def _drive(spark, spec: RunSpec, params: Params, source_rows: int, checkpoint: P
                 if phase == "measure" and p["batchId"] < (first_measured or 0) - spec.resolved_warmup():
                     continue
                 rec = _batch_record(p)
-                rec["phase"] = phase if phase == "seed" else (
+                rec["phase"] = phase if phase != "measure" else (
                     "warmup" if p["batchId"] < first_measured else "measured")
                 rec["state_dir_bytes"] = _dir_bytes(state_dir)
                 result["batches"].append(rec)
@@ -519,7 +626,7 @@ def _drive(spark, spec: RunSpec, params: Params, source_rows: int, checkpoint: P
                 new = True
             if new:
                 result["batches"].sort(key=lambda b: b["batchId"])
-                _write_json(out, result)
+                save()
             if max(seen, default=-1) >= last_batch:
                 break
             if not active:
@@ -538,7 +645,7 @@ def _drive(spark, spec: RunSpec, params: Params, source_rows: int, checkpoint: P
         result.update(sampler.summary())
         share = round(cpu.other_cpu_share(), 3)
         result.setdefault("other_cpu_share", {})[phase] = share
-        if share > 0.10:
+        if share > CONTENDED_SHARE:
             result["notes"].append(f"other processes used {share:.0%} of the CPUs during the {phase} "
                                    "phase: timings are contended")
         try:
@@ -551,15 +658,19 @@ def _attribute_checkpoint_bytes(result: dict, state_dir: Path) -> None:
     batches = result["batches"]
     if not batches or not state_dir.exists():
         return
-    files = _files_with_mtime(state_dir)
-    starts = [b["start_epoch"] for b in batches]
+    files = _state_files(state_dir)
+    # Window of batch i: [start_i, start_i+1), the last one up to its end. A file renamed into
+    # place while batch i commits has mtime <= its end; the progress timestamp has ms resolution,
+    # so every boundary moves 1 ms earlier.
+    bounds = [b["start_epoch"] - 0.001 for b in batches]
+    bounds.append(batches[-1]["start_epoch"] + (batches[-1]["batch_ms"] or 0) / 1000 + 0.05)
     for i, b in enumerate(batches):
-        lo = starts[i]
-        hi = starts[i + 1] if i + 1 < len(batches) else starts[i] + b["batch_ms"] / 1000 + 0.5
-        # a file renamed into place while batch i commits has mtime <= its end; the clock of the
-        # progress timestamp has ms resolution, so allow 1 ms of slack at the window start
-        b["ckpt_bytes_written"] = sum(size for mtime, size in files if lo - 0.001 <= mtime < hi)
-    result["state_dir_bytes_final"] = sum(size for _, size in files)
+        lo, hi = bounds[i], bounds[i + 1]
+        inside = [(size, rel) for mtime, size, rel in files if lo <= mtime < hi]
+        b["ckpt_bytes_written"] = sum(size for size, _ in inside)
+        b["ckpt_snapshot_versions"] = sorted(v for _, rel in inside if (v := snapshot_version(rel)) is not None)
+    result["state_dir_bytes_final"] = sum(size for _, size, _ in files)
+    result["checkpoint_versions"] = checkpoint_versions(state_dir)
 
 
 def summarize(result: dict) -> dict:
@@ -578,7 +689,11 @@ def summarize(result: dict) -> dict:
         "commit_p50_ms": percentile(commits, 50),
         "commit_p99_ms": percentile(commits, 99),
         "ckpt_bytes_per_batch_median": statistics.median(ckpt) if ckpt else None,
+        "ckpt_bytes_per_batch_mean": statistics.fmean(ckpt) if ckpt else None,
         "ckpt_bytes_measured_total": sum(ckpt) if ckpt else None,
+        # snapshot files (one per store partition) uploaded during the measured batches
+        "ckpt_snapshot_versions": sorted({v for b in measured for v in b.get("ckpt_snapshot_versions") or []}),
+        "ckpt_snapshot_files": sum(len(b.get("ckpt_snapshot_versions") or []) for b in measured),
         "num_rows_total_final": last.get("numRowsTotal"),
         "warmup_batch_ms": [b["batch_ms"] for b in result["batches"] if b.get("phase") == "warmup"],
         "seed_batch_ms": seed[0]["batch_ms"] if seed else None,
@@ -602,23 +717,31 @@ def run_in_process(spec: RunSpec, out: Path, run_dir: Path) -> dict:
     sampler = RssSampler()
     spark = None
     checkpoint = run_dir / "checkpoint"
+
+    def save() -> None:
+        _write_json(out, result)
+
     try:
         confs = session_confs(spec, params, notes)
         result["confs"] = confs
-        _write_json(out, result)
+        if spec.provider in PROVIDER_PYTHON:
+            result["python"] = sys.executable
+        save()
         spark = build_session(spec, confs, run_dir)
         result["env"]["java"] = spark.sparkContext._jvm.System.getProperty("java.version")
         result["session_start_s"] = round(time.monotonic() - started, 2)
+        if is_keyedstate(spec.provider):
+            result["keyedstate_build"] = keyedstate_build()
         first_measured = spec.resolved_warmup()
         if wl.seed_rows is not None:
             seed_rows = wl.seed_rows(params)
             result["seed_rows"] = seed_rows
-            _drive(spark, spec, params, seed_rows, checkpoint, None, 0, deadline, result, out,
+            _drive(spark, spec, params, seed_rows, checkpoint, None, 0, deadline, result, save,
                    sampler, "seed")
             first_measured = 1 + spec.resolved_warmup()
         if result["status"] == "running":
             _drive(spark, spec, params, rows, checkpoint, first_measured,
-                   first_measured + spec.resolved_batches() - 1, deadline, result, out, sampler, "measure")
+                   first_measured + spec.resolved_batches() - 1, deadline, result, save, sampler, "measure")
         if result["status"] == "running":
             result["status"] = "ok"
     except BaseException as exc:  # noqa: BLE001 - everything goes into the result
@@ -641,11 +764,133 @@ def run_in_process(spec: RunSpec, out: Path, run_dir: Path) -> dict:
     return result
 
 
+def keyedstate_build() -> dict[str, Any]:
+    """Which keyedstate this interpreter runs: its source directory, that checkout's commit and
+    the jar ``keyedstate.jar_path()`` built from it (cached, so cheap once the session is up)."""
+    import keyedstate
+    src = Path(keyedstate.__file__).resolve().parent
+    out: dict[str, Any] = {"source": str(src), "commit": _git(src, "rev-parse", "--short", "HEAD")}
+    # the jar is built from jvm_bridge/, the state server runs provider/
+    if out["commit"] and _git(src, "status", "--porcelain", "--untracked-files=no", "--",
+                              ":(top)provider", ":(top)jvm_bridge"):
+        out["dirty"] = True
+    try:
+        out["jar"] = Path(keyedstate.jar_path()).name
+    except Exception as exc:  # noqa: BLE001 - informational
+        out["jar"] = f"? ({type(exc).__name__})"
+    return out
+
+
+def _git(path: Path, *cmd: str) -> str | None:
+    try:
+        return subprocess.run(["git", "-C", str(path), *cmd], capture_output=True, text=True,
+                              timeout=20).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def run_restart(spec: RunSpec, out: Path, run_dir: Path) -> dict:
+    """Recovery as a user waits for it: a fresh JVM restarts the stopped query on the checkpoint
+    the measured batches left; records the first batch (its ``triggerExecution`` includes the
+    state load) and the time from ``start()`` to that batch's end. Adds ``restart`` to ``out``."""
+    started = time.monotonic()
+    deadline = started + spec.timeout
+    result = json.loads(out.read_text())
+    rec: dict[str, Any] = {"status": "running", "notes": [], "batches": [],
+                           "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    result["restart"] = rec
+    checkpoint = run_dir / "checkpoint"
+    sampler = RssSampler()
+    spark = None
+
+    def save() -> None:
+        _write_json(out, result)
+
+    try:
+        # the first batch after a restart is the one after the last committed batch (re-running
+        # the one the stop interrupted, if its offsets were logged)
+        commits = [int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit()]
+        first = max(commits) + 1
+        rec["load_plan"] = checkpoint_versions(checkpoint / "state")
+        save()
+        spark = build_session(spec, result["confs"], run_dir)
+        rec["session_start_s"] = round(time.monotonic() - started, 2)
+        params = Params(rows=result["rows_per_batch"], keys=result["keys"])
+        _drive(spark, spec, params, params.rows, checkpoint, None, first, deadline, rec, save,
+               sampler, "restart")
+        batch = next((b for b in rec["batches"] if b["batchId"] == first), None)
+        if batch is not None:
+            rec["first_batch_ms"] = batch["batch_ms"]
+            # progress timestamps are the JVM's wall clock, like time.time() here
+            rec["start_to_first_batch_s"] = round(
+                batch["start_epoch"] + batch["batch_ms"] / 1000 - rec["query_start_epoch"]["restart"], 3)
+        if rec["status"] == "running":
+            rec["status"] = "ok" if batch is not None else "failed"
+    except BaseException as exc:  # noqa: BLE001 - everything goes into the result
+        rec["status"] = "failed"
+        rec["error"] = f"{type(exc).__name__}: {exc}"[:4000]
+        rec["traceback"] = traceback.format_exc()[-8000:]
+    finally:
+        rec["wall_s"] = round(time.monotonic() - started, 2)
+        save()
+        if spark is not None:
+            try:
+                spark.stop()
+            except Exception:  # noqa: BLE001
+                pass
+    return result
+
+
 # ---------------------------------------------------------------------------------------------
 # Subprocess runner (the parent)
 # ---------------------------------------------------------------------------------------------
+def wait_until_idle(seconds: float) -> float:
+    """Share of the CPUs busy just before a run; first waits up to ``seconds`` for it to drop
+    below the contention threshold."""
+    busy = idle_check()
+    until = time.monotonic() + seconds
+    while busy > CONTENDED_SHARE and time.monotonic() < until:
+        time.sleep(4)
+        busy = idle_check(2.0)
+    return busy
+
+
+def child_env(python: str, run_dir: Path) -> dict[str, str]:
+    """Environment of a benchmark child: ``python`` for the driver, the PySpark workers and
+    keyedstate's state servers; this checkout's ``benchmarks`` on the path; scratch in ``run_dir``."""
+    (run_dir / "tmp").mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYSPARK_PYTHON=python, PYSPARK_DRIVER_PYTHON=python, TMPDIR=str(run_dir / "tmp"))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_DIR), env.get("PYTHONPATH")]))
+    return env
+
+
+def run_subprocess(cmd: list[str], env: dict[str, str], log_path: Path, timeout: float,
+              append: bool = False) -> tuple[int, bool]:
+    """Run ``cmd`` in its own process group with its output in ``log_path``; afterwards, or after
+    ``timeout`` s, kill the whole group (JVM, state servers, Python workers).
+    Returns (exit code, whether it was killed at the timeout)."""
+    killed = False
+    with open(log_path, "a" if append else "w") as log:
+        log.write(shlex.join(cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, cwd=REPO_DIR, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            killed = True
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    return proc.returncode, killed
+
+
 def run_pair(spec: RunSpec, work_dir: Path = WORK_DIR) -> dict:
-    """Run one (workload, provider) pair in a fresh subprocess and JVM; return its metrics."""
+    """Run one (workload, provider) pair in a fresh subprocess and JVM (then, if the workload
+    restarts, its restart in another); return its metrics."""
     if spec.workload not in WORKLOADS:
         raise ValueError(f"unknown workload {spec.workload!r} ({', '.join(WORKLOADS)})")
     if spec.provider not in PROVIDERS:
@@ -659,7 +904,8 @@ def run_pair(spec: RunSpec, work_dir: Path = WORK_DIR) -> dict:
     out = runs / f"{spec.slug()}.json"
     out.unlink(missing_ok=True)
     log_path = logs / f"{spec.slug()}.log"
-    cmd = [sys.executable, "-m", "benchmarks.run_one", "--workload", spec.workload,
+    python = spec.python()
+    cmd = [python, "-m", "benchmarks.run_one", "--workload", spec.workload,
            "--provider", spec.provider, "--batches", str(spec.resolved_batches()),
            "--near-cache", spec.near_cache, "--timeout", str(spec.timeout),
            "--out", str(out), "--run-dir", str(run_dir)]
@@ -669,51 +915,57 @@ def run_pair(spec: RunSpec, work_dir: Path = WORK_DIR) -> dict:
         cmd += ["--warmup", str(spec.warmup)]
     for item in spec.confs:
         cmd += ["--conf", item]
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
-               TMPDIR=str(run_dir / "tmp"))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_DIR), env.get("PYTHONPATH")]))
-    (run_dir / "tmp").mkdir(exist_ok=True)
-    busy_before = idle_check()
-    waited_until = time.monotonic() + spec.wait_idle
-    while busy_before > 0.10 and time.monotonic() < waited_until:
-        time.sleep(4)
-        busy_before = idle_check(2.0)
-    status = None
-    with open(log_path, "w") as log:
-        log.write(" ".join(cmd) + "\n")
-        log.flush()
-        proc = subprocess.Popen(cmd, cwd=REPO_DIR, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        try:
-            proc.wait(timeout=spec.timeout + 60)  # the child stops itself at spec.timeout
-        except subprocess.TimeoutExpired:
-            status = "killed"
-        finally:
-            # The child's process group holds its JVM, state servers and Python workers.
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
+    for item in spec.provider_python:
+        cmd += ["--provider-python", item]
+    env = child_env(python, run_dir)
+    busy_before = wait_until_idle(spec.wait_idle)
+    code, killed = run_subprocess(cmd, env, log_path, spec.timeout + 60)  # the child stops itself at spec.timeout
     try:
         result = json.loads(out.read_text())
     except (OSError, ValueError):
         result = {"workload": spec.workload, "provider": spec.provider, "batches": [],
-                  "status": "failed", "error": f"no result written (exit code {proc.returncode})",
+                  "status": "failed", "error": f"no result written (exit code {code})",
                   "rows_per_batch": spec.resolved_rows(), "notes": []}
         result["summary"] = summarize(result)
-    if status or result.get("status") == "running":
-        result["status"] = "timeout" if status == "killed" else "failed"
-        result.setdefault("error", f"child exited with {proc.returncode} before finishing; see {log_path}")
+    if killed or result.get("status") == "running":
+        result["status"] = "timeout" if killed else "failed"
+        result.setdefault("error", f"child exited with {code} before finishing; see {log_path}")
         result["summary"] = summarize(result)
-    result["exit_code"] = proc.returncode
+    result["exit_code"] = code
+    result["invocation"] = spec.invocation
     result["busy_cpu_share_before"] = round(busy_before, 3)
-    if busy_before > 0.10:
+    if busy_before > CONTENDED_SHARE:
         result.setdefault("notes", []).append(
             f"machine was {busy_before:.0%} busy just before the run started")
     result["run_dir"] = str(run_dir)
     result["log"] = str(log_path.relative_to(REPO_DIR)) if log_path.is_relative_to(REPO_DIR) else str(log_path)
     _write_json(out, result)
+    if spec.resolved_restart():
+        if result["status"] == "ok":
+            result = _restart_pair(spec, cmd, env, out, log_path, result)
+        else:
+            result["restart"] = {"status": "skipped", "notes": [f"the run ended {result['status']}"]}
+            _write_json(out, result)
     if not spec.keep_checkpoint:
         shutil.rmtree(run_dir, ignore_errors=True)
+    return result
+
+
+def _restart_pair(spec: RunSpec, cmd: list[str], env: dict[str, str], out: Path, log_path: Path,
+                  result: dict) -> dict:
+    busy_before = wait_until_idle(spec.wait_idle)
+    code, killed = run_subprocess(cmd + ["--restart"], env, log_path, spec.timeout + 60, append=True)
+    try:
+        result = json.loads(out.read_text())
+    except (OSError, ValueError):
+        pass
+    rec = result.setdefault("restart", {"notes": []})
+    if killed or rec.get("status") in (None, "running"):
+        rec["status"] = "timeout" if killed else "failed"
+        rec.setdefault("error", f"restart child exited with {code} before finishing; see {log_path}")
+    rec["exit_code"] = code
+    rec["busy_cpu_share_before"] = round(busy_before, 3)
+    if busy_before > CONTENDED_SHARE:
+        rec.setdefault("notes", []).append(f"machine was {busy_before:.0%} busy just before the restart")
+    _write_json(out, result)
     return result
