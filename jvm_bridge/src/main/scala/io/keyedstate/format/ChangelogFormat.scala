@@ -136,13 +136,19 @@ object ChangelogFormat {
   /** At most this many bytes per changelog (one Java array). */
   val MaxBytes: Long = Int.MaxValue - 64L
 
+  /** A changelog written into memory record by record (fails beyond [[MaxBytes]]). */
+  final class InMemoryWriter(version: Long, keyGroups: Int) {
+    private val out = new ExposedBytes
+    val writer = new Writer(out, version, keyGroups)
+    /** Writes the trailer; the changelog's bytes. */
+    def finish(): ByteBuffer = { writer.finish(); out.view }
+  }
+
   /** A whole changelog in memory, written with [[Writer]] (fails beyond [[MaxBytes]]). */
   def encode(version: Long, keyGroups: Int)(records: Writer => Unit): ByteBuffer = {
-    val out = new ExposedBytes
-    val writer = new Writer(out, version, keyGroups)
-    records(writer)
-    writer.finish()
-    out.view
+    val memory = new InMemoryWriter(version, keyGroups)
+    records(memory.writer)
+    memory.finish()
   }
 
   private final class ExposedBytes extends ByteArrayOutputStream(1 << 16) {
