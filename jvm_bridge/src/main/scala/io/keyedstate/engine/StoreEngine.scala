@@ -126,7 +126,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     load(version, id, loadEmpty)
     val nowMs = if (policy.enabled) clock.now(version) else 0L
     val buffered = new BufferedVersion(version, session.settings.keyGroups, new CachedReads(cache, committedReads),
-      () => holds(version))
+      () => holds(version), claimCache)
     new StoreVersion(version, id, buffered, new TtlView(buffered, policy, nowMs, writable), nowMs)
   }
 
@@ -171,10 +171,12 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
    */
   def commit(v: StoreVersion, forceSnapshot: Boolean): CommitResult = synchronized {
     requireOpen()
-    if (loaded != v.version) {
+    if (loaded != v.version || (v.buffered.touchedCache && !(writer eq v.buffered))) {
+      release(v.buffered)
       throw new IllegalStateException(s"keyedstate: $describe holds version $loaded, cannot commit on top of " +
         s"version ${v.version} (two stores of one partition were open at once)")
     }
+    release(v.buffered)
     val newVersion = v.version + 1
     val newId = if (uniqueIds) Some(UUID.randomUUID().toString) else None
     try {
@@ -249,12 +251,35 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     }
   }
 
+  // The one open version whose writes go into the near cache (each write as it happens).
+  private var writer: BufferedVersion = _
+
+  /** Makes `v` the version that writes into the near cache; a second one open at once (a zombie
+   *  or duplicate attempt of the partition in this JVM) fails instead of mixing its writes in. */
+  private def claimCache(v: BufferedVersion): Unit = synchronized {
+    if (writer != null && !(writer eq v)) {
+      throw new IllegalStateException(s"keyedstate: two stores of $describe write at once (versions " +
+        s"${writer.version} and ${v.version}); this attempt gives way")
+    }
+    if (loaded != v.version) {
+      throw new IllegalStateException(s"keyedstate: $describe holds version $loaded, cannot write on top of version " +
+        s"${v.version} (two stores of one partition were open at once)")
+    }
+    writer = v
+  }
+
+  private def release(v: BufferedVersion): Unit = if (writer eq v) writer = null
+
   /** A version that will not commit: if its writes reached the near cache, the cache no longer
    *  shows the committed version, so everything is reloaded. */
-  def abandon(v: StoreVersion): Unit = if (v.buffered.touchedCache) invalidate()
+  def abandon(v: StoreVersion): Unit = synchronized {
+    if (v.buffered.touchedCache && (writer eq v.buffered)) invalidate()
+    release(v.buffered)
+  }
 
   /** Forget the version held: the next task reloads it from the checkpoint. */
   def invalidate(): Unit = synchronized {
+    writer = null
     loaded = -1
     nativeShows = -1
     if (cache != null) cache.clear()

@@ -21,8 +21,8 @@ trait KeyValueView {
  * ([[CachedReads]]): reads see the version's own writes first. Scans read a point-in-time copy of
  * the buffer, so callers may remove keys while iterating (watermark eviction does).
  */
-final class BufferedVersion(val version: Long, keyGroups: Int, val committed: CachedReads, holdsVersion: () => Boolean)
-    extends KeyValueView {
+final class BufferedVersion(val version: Long, keyGroups: Int, val committed: CachedReads, holdsVersion: () => Boolean,
+    claimCache: BufferedVersion => Unit) extends KeyValueView {
   val buffer = new WriteBuffer(version + 1, keyGroups)
   /** Whether a write reached the near cache (which then runs ahead of the committed version). */
   @volatile var touchedCache = false
@@ -33,7 +33,7 @@ final class BufferedVersion(val version: Long, keyGroups: Int, val committed: Ca
   }
 
   override def put(key: Bytes, value: Array[Byte]): Unit = {
-    touchedCache = true
+    if (!touchedCache) { claimCache(this); touchedCache = true }
     val op = committed.write(key, value)
     buffer.put(key, value, written(key) match {
       case Some(true) => ChangelogFormat.OpPutExisting
@@ -43,7 +43,7 @@ final class BufferedVersion(val version: Long, keyGroups: Int, val committed: Ca
   }
 
   override def delete(key: Bytes): Unit = {
-    touchedCache = true
+    if (!touchedCache) { claimCache(this); touchedCache = true }
     val op = committed.write(key, WriteBuffer.Tombstone)
     buffer.delete(key, written(key) match {
       case Some(true) => ChangelogFormat.OpDeleteExisting
