@@ -15,7 +15,12 @@ header that names its compression and carries metadata, so that old checkpoints 
     header   8s magic b"KSCHLOG2" | u16 format version (2) | u8 codec | u32 meta length | meta
              | u32 CRC-32 of the header before it
     meta     UTF-8 JSON object: "version", "keyGroups" and optional "keyLayout", "uniqueId", "lineage"
-    body     the format-1 changelog: as is (codec 0) or one zstd frame with its content size (codec 1)
+    body     the format-1 changelog C: as is (codec 0); one zstd frame with its content size
+             (codec 1); or, codec 2, split in two before compression: G = the first 4 bytes of
+             every record's key (its key group) in record order, R = C with those 4 bytes cut
+             out of every key (the key lengths unchanged), body = u32 |zstd(G)| | zstd(G) | zstd(R).
+             Key groups are near random; apart from them the records compress ~40x (W1: 25%
+             smaller files than codec 1).
 
 The state server receives format 1 (the JVM ships the uncompressed bytes); readers of files
 accept both.
@@ -42,6 +47,7 @@ MAGIC_V2 = b"KSCHLOG2"
 FORMAT_VERSION_V2 = 2
 CODEC_NONE = 0
 CODEC_ZSTD = 1
+CODEC_ZSTD_SPLIT = 2  # zstd, key groups in a stream of their own
 ZSTD_LEVEL = 1  # measured: the best ratio and speed on changelogs (levels 3+ compress them worse)
 MAX_BYTES = (1 << 31) - 64  # one changelog, uncompressed (the JVM writes one Java array)
 OP_PUT = 1  # put; whether the key existed is unknown
@@ -176,8 +182,17 @@ def _decode_v2(view: memoryview, source: str) -> Changelog:
     body = view[head_end + 4:]
     if codec == CODEC_ZSTD:
         body = memoryview(_zstd_decompress(body, source))
+    elif codec == CODEC_ZSTD_SPLIT:
+        if len(body) < 4:
+            raise CorruptChangelogError(f"{source} is truncated ({len(view)} bytes)")
+        groups_length = _U32.unpack_from(body, 0)[0]
+        if 4 + groups_length > len(body):
+            raise CorruptChangelogError(f"{source} is truncated or corrupt (key groups of {groups_length} bytes)")
+        groups = _zstd_decompress(body[4:4 + groups_length], source)
+        body = memoryview(_join_key_groups(groups, _zstd_decompress(body[4 + groups_length:], source), source))
     elif codec != CODEC_NONE:
-        raise CorruptChangelogError(f"{source} uses compression codec {codec}; this keyedstate reads 0 (none) and 1 (zstd)")
+        raise CorruptChangelogError(f"{source} uses compression codec {codec}; this keyedstate reads 0 (none), "
+                                    "1 (zstd) and 2 (zstd, key groups apart)")
     log = _decode_v1(body, source, meta)
     if (log.version, log.key_groups) != (meta.get("version"), meta.get("keyGroups")):
         raise CorruptChangelogError(f"{source}: its header says version {meta.get('version')} with "
@@ -201,16 +216,61 @@ def _zstd_decompress(frame: memoryview, source: str) -> bytes:
         raise CorruptChangelogError(f"{source} is truncated or corrupt (zstd: {exc})") from None
 
 
-def compress(inner: bytes, meta: dict[str, Any], codec: int = CODEC_ZSTD) -> bytes:
+def _split_key_groups(inner: bytes) -> tuple[bytes, bytes]:
+    """Codec 2's split of a format-1 changelog: (key groups, the rest)."""
+    groups, rest = [], [inner[:HEADER.size]]
+    end = len(inner) - TRAILER.size
+    pos = HEADER.size
+    while pos < end:
+        op = inner[pos]
+        key_start = pos + 5
+        key_end = key_start + _unpack_u32(inner, pos + 1)[0]
+        record_end = key_end + 4 + _unpack_u32(inner, key_end)[0] if op in PUTS else key_end
+        groups.append(inner[key_start:key_start + 4])
+        rest += (inner[pos:key_start], inner[key_start + 4:record_end])
+        pos = record_end
+    rest.append(inner[end:])
+    return b"".join(groups), b"".join(rest)
+
+
+def _join_key_groups(groups: bytes, rest: bytes, source: str) -> bytes:
+    """The inverse of :func:`_split_key_groups`; lengths are checked by the format-1 decode after."""
+    out, pos, g = [rest[:HEADER.size]], HEADER.size, 0
+    end = len(rest) - TRAILER.size
+    try:
+        while pos < end:
+            op = rest[pos]
+            klen = _unpack_u32(rest, pos + 1)[0]
+            if klen < 4 or g + 4 > len(groups):
+                raise CorruptChangelogError(f"{source} is corrupt (key groups and records disagree)")
+            key_rest = pos + 5 + klen - 4
+            record_end = key_rest + 4 + _unpack_u32(rest, key_rest)[0] if op in PUTS else key_rest
+            out += (rest[pos:pos + 5], groups[g:g + 4], rest[pos + 5:record_end])
+            g += 4
+            pos = record_end
+    except struct.error:
+        raise CorruptChangelogError(f"{source} is truncated or corrupt (a record overruns the file)") from None
+    if g != len(groups) or pos != end:
+        raise CorruptChangelogError(f"{source} is corrupt (key groups and records disagree)")
+    out.append(rest[end:])
+    return b"".join(out)
+
+
+def compress(inner: bytes, meta: dict[str, Any], codec: int = CODEC_ZSTD_SPLIT) -> bytes:
     """A format-2 file of a format-1 changelog; ``meta`` adds to its version and key groups."""
     _, fmt, version, key_groups = HEADER.unpack_from(inner, 0)
     head = {"version": version, "keyGroups": key_groups, **meta}
     encoded = json.dumps(head, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     header = HEADER_V2.pack(MAGIC_V2, FORMAT_VERSION_V2, codec, len(encoded)) + encoded
-    if codec == CODEC_ZSTD:
+    if codec in (CODEC_ZSTD, CODEC_ZSTD_SPLIT):
         import zstandard
 
-        body = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(inner)
+        compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+        if codec == CODEC_ZSTD:
+            body = compressor.compress(inner)
+        else:
+            groups, rest = (compressor.compress(part) for part in _split_key_groups(inner))
+            body = _U32.pack(len(groups)) + groups + rest
     elif codec == CODEC_NONE:
         body = inner
     else:

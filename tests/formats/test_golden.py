@@ -48,7 +48,8 @@ def test_changelog_scala_codec(spark, fmt):
 
 
 @pytest.mark.parametrize("name,codec", [("changelog-v2-zstd.bin", changelog.CODEC_ZSTD),
-                                        ("changelog-v2-none.bin", changelog.CODEC_NONE)])
+                                        ("changelog-v2-none.bin", changelog.CODEC_NONE),
+                                        ("changelog-v2-zstd-split.bin", changelog.CODEC_ZSTD_SPLIT)])
 def test_changelog_v2_both_codecs(spark, fmt, name, codec):
     """Format 2 (what checkpoints hold): the same records, compressed, with metadata."""
     data, inner = read(name), read("changelog-v1.bin")

@@ -6,7 +6,7 @@ import pytest
 
 from keyedstate.formats import changelog
 
-from support.jvm import LayerStore
+from support.jvm import LayerStore, to_bytes
 
 BUDGET = 16 * 1024
 
@@ -34,20 +34,22 @@ def key(engine, i: int):
     return engine.Bytes(i.to_bytes(4, "big") + b"key-%06d" % i)
 
 
-def test_write_buffer_keeps_the_last_write_and_copies_for_iterators(engine):
-    buffer = engine.WriteBuffer()
-    buffer.put(key(engine, 1), b"\x01a")
-    buffer.put(key(engine, 1), b"\x01b")
-    buffer.delete(key(engine, 2))
+def test_write_buffer_keeps_the_last_write_logs_every_write_and_copies_for_iterators(engine):
+    buffer = engine.WriteBuffer(8, 201600)
+    buffer.put(key(engine, 1), b"\x01a", changelog.OP_PUT_NEW)
+    buffer.put(key(engine, 1), b"\x01b", changelog.OP_PUT_EXISTING)
+    buffer.delete(key(engine, 2), changelog.OP_DELETE)
+    buffer.delete(key(engine, 3), 0)  # known absent: kept as the version's view, not logged
     snapshot = buffer.snapshot()
-    buffer.put(key(engine, 3), b"\x01c")
-    assert buffer.size() == 3 and len(snapshot) == 2
+    buffer.put(key(engine, 4), b"\x01c", changelog.OP_PUT)
+    assert buffer.size() == 4 and len(snapshot) == 3
     assert bytes(buffer.lookup(key(engine, 1))) == b"\x01b"
     assert len(buffer.lookup(key(engine, 2))) == 0  # the tombstone
     assert buffer.lookup(key(engine, 9)) is None
-    held = buffer.estimatedBytes()
-    buffer.clear()
-    assert held > 0 and buffer.estimatedBytes() == 0 and buffer.size() == 0
+    assert (buffer.keyDelta(), buffer.unknownOps(), buffer.recordCount()) == (1, 2, 4)
+    log = changelog.decode(to_bytes(buffer.finish()), "buffer")
+    assert log.version == 8 and [r.op for r in log.records()] == [
+        changelog.OP_PUT_NEW, changelog.OP_PUT_EXISTING, changelog.OP_DELETE, changelog.OP_PUT]
 
 
 def test_cache_stays_within_budget_and_never_answers_absent_for_a_present_key(engine, budget):

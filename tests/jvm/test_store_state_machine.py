@@ -59,8 +59,11 @@ def test_a_second_store_of_the_same_version_cannot_commit_over_the_first(layer):
     v0.commit()
     first, second = layer.store(1), layer.store(1)
     layer.put(first, (2,), (20,))
+    with pytest.raises(Exception, match="two stores of .* write at once"):
+        layer.put(second, (3,), (30,))  # while the first is open: refused, nothing mixed in
     first.commit()
-    layer.put(second, (3,), (30,))
+    with pytest.raises(Exception, match="two stores of one partition were open at once"):
+        layer.put(second, (3,), (31,))
     with pytest.raises(Exception, match="two stores of one partition were open at once"):
         second.commit()
     v2 = layer.store(2)

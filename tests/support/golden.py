@@ -96,6 +96,7 @@ def files() -> dict[str, bytes]:
     out = {"changelog-v1.bin": v1,
            "changelog-v2-zstd.bin": changelog.compress(v1, CHANGELOG_V2_META, changelog.CODEC_ZSTD),
            "changelog-v2-none.bin": changelog.compress(v1, CHANGELOG_V2_META, changelog.CODEC_NONE),
+           "changelog-v2-zstd-split.bin": changelog.compress(v1, CHANGELOG_V2_META, changelog.CODEC_ZSTD_SPLIT),
            "manifest-v1.json": manifest.encode(MANIFEST_V1),
            "manifest-v1-replay.json": manifest.encode(MANIFEST_V1_REPLAY),
            "value-plain.bin": PLAIN, "value-timed.bin": TIMED}

@@ -121,6 +121,17 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
   private def unreadable(path: Path, e: Throwable) = new CheckpointFileException(
     s"keyedstate: cannot read $path from the checkpoint (${e.getMessage})", e)
 
+  /** A changelog of the checkpoint, as format 1 on local disk (decompressed here, in the JVM, so
+   *  that the state server replays it at full speed). */
+  def downloadChangelog(version: Long, id: Option[String], local: java.nio.file.Path): Unit = {
+    val path = changelog(version, id)
+    val inner = try ChangelogFormat.inner(readBytes(path), path.toString) catch {
+      case e: CorruptChangelogException => throw new CheckpointFileException(s"keyedstate: ${e.getMessage}", e)
+    }
+    try Files.write(local, inner, StandardOpenOption.CREATE_NEW, StandardOpenOption.WRITE)
+    catch { case e: IOException => throw LocalDisk.failed(local, e) }
+  }
+
   /** Copies a local file into the checkpoint under a name no one else uses. */
   def upload(local: java.nio.file.Path, path: Path): Unit = {
     val out = try fm.createAtomic(path, false) catch { case NonFatal(e) => throw unwritable(path, e) }

@@ -2,7 +2,7 @@ package io.keyedstate.engine
 
 import java.util.concurrent.atomic.AtomicLong
 
-import io.keyedstate.format.ScanChunk
+import io.keyedstate.format.{ChangelogFormat, ScanChunk}
 
 /**
  * Reads of the committed version a [[StoreEngine]] holds. Three layers with this one interface,
@@ -54,11 +54,20 @@ final class NativeReads(ready: () => NativeReader, fallback: CommittedReads, chu
 /**
  * The near cache over `inner`: a hit or a known absence costs no call; a miss reads `inner` and
  * caches the value. One instance per store version: `learned` records what misses found out
- * about keys' existence (key -> existed), so that the commit can log each write as new or
- * existing even after the LRU evicted the key, and apply it behind without a read.
+ * about keys' existence (key -> existed), so that each write can be logged as new or existing
+ * even after the LRU evicted the key, and the changelog applied behind without a read.
+ *
+ * The version's writes go into the cache as they happen ([[write]]): the commit then has no
+ * per-key work left. Until the version commits the cache is ahead of the committed state, so a
+ * version that does not commit must be invalidated by the engine (an abort reloads).
  */
 final class CachedReads(cache: NearCache, inner: CommittedReads) extends CommittedReads {
   val learned = new java.util.HashMap[Bytes, java.lang.Boolean]()
+
+  /** Takes a write (value, or [[WriteBuffer.Tombstone]]) into the cache; returns its changelog
+   *  op: what was known of the key just before it (0: a delete of a key known to be absent). */
+  def write(key: Bytes, value: Array[Byte]): Byte =
+    ChangelogFormat.settle(cache.commitWrite(key, value), learned.get(key))
 
   override def get(key: Bytes): Array[Byte] = {
     val cached = cache.lookup(key)

@@ -125,7 +125,8 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     val id = if (uniqueIds) uniqueId else None
     load(version, id, loadEmpty)
     val nowMs = if (policy.enabled) clock.now(version) else 0L
-    val buffered = new BufferedVersion(version, new CachedReads(cache, committedReads), () => holds(version))
+    val buffered = new BufferedVersion(version, session.settings.keyGroups, new CachedReads(cache, committedReads),
+      () => holds(version), claimCache)
     new StoreVersion(version, id, buffered, new TtlView(buffered, policy, nowMs, writable), nowMs)
   }
 
@@ -157,11 +158,11 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   }
 
   /**
-   * Makes `v`'s writes version `v.version + 1`, durably: TTL cleanup adds its deletes, the near
-   * cache takes each write and classifies it for the changelog (what the version's misses
-   * learnt settles what it cannot), the changelog is written to the checkpoint (the commit),
-   * then shipped to the server: applied behind when every write's previous existence was known
-   * (so the key count is exact without waiting), else applied before the reply.
+   * Makes `v`'s writes version `v.version + 1`, durably: TTL cleanup adds its deletes, the
+   * changelog (encoded, and the near cache updated, as the writes happened) is finished,
+   * compressed and written to the checkpoint (the commit), then shipped to the server: applied
+   * behind when every write's previous existence was known (so the key count is exact without
+   * waiting), else applied before the reply. No per-key work is left for the commit.
    *
    * Snapshots are staged every `snapshotInterval` versions and uploaded by Spark's maintenance.
    * When maintenance has not uploaded one for two intervals (runs shorter than its interval,
@@ -170,30 +171,20 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
    */
   def commit(v: StoreVersion, forceSnapshot: Boolean): CommitResult = synchronized {
     requireOpen()
-    if (loaded != v.version) {
+    if (loaded != v.version || (v.buffered.touchedCache && !(writer eq v.buffered))) {
+      release(v.buffered)
       throw new IllegalStateException(s"keyedstate: $describe holds version $loaded, cannot commit on top of " +
         s"version ${v.version} (two stores of one partition were open at once)")
     }
+    release(v.buffered)
     val newVersion = v.version + 1
     val newId = if (uniqueIds) Some(UUID.randomUUID().toString) else None
     try {
       val (cleaned, cleanupMs) = cleanup.collect(session, v.buffered, newVersion, v.nowMs)
       val t0 = System.nanoTime()
-      val learned = v.buffered.committed.learned
-      var delta = 0L
-      var unknown = 0L
-      val changelog = ChangelogFormat.encode(newVersion, session.settings.keyGroups) { writer =>
-        v.buffered.buffer.foreach { (key, value) =>
-          val op = ChangelogFormat.settle(cache.commitWrite(key, value), learned.get(key))
-          op match {
-            case ChangelogFormat.OpPutNew => delta += 1
-            case ChangelogFormat.OpDeleteExisting => delta -= 1
-            case ChangelogFormat.OpPut | ChangelogFormat.OpDelete => unknown += 1
-            case _ =>
-          }
-          if (op != 0) { if (value eq WriteBuffer.Tombstone) writer.delete(op, key.bytes) else writer.put(op, key.bytes, value) }
-        }
-      }
+      val changelog = v.buffered.buffer.finish() // encoded as the writes happened
+      val delta = v.buffered.buffer.keyDelta
+      val unknown = v.buffered.buffer.unknownOps
       loaded = -1 // until the version is durable and shipped
       // The lineage back to the newest snapshot lets a load of this very version find it.
       val history = lineage.filter(_._1 >= math.max(1L, lastSnapshot)).flatMap { case (lv, lid) => lid.map(lv -> _) }
@@ -260,8 +251,35 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     }
   }
 
+  // The one open version whose writes go into the near cache (each write as it happens).
+  private var writer: BufferedVersion = _
+
+  /** Makes `v` the version that writes into the near cache; a second one open at once (a zombie
+   *  or duplicate attempt of the partition in this JVM) fails instead of mixing its writes in. */
+  private def claimCache(v: BufferedVersion): Unit = synchronized {
+    if (writer != null && !(writer eq v)) {
+      throw new IllegalStateException(s"keyedstate: two stores of $describe write at once (versions " +
+        s"${writer.version} and ${v.version}); this attempt gives way")
+    }
+    if (loaded != v.version) {
+      throw new IllegalStateException(s"keyedstate: $describe holds version $loaded, cannot write on top of version " +
+        s"${v.version} (two stores of one partition were open at once)")
+    }
+    writer = v
+  }
+
+  private def release(v: BufferedVersion): Unit = if (writer eq v) writer = null
+
+  /** A version that will not commit: if its writes reached the near cache, the cache no longer
+   *  shows the committed version, so everything is reloaded. */
+  def abandon(v: StoreVersion): Unit = synchronized {
+    if (v.buffered.touchedCache && (writer eq v.buffered)) invalidate()
+    release(v.buffered)
+  }
+
   /** Forget the version held: the next task reloads it from the checkpoint. */
   def invalidate(): Unit = synchronized {
+    writer = null
     loaded = -1
     nativeShows = -1
     if (cache != null) cache.clear()

@@ -51,8 +51,8 @@ final class TtlCleanup(engine: StoreEngine, policy: TtlPolicy, codec: () => KeyC
     var i = 0
     while (i < keys.length) {
       if (stillExpired(i) && isGarbage(keys(i).bytes)) {
-        buffer.delete(keys(i))
-        view.committed.learned.put(keys(i), java.lang.Boolean.TRUE) // it exists: the commit counts the delete exactly
+        view.committed.learned.put(keys(i), java.lang.Boolean.TRUE) // it exists: logged as an exact delete
+        view.delete(keys(i))
         cleaned += 1
       }
       i += 1

@@ -161,7 +161,7 @@ final class VersionLoader(files: CheckpointFiles, uploader: SnapshotUploader, de
     versions.grouped(ReplayGroup).foreach { group =>
       val locals = group.map { case (v, id) =>
         val local = localRoot.resolve(s"$v.ks-changelog")
-        files.download(files.changelog(v, id), local)
+        files.downloadChangelog(v, id, local)
         (v, local, files.changelog(v, id).toString)
       }
       replay(session, locals, s"replaying changelogs ${group.head._1}..${group.last._1} of $describe")

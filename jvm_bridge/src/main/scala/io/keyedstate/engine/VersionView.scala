@@ -1,6 +1,6 @@
 package io.keyedstate.engine
 
-import io.keyedstate.format.{KeyCodec, ScanChunk}
+import io.keyedstate.format.{ChangelogFormat, KeyCodec, ScanChunk}
 
 /**
  * One store version's entries as a task sees them, in stored bytes. Two layers share this
@@ -17,21 +17,46 @@ trait KeyValueView {
 }
 
 /**
- * The version's writes ([[WriteBuffer]]) over the committed version ([[CachedReads]]): reads see
- * the version's own writes first. Scans read a point-in-time copy of the buffer, so callers may
- * remove keys while iterating (watermark eviction does).
+ * The version's writes ([[WriteBuffer]], which also logs them) over the committed version
+ * ([[CachedReads]]): reads see the version's own writes first. Scans read a point-in-time copy of
+ * the buffer, so callers may remove keys while iterating (watermark eviction does).
  */
-final class BufferedVersion(val version: Long, val committed: CachedReads, holdsVersion: () => Boolean)
-    extends KeyValueView {
-  val buffer = new WriteBuffer
+final class BufferedVersion(val version: Long, keyGroups: Int, val committed: CachedReads, holdsVersion: () => Boolean,
+    claimCache: BufferedVersion => Unit) extends KeyValueView {
+  val buffer = new WriteBuffer(version + 1, keyGroups)
+  /** Whether a write reached the near cache (which then runs ahead of the committed version). */
+  @volatile var touchedCache = false
 
   override def get(key: Bytes): Array[Byte] = {
     val pending = buffer.lookup(key)
     if (pending == null) committed.get(key) else if (pending eq WriteBuffer.Tombstone) null else pending
   }
 
-  override def put(key: Bytes, value: Array[Byte]): Unit = buffer.put(key, value)
-  override def delete(key: Bytes): Unit = buffer.delete(key)
+  override def put(key: Bytes, value: Array[Byte]): Unit = {
+    if (!touchedCache) { claimCache(this); touchedCache = true }
+    val op = committed.write(key, value)
+    buffer.put(key, value, written(key) match {
+      case Some(true) => ChangelogFormat.OpPutExisting
+      case Some(false) => ChangelogFormat.OpPutNew
+      case None => op
+    })
+  }
+
+  override def delete(key: Bytes): Unit = {
+    if (!touchedCache) { claimCache(this); touchedCache = true }
+    val op = committed.write(key, WriteBuffer.Tombstone)
+    buffer.delete(key, written(key) match {
+      case Some(true) => ChangelogFormat.OpDeleteExisting
+      case Some(false) => 0.toByte // deleted already in this version: nothing to log
+      case None => op
+    })
+  }
+
+  /** Whether the key exists now, if this version wrote it already (records are sequential). */
+  private def written(key: Bytes): Option[Boolean] = buffer.lookup(key) match {
+    case null => None
+    case v => Some(!(v eq WriteBuffer.Tombstone))
+  }
 
   override def scan(prefix: Array[Byte]): Iterator[(Array[Byte], Array[Byte])] = {
     val pending = buffer.snapshot()

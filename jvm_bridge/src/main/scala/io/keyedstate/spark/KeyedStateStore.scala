@@ -85,6 +85,7 @@ final class KeyedStateStore private[spark] (engine: StoreEngine, override val ve
 
   override def abort(): Unit = {
     verify(state == Updating || state == Aborted, "Cannot abort after already committed")
+    if (state == Updating) engine.abandon(current)
     current.buffered.buffer.clear()
     current.buffered.committed.learned.clear()
     state = Aborted
