@@ -9,7 +9,6 @@ import scala.jdk.CollectionConverters._
 import scala.util.control.NonFatal
 
 import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
-import com.github.luben.zstd.Zstd
 
 /** A changelog is truncated, corrupt or foreign; the message names it. */
 class CorruptChangelogException(message: String) extends IllegalArgumentException(message)
@@ -190,11 +189,11 @@ object ChangelogFormat {
     val (body, bodyLength) = codec match {
       case CodecNone =>
         val b = new Array[Byte](src.remaining()); src.get(b); (b, b.length)
-      case CodecZstd => zstd(src.array(), src.arrayOffset() + src.position(), src.remaining())
+      case CodecZstd => ChangelogCodecs.zstd(src.array(), src.arrayOffset() + src.position(), src.remaining())
       case CodecZstdSplit =>
-        val (groups, rest, restLength) = splitKeyGroups(src)
-        val (g, gLength) = zstd(groups, 0, groups.length)
-        val (r, rLength) = zstd(rest, 0, restLength)
+        val (groups, rest, restLength) = ChangelogCodecs.splitKeyGroups(src)
+        val (g, gLength) = ChangelogCodecs.zstd(groups, 0, groups.length)
+        val (r, rLength) = ChangelogCodecs.zstd(rest, 0, restLength)
         val out = ByteBuffer.allocate(4 + gLength + rLength)
         out.putInt(gLength).put(g, 0, gLength).put(r, 0, rLength)
         (out.array(), out.capacity())
@@ -207,76 +206,6 @@ object ChangelogFormat {
     file.putInt(crc.getValue.toInt).put(body, 0, bodyLength)
     file.flip()
     file
-  }
-
-  private def zstd(src: Array[Byte], offset: Int, length: Int): (Array[Byte], Int) = {
-    val out = new Array[Byte](Zstd.compressBound(length.toLong).toInt)
-    val n = Zstd.compressByteArray(out, 0, out.length, src, offset, length, ZstdLevel)
-    if (Zstd.isError(n)) throw new IllegalStateException(s"keyedstate: zstd failed: ${Zstd.getErrorName(n)}")
-    (out, n.toInt)
-  }
-
-  /** Codec 2's split of a format-1 changelog: (key groups, the rest, the rest's length). */
-  private def splitKeyGroups(inner: ByteBuffer): (Array[Byte], Array[Byte], Int) = {
-    val b = inner.duplicate()
-    val data = b.array()
-    val start = b.arrayOffset() + b.position()
-    val end = start + b.remaining() - TrailerBytes
-    val count = ByteBuffer.wrap(data, end + 1, 8).getLong()
-    val groups = new Array[Byte]((4 * count).toInt)
-    val rest = new Array[Byte](b.remaining() - groups.length)
-    System.arraycopy(data, start, rest, 0, HeaderBytes)
-    var pos = start + HeaderBytes
-    var out = HeaderBytes
-    var g = 0
-    val view = ByteBuffer.wrap(data)
-    while (pos < end) {
-      val keyStart = pos + 5
-      val keyEnd = keyStart + view.getInt(pos + 1)
-      val recordEnd = if (isPut(data(pos))) keyEnd + 4 + view.getInt(keyEnd) else keyEnd
-      System.arraycopy(data, keyStart, groups, g, 4)
-      g += 4
-      System.arraycopy(data, pos, rest, out, 5)
-      System.arraycopy(data, keyStart + 4, rest, out + 5, recordEnd - keyStart - 4)
-      out += recordEnd - pos - 4
-      pos = recordEnd
-    }
-    System.arraycopy(data, end, rest, out, TrailerBytes)
-    (groups, rest, out + TrailerBytes)
-  }
-
-  /** The inverse of [[splitKeyGroups]]; every length is checked, the format-1 read checks the rest. */
-  private def joinKeyGroups(groups: Array[Byte], rest: Array[Byte], source: String): Array[Byte] = {
-    def corrupt = new CorruptChangelogException(s"$source is corrupt (key groups and records disagree)")
-    if (rest.length < HeaderBytes + TrailerBytes) throw corrupt
-    val out = new Array[Byte](rest.length + groups.length)
-    System.arraycopy(rest, 0, out, 0, HeaderBytes)
-    val view = ByteBuffer.wrap(rest)
-    val end = rest.length - TrailerBytes
-    var pos = HeaderBytes
-    var o = HeaderBytes
-    var g = 0
-    while (pos < end) {
-      if (pos + 5 > end) throw corrupt
-      val keyLength = view.getInt(pos + 1)
-      val keyRestEnd = pos + 5L + keyLength - 4
-      if (keyLength < 4 || g + 4 > groups.length || keyRestEnd > end) throw corrupt
-      val recordEnd =
-        if (isPut(rest(pos))) {
-          if (keyRestEnd + 4 > end) throw corrupt
-          keyRestEnd + 4 + view.getInt(keyRestEnd.toInt)
-        } else keyRestEnd
-      if (recordEnd > end || recordEnd < keyRestEnd) throw corrupt
-      System.arraycopy(rest, pos, out, o, 5)
-      System.arraycopy(groups, g, out, o + 5, 4)
-      System.arraycopy(rest, pos + 5, out, o + 9, (recordEnd - pos - 5).toInt)
-      o += (recordEnd - pos).toInt + 4
-      g += 4
-      pos = recordEnd.toInt
-    }
-    if (g != groups.length) throw corrupt
-    System.arraycopy(rest, end, out, o, TrailerBytes)
-    out
   }
 
   /** A changelog whose framing and checksum were checked. */
@@ -377,17 +306,6 @@ object ChangelogFormat {
     (codec, headEnd.toInt + 4, parsed, meta)
   }
 
-  private def unzstd(data: Array[Byte], offset: Int, length: Int, source: String): Array[Byte] = {
-    val size = Zstd.getFrameContentSize(data, offset, length)
-    if (size < 0 || size > MaxBytes) throw new CorruptChangelogException(s"$source is corrupt (its zstd frame states $size bytes)")
-    val out = new Array[Byte](size.toInt)
-    val n = Zstd.decompressByteArray(out, 0, out.length, data, offset, length)
-    if (Zstd.isError(n) || n != size) {
-      throw new CorruptChangelogException(s"$source is truncated or corrupt (zstd: ${if (Zstd.isError(n)) Zstd.getErrorName(n) else s"$n of $size bytes"})")
-    }
-    out
-  }
-
   /** The format-1 changelog inside a changelog file of either format, its framing and CRC
    *  checked: what the state server replays (and checks record by record). */
   def inner(data: Array[Byte], source: String): Array[Byte] = read(data, source).bytes
@@ -396,15 +314,15 @@ object ChangelogFormat {
     val (codec, bodyStart, parsed, meta) = checkHeader(data, source)
     val inner = codec match {
       case CodecNone => java.util.Arrays.copyOfRange(data, bodyStart, data.length)
-      case CodecZstd => unzstd(data, bodyStart, data.length - bodyStart, source)
+      case CodecZstd => ChangelogCodecs.unzstd(data, bodyStart, data.length - bodyStart, source)
       case CodecZstdSplit =>
         if (data.length - bodyStart < 4) throw new CorruptChangelogException(s"$source is truncated (${data.length} bytes)")
         val groupsLength = ByteBuffer.wrap(data, bodyStart, 4).getInt()
         if (groupsLength < 0 || bodyStart + 4L + groupsLength > data.length) {
           throw new CorruptChangelogException(s"$source is truncated or corrupt (key groups of $groupsLength bytes)")
         }
-        val groups = unzstd(data, bodyStart + 4, groupsLength, source)
-        joinKeyGroups(groups, unzstd(data, bodyStart + 4 + groupsLength, data.length - bodyStart - 4 - groupsLength, source), source)
+        val groups = ChangelogCodecs.unzstd(data, bodyStart + 4, groupsLength, source)
+        ChangelogCodecs.joinKeyGroups(groups, ChangelogCodecs.unzstd(data, bodyStart + 4 + groupsLength, data.length - bodyStart - 4 - groupsLength, source), source)
       case other => throw new CorruptChangelogException(s"$source uses compression codec $other; this keyedstate reads " +
         "0 (none), 1 (zstd) and 2 (zstd, key groups apart)")
     }
