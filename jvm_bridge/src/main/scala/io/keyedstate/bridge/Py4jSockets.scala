@@ -1,0 +1,114 @@
+package io.keyedstate.bridge
+
+import java.io.{IOException, InputStream, OutputStream}
+import java.net.{InetAddress, InetSocketAddress, ServerSocket, Socket, SocketException}
+import javax.net.{ServerSocketFactory, SocketFactory}
+
+/**
+ * Server sockets for the py4j gateway: accepted connections have TCP_NODELAY (py4j's default
+ * waits on Nagle) and, until they have authenticated, may send at most [[PreAuthBytes]] and must
+ * do so within [[PreAuthTimeoutMs]] (py4j reads the auth line unbounded and waits for ever).
+ */
+object GuardedServerSocketFactory extends ServerSocketFactory {
+  val PreAuthBytes = 16 << 10
+  val PreAuthTimeoutMs = 10000
+
+  private final class GuardedServerSocket extends ServerSocket {
+    override def accept(): Socket = {
+      if (isClosed) throw new SocketException("Socket is closed")
+      val s = new PreAuthSocket
+      implAccept(s)
+      s.setTcpNoDelay(true)
+      s.arm()
+      s
+    }
+  }
+  override def createServerSocket(): ServerSocket = new GuardedServerSocket
+  override def createServerSocket(port: Int): ServerSocket = bound(port, 50, null)
+  override def createServerSocket(port: Int, backlog: Int): ServerSocket = bound(port, backlog, null)
+  override def createServerSocket(port: Int, backlog: Int, addr: InetAddress): ServerSocket =
+    bound(port, backlog, addr)
+  private def bound(port: Int, backlog: Int, addr: InetAddress): ServerSocket = {
+    val s = new GuardedServerSocket
+    s.bind(new InetSocketAddress(Option(addr).getOrElse(InetAddress.getLoopbackAddress), port), backlog)
+    s
+  }
+
+  /**
+   * A connection that counts as authenticated once the gateway has written to it (py4j's first
+   * write is its answer to the auth command; on a wrong token it closes the connection after
+   * it). Until then its reads are capped and time out.
+   */
+  private final class PreAuthSocket extends Socket {
+    @volatile private var authenticated = false
+    private var wantedTimeout = 0
+    private var in: InputStream = _
+    private var out: OutputStream = _
+
+    def arm(): Unit = super.setSoTimeout(PreAuthTimeoutMs)
+
+    override def setSoTimeout(timeout: Int): Unit = synchronized {
+      wantedTimeout = timeout
+      if (authenticated) super.setSoTimeout(timeout)
+    }
+
+    private def authenticate(): Unit = synchronized {
+      if (!authenticated) {
+        authenticated = true
+        super.setSoTimeout(wantedTimeout)
+      }
+    }
+
+    override def getInputStream: InputStream = synchronized {
+      if (in == null) {
+        val raw = super.getInputStream
+        in = new InputStream {
+          private var read0 = 0L
+          private def room(len: Int): Int = {
+            if (authenticated) len
+            else {
+              if (read0 >= PreAuthBytes) throw new IOException(
+                s"keyedstate: an unauthenticated peer sent more than $PreAuthBytes bytes")
+              math.min(len.toLong, PreAuthBytes - read0).toInt
+            }
+          }
+          override def read(): Int = { room(1); val b = raw.read(); if (b >= 0) read0 += 1; b }
+          override def read(b: Array[Byte], off: Int, len: Int): Int = {
+            if (len == 0) return 0
+            val n = raw.read(b, off, room(len))
+            if (n > 0) read0 += n
+            n
+          }
+          override def available(): Int = raw.available()
+          override def close(): Unit = raw.close()
+        }
+      }
+      in
+    }
+
+    override def getOutputStream: OutputStream = synchronized {
+      if (out == null) {
+        val raw = super.getOutputStream
+        out = new OutputStream {
+          override def write(b: Int): Unit = { authenticate(); raw.write(b) }
+          override def write(b: Array[Byte], off: Int, len: Int): Unit = { authenticate(); raw.write(b, off, len) }
+          override def flush(): Unit = raw.flush()
+          override def close(): Unit = raw.close()
+        }
+      }
+      out
+    }
+  }
+}
+
+/** Client sockets with TCP_NODELAY, for py4j's callback connections to Python. */
+object NoDelaySocketFactory extends SocketFactory {
+  private def nodelay(s: Socket): Socket = { s.setTcpNoDelay(true); s }
+  override def createSocket(): Socket = nodelay(new Socket())
+  override def createSocket(host: String, port: Int): Socket = nodelay(new Socket(host, port))
+  override def createSocket(host: String, port: Int, local: InetAddress, localPort: Int): Socket =
+    nodelay(new Socket(host, port, local, localPort))
+  override def createSocket(host: InetAddress, port: Int): Socket = nodelay(new Socket(host, port))
+  override def createSocket(host: InetAddress, port: Int, local: InetAddress, localPort: Int): Socket =
+    nodelay(new Socket(host, port, local, localPort))
+}
