@@ -34,6 +34,7 @@ from types import SimpleNamespace
 import pytest
 
 import keyedstate
+from keyedstate.formats import changelog
 from support.constants import KS, PFX, PROVIDER_CONF
 from support.driver import FileStream, collect_into, count_by_key, session_confs, wait_for
 from support.files import describe_changes, tree
@@ -154,27 +155,31 @@ def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
-# -- changelog framing (FORMATS.md, "Changelog", written out again here) ---------------------------------
+# -- changelog framing (FORMATS.md, "Changelog": format 1 written out again here; a checkpoint's
+# files are format 2, unwrapped with keyedstate's codec and wrapped again uncompressed) -----------------
 
 HEADER = struct.Struct(">8sHQI")   # magic, format version, version, key groups
 TRAILER = struct.Struct(">BQI")    # 0xFF, record count, CRC-32 of header and records
 
 
-def split_changelog(data: bytes) -> tuple[bytes, bytes, int]:
-    header, payload = data[:HEADER.size], data[HEADER.size:-TRAILER.size]
-    end, count, crc = TRAILER.unpack(data[-TRAILER.size:])
-    assert end == 0xFF and zlib.crc32(data[:-TRAILER.size]) == crc, "not a valid changelog to start from"
-    return header, payload, count
+def split_changelog(data: bytes) -> tuple[bytes, bytes, int, dict]:
+    """(format-1 header, records, record count, format-2 metadata) of a valid changelog file."""
+    log = changelog.decode(data, "the changelog to start from")
+    header = HEADER.pack(changelog.MAGIC, changelog.FORMAT_VERSION, log.version, log.key_groups)
+    return header, log.payload, log.record_count, log.meta
 
 
-def frame_changelog(header: bytes, payload: bytes, count: int) -> bytes:
+def frame_changelog(header: bytes, payload: bytes, count: int, meta: dict) -> bytes:
+    """A CRC-valid format-2 file (codec 0, so that the records are read exactly as written)."""
     body = header + payload
-    return body + TRAILER.pack(0xFF, count, zlib.crc32(body))
+    inner = body + TRAILER.pack(0xFF, count, zlib.crc32(body))
+    return changelog.compress(inner, {k: v for k, v in meta.items() if k not in ("version", "keyGroups")},
+                              changelog.CODEC_NONE)
 
 
 def tamper_changelog(path: Path, how: str) -> None:
     """Rewrite a real changelog into a CRC-valid one whose records lie about their lengths/count."""
-    header, payload, count = split_changelog(path.read_bytes())
+    header, payload, count, meta = split_changelog(path.read_bytes())
     assert count > 0
     if how == "key-length-overruns-payload":  # a delete whose key length runs past the end
         payload += bytes([2]) + struct.pack(">I", 1000) + b"0123456789"
@@ -186,7 +191,7 @@ def tamper_changelog(path: Path, how: str) -> None:
         count += 5
     else:
         raise ValueError(how)
-    path.write_bytes(frame_changelog(header, payload, count))
+    path.write_bytes(frame_changelog(header, payload, count, meta))
     (path.parent / f".{path.name}.crc").unlink(missing_ok=True)
 
 
@@ -251,8 +256,7 @@ def test_restart_from_manifest_pointing_outside_touches_nothing_outside(spark, s
 def replay_manifest(part: Path) -> dict:
     """A snapshot manifest of version 1 that holds the version as a changelog to replay (the
     layout a rescale publishes), its file a copy of the partition's changelog 1."""
-    header, _, _ = split_changelog((part / "1.ks-changelog").read_bytes())
-    key_groups = HEADER.unpack(header)[3]
+    key_groups = changelog.decode((part / "1.ks-changelog").read_bytes(), "changelog 1").key_groups
     rel = f"ks-files/{uuid.uuid4()}-replay-1.ks-changelog"
     (part / "ks-files").mkdir(exist_ok=True)
     shutil.copyfile(part / "1.ks-changelog", part / rel)
