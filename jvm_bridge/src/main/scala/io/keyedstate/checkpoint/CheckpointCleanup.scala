@@ -18,22 +18,28 @@ import org.slf4j.LoggerFactory
  */
 object CheckpointCleanup {
   private val log = LoggerFactory.getLogger(getClass)
-  /** Temporary files of interrupted writes: `.<name>.<uuid>[.TID<n>].tmp`. */
-  private val TempFile = """\..+\.tmp""".r
+  /** Temporary files of interrupted writes: `.<name>.<uuid>[.TID<n>].tmp`, and their checksums. */
+  private val TempFile = """\..+\.tmp(\.crc)?""".r
+  /** A temporary file this old belongs to a write that was killed (no write of keyedstate's takes
+   *  an hour; deleting a live one would only fail that write, and its task would retry). */
+  val TempFileGraceMs: Long = 60L * 60 * 1000
 
   /** Returns the number of files deleted. */
   def run(files: CheckpointFiles, minVersionsToRetain: Int, head: Option[(Long, Option[String])] = None): Int = {
     val l = files.listing()
-    val latest = head.map(_._1).orElse(l.latest).getOrElse(return 0)
+    var deleted = 0
+    def delete(p: org.apache.hadoop.fs.Path): Unit =
+      try { files.delete(p); deleted += 1 } catch { case NonFatal(e) => log.warn(s"keyedstate: cannot delete $p", e) }
+    val killedBefore = System.currentTimeMillis() - TempFileGraceMs
+    val temps = l.modified.filter { case (name, _) => TempFile.matches(name) }
+    temps.foreach { case (name, modified) => if (modified < killedBefore) delete(new org.apache.hadoop.fs.Path(files.dir, name)) }
+    val latest = head.map(_._1).orElse(l.latest).getOrElse(return deleted)
     val oldestRetained = latest - minVersionsToRetain + 1
     val candidates = head match {
       case None => l.snapshotFiles.filter(_._1 <= oldestRetained).toSeq.sortBy(-_._1)
       case Some(h) => committedChain(files, l, h, oldestRetained).filter(e => e._1 <= oldestRetained && l.snapshotFiles.contains(e))
     }
-    val (base, baseId) = candidates.find { case (v, id) => verified(files, v, id) }.getOrElse(return 0)
-    var deleted = 0
-    def delete(p: org.apache.hadoop.fs.Path): Unit =
-      try { files.delete(p); deleted += 1 } catch { case NonFatal(e) => log.warn(s"keyedstate: cannot delete $p", e) }
+    val (base, baseId) = candidates.find { case (v, id) => verified(files, v, id) }.getOrElse(return deleted)
     l.changelogFiles.filter(_._1 <= base).foreach { case (v, id) => delete(files.changelog(v, id)) }
     l.snapshotFiles.filter { case (v, id) => v < base || (v == base && id != baseId) }
       .foreach { case (v, id) => delete(files.manifest(v, id)) }
@@ -53,8 +59,8 @@ object CheckpointCleanup {
         if (!kept.contains(rel) && !rel.endsWith(".crc") && modified < horizon) delete(files.resolve(rel))
       }
     }
-    l.modified.foreach { case (name, modified) =>
-      if (TempFile.matches(name) && modified < horizon) delete(new org.apache.hadoop.fs.Path(files.dir, name))
+    temps.foreach { case (name, modified) =>
+      if (modified >= killedBefore && modified < horizon) delete(new org.apache.hadoop.fs.Path(files.dir, name))
     }
     deleted
   }

@@ -37,7 +37,7 @@ final class NativeReader(secondaryDir: Path) extends AutoCloseable {
       if (db != null && dir == primaryDir) db.tryCatchUpWithPrimary()
       else {
         closeDb()
-        Files.createDirectories(secondaryDir)
+        LocalFiles.createPrivateDirectories(secondaryDir) // 0700 like every directory keyedstate makes
         options = NativeReader.newOptions()
         db = RocksDB.openAsSecondary(options, dir, secondaryDir.toString)
         primaryDir = dir
@@ -122,11 +122,20 @@ object NativeReader {
    *  cache anyway, but a miss here costs a block decompression (~10 us with LZ4). */
   private lazy val blockCache = new LRUCache(cacheBytes)
 
+  /** RocksDB's warnings go to the executor's log: no LOG file of RocksDB's own, which it would
+   *  create with the JVM's umask (readable by others) rather than private. */
+  private lazy val rocksLog = new org.rocksdb.Logger(InfoLogLevel.WARN_LEVEL) {
+    override protected def log(level: InfoLogLevel, message: String): Unit =
+      NativeReader.log.warn(s"keyedstate: native reader (RocksDB): $message")
+  }
+  private val log = org.slf4j.LoggerFactory.getLogger(classOf[NativeReader])
+
   private def newOptions(): Options = {
     val table = new BlockBasedTableConfig().setBlockCache(blockCache)
     new Options()
       .setMaxOpenFiles(-1) // required for a secondary: files stay readable after Python deletes them
       .setInfoLogLevel(InfoLogLevel.WARN_LEVEL)
+      .setLogger(rocksLog)
       .setTableFormatConfig(table)
   }
 }
