@@ -476,6 +476,14 @@ def fill(directory: Path) -> None:
         os.close(fd)
 
 
+def _sst_files(root: Path) -> list[Path] | None:
+    """RocksDB files under ``root``; None while a directory vanishes under the walk (look again)."""
+    try:
+        return list(root.rglob("*.sst"))
+    except FileNotFoundError:
+        return None
+
+
 def test_full_local_disk_is_not_reported_as_a_corrupt_checkpoint(small_tmpfs, tmp_path):
     """localDir on a small file system that is full when a restart downloads the snapshot."""
     local = small_tmpfs / "keyedstate"
@@ -487,7 +495,7 @@ def test_full_local_disk_is_not_reported_as_a_corrupt_checkpoint(small_tmpfs, tm
         wait_for(lambda: all((checkpoint / "state" / "0" / str(p) / "1.ks-snapshot").exists() for p in (0, 1)),
                  what="snapshots of version 1")
         try:  # the stopped query's stores are closed (their RocksDB files deleted) by maintenance
-            wait_for(lambda: not list(local.rglob("*.sst")), timeout=30, what="stores of the stopped query to close")
+            wait_for(lambda: _sst_files(local) == [], timeout=30, what="stores of the stopped query to close")
         except AssertionError:
             pass
         fill(small_tmpfs)
