@@ -78,7 +78,7 @@ def run_base(spark, root: Path, confs: dict) -> SimpleNamespace:
 def copy_of(spark, base: SimpleNamespace, dest: Path) -> tuple[FileStream, dict, Path]:
     """A copy of the base query's checkpoint, reading the base's input directory."""
     checkpoint = dest / "checkpoint"
-    shutil.copytree(base.checkpoint, checkpoint, symlinks=True)
+    copy_checkpoint(base.checkpoint, checkpoint)
     return FileStream(spark, base.root, "k STRING", checkpoint=checkpoint), dict(base.out), checkpoint
 
 
@@ -136,6 +136,12 @@ class ReadDetector:
         probe.unlink()
         if not supported:
             pytest.skip(f"the file system of {directory} does not update access times (noatime)")
+
+
+def copy_checkpoint(source: Path, dest: Path) -> None:
+    """A copy of a shared checkpoint; files of an upload still in flight there (temporary names,
+    published by a rename) are not part of it."""
+    shutil.copytree(source, dest, symlinks=True, ignore=shutil.ignore_patterns(".*.tmp", ".*.tmp.crc"))
 
 
 def dotdot_to(target: Path) -> str:
@@ -326,7 +332,7 @@ def test_manifest_sizes_that_disagree_with_the_files_are_not_loaded_silently(spa
 def good_inspect(snapshot_base, tmp_path_factory) -> SimpleNamespace:
     """The snapshot checkpoint as it is now, and inspect's report of it."""
     checkpoint = tmp_path_factory.mktemp("inspected") / "checkpoint"
-    shutil.copytree(snapshot_base.checkpoint, checkpoint, symlinks=True)
+    copy_checkpoint(snapshot_base.checkpoint, checkpoint)
     good = cli("inspect", "--checkpoint", str(checkpoint), "--json")
     assert good.returncode == 0, good.stderr
     return SimpleNamespace(checkpoint=checkpoint, report=json.loads(good.stdout))
@@ -341,7 +347,7 @@ def key_counts(report: dict) -> list:
 @pytest.mark.parametrize("variant", ["name-absolute", "name-dotdot", "path-absolute", "path-dotdot", "replay-path-dotdot"])
 def test_inspect_of_manifest_pointing_outside_touches_nothing_outside(good_inspect, tmp_path, variant):
     checkpoint = tmp_path / "checkpoint"
-    shutil.copytree(good_inspect.checkpoint, checkpoint, symlinks=True)
+    copy_checkpoint(good_inspect.checkpoint, checkpoint)
     part = checkpoint / "state" / "0" / "0"
     manifest_path = part / "3.ks-snapshot"
     manifest = read_manifest(manifest_path)
@@ -387,7 +393,7 @@ def test_inspect_of_manifest_pointing_outside_touches_nothing_outside(good_inspe
 
 def test_rescale_of_manifest_pointing_outside_touches_nothing_outside(spark, snapshot_base, tmp_path):
     checkpoint = tmp_path / "checkpoint"
-    shutil.copytree(snapshot_base.checkpoint, checkpoint, symlinks=True)
+    copy_checkpoint(snapshot_base.checkpoint, checkpoint)
     part = checkpoint / "state" / "0" / "0"
     manifest_path = part / "3.ks-snapshot"
     manifest = read_manifest(manifest_path)
@@ -414,7 +420,7 @@ def test_rescale_of_manifest_pointing_outside_touches_nothing_outside(spark, sna
 def test_state_load_of_changelog_with_lying_record_lengths_fails_naming_the_file(spark, changelog_base,
                                                                                  tmp_path, how):
     checkpoint = tmp_path / "checkpoint"
-    shutil.copytree(changelog_base.checkpoint, checkpoint, symlinks=True)
+    copy_checkpoint(changelog_base.checkpoint, checkpoint)
     victim = checkpoint / "state" / "0" / "0" / "2.ks-changelog"
     tamper_changelog(victim, how)
     with session_confs(spark, {PROVIDER_CONF: KS}):
@@ -431,7 +437,7 @@ def test_state_load_of_changelog_with_lying_record_lengths_fails_naming_the_file
 @pytest.mark.parametrize("how", CHANGELOG_TAMPERINGS)
 def test_inspect_of_changelog_with_lying_record_lengths_fails_naming_the_file(changelog_base, tmp_path, how):
     checkpoint = tmp_path / "checkpoint"
-    shutil.copytree(changelog_base.checkpoint, checkpoint, symlinks=True)
+    copy_checkpoint(changelog_base.checkpoint, checkpoint)
     victim = checkpoint / "state" / "0" / "0" / "2.ks-changelog"
     tamper_changelog(victim, how)
     result = cli("inspect", "--checkpoint", str(checkpoint))
