@@ -38,8 +38,10 @@ def _provider(checkpoint: Path) -> str:
     return json.loads((checkpoint / "offsets" / str(batch)).read_text().split("\n")[1])["conf"][PROVIDER_CONF]
 
 
-def _state(spark, checkpoint) -> list:
-    return normalise(spark.read.format("statestore").load(str(checkpoint)).collect())
+def _state(spark, checkpoint, join: bool = False) -> list:
+    """Every state row; a stream-stream join's by side (its stores have no default reading)."""
+    read = lambda **opts: normalise(spark.read.format("statestore").options(**opts).load(str(checkpoint)).collect())
+    return [read(joinSide="left"), read(joinSide="right")] if join else read()
 
 
 @pytest.mark.parametrize("name", ["aggregation-update", "drop-duplicates", "stream-stream-inner-join",
@@ -66,12 +68,12 @@ def test_migrate_chain_continues_like_an_uninterrupted_run(spark, tmp_path, name
         target = CHAIN[index]
         if index == 0 and name in ("aggregation-update", "stream-stream-inner-join"):
             _interrupted_then_rerun(spark, checkpoint, target, monkeypatch,
-                                    during_writes=name == "stream-stream-inner-join")
+                                    during_writes=name == "stream-stream-inner-join", join=scenario.multi)
         else:
-            before = _state(spark, checkpoint)
+            before = _state(spark, checkpoint, scenario.multi)
             result = keyedstate.migrate(checkpoint, target, spark=spark)
             assert result["to"] == migration.PROVIDERS[target] and _provider(checkpoint) == result["to"]
-            assert _state(spark, checkpoint) == before
+            assert _state(spark, checkpoint, scenario.multi) == before
     assert_same_output(reference, output, labels=("uninterrupted (HDFS)", "migrated hdfs->ks->rocksdb->ks"))
     assert _provider(checkpoint) == KS
     assert verify(checkpoint)["ok"]
@@ -85,11 +87,12 @@ def _segments(spark, scenario, provider, root: Path) -> list:
     return output
 
 
-def _interrupted_then_rerun(spark, checkpoint: Path, target: str, monkeypatch, during_writes: bool) -> None:
+def _interrupted_then_rerun(spark, checkpoint: Path, target: str, monkeypatch, during_writes: bool,
+                            join: bool = False) -> None:
     """A migration that dies half way through writing the new state (after the first store of
     several), or after writing it, before the switch: the checkpoint is still the old
     provider's, whole; the rerun completes it."""
-    before = _state(spark, checkpoint)
+    before = _state(spark, checkpoint, join)
     plan = keyedstate.migrate(checkpoint, target, spark=spark, dry_run=True)
     assert plan["from"] == HDFS_PROVIDER and len(plan["steps"]) == 3 and not list(checkpoint.rglob("*.ks-*"))
     write_store = migration.write_store
@@ -112,10 +115,10 @@ def _interrupted_then_rerun(spark, checkpoint: Path, target: str, monkeypatch, d
             keyedstate.migrate(checkpoint, target, spark=spark)
     assert _provider(checkpoint) == HDFS_PROVIDER
     assert list(checkpoint.rglob("*.ks-snapshot")) and list(checkpoint.rglob("*.delta"))
-    assert _state(spark, checkpoint) == before  # still read with the HDFS provider
+    assert _state(spark, checkpoint, join) == before  # still read with the HDFS provider
     keyedstate.migrate(checkpoint, target, spark=spark)
     assert _provider(checkpoint) == migration.PROVIDERS[target]
-    assert _state(spark, checkpoint) == before
+    assert _state(spark, checkpoint, join) == before
     assert not list(checkpoint.rglob("*.delta"))  # the old provider's files are retired
     again = keyedstate.migrate(checkpoint, target, spark=spark)
     assert again["alreadyMigrated"]
