@@ -1,0 +1,107 @@
+"""keyedstate on a real multi-JVM cluster (support/cluster.py: ``local-cluster[2,1,1024]``, two
+executor JVMs started by a standalone Worker, checkpoint on ``objtest://`` with object-store
+semantics): a streaming aggregation and a dropDuplicates run across both executors; one executor
+JVM is SIGKILLed while a batch runs; Spark relaunches it, state is reloaded from the checkpoint
+in another JVM, and the output is exactly what Spark's HDFS-backed provider gives (each batch of
+``rate-micro-batch`` adds the same rows to every key, so that output is known in closed form:
+the count of key k after batch b is ROWS_PER_BATCH // KEYS * (b + 1), whatever the provider).
+The killed JVM's state servers exit on their own, and none outlives the cluster.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import keyedstate
+from support import cluster, jvmsession, processes, testjar
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+ROWS_PER_BATCH = 20
+KEYS = 10
+BATCHES = 6
+
+
+def _batches_done(query) -> int:
+    progress = query.lastProgress
+    return 0 if progress is None else progress["batchId"] + 1
+
+
+def _servers_of(pid: int) -> list[int]:
+    """State servers started by the JVM ``pid`` (other sessions' servers may run beside)."""
+    return [p for p in processes.state_server_pids() if p in processes.descendants(pid)]
+
+
+def _cluster_servers(cl) -> set[int]:
+    return {s for pid in cl.executor_pids().values() for s in _servers_of(pid)}
+
+
+def test_keyedstate_on_two_executors_survives_a_killed_executor_exactly(request, tmp_path):
+    if not jvmsession.run_here_or_delegate(request, tmp_path):
+        return
+    from pyspark.sql import functions as F
+
+    root = tmp_path / "objtest"
+    conf = testjar.objtest_conf(root)
+    conf.update({"spark.jars": f"{conf['spark.jars']},{keyedstate.jar_path()}",
+                 "spark.sql.streaming.stateStore.providerClass": keyedstate.PROVIDER_CLASS,
+                 "spark.sql.shuffle.partitions": "4",
+                 "spark.sql.streaming.stateStore.keyedstate.snapshotInterval": "2"})
+    with cluster.local_cluster_session(executors=2, conf=conf) as cl:
+        spark = cl.spark
+        spark.sparkContext.setLogLevel("ERROR")
+        first_pids = cl.executor_pids()
+        assert len(first_pids) == 2 and cl.driver_pid not in first_pids.values()
+
+        # dropDuplicates across both executors: every value once, whichever JVM holds its key.
+        dedup = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", ROWS_PER_BATCH).load()
+                 .select((F.col("value") % 37).alias("v")).dropDuplicates(["v"])
+                 .writeStream.outputMode("append").format("memory").queryName("seen")
+                 .option("checkpointLocation", "objtest://bucket/dedup").trigger(availableNow=True).start())
+        dedup.awaitTermination(600)
+        assert dedup.exception() is None, dedup.exception()
+        assert sorted(r.v for r in spark.table("seen").collect()) == list(range(min(37, ROWS_PER_BATCH)))
+
+        @F.udf("long")
+        def slow_key(value):  # a Python worker on the executor; slow enough to be killed mid-batch
+            time.sleep(0.05)
+            return value % KEYS
+
+        query = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", ROWS_PER_BATCH).load()
+                 .select(slow_key("value").alias("k")).groupBy("k").count()
+                 .writeStream.outputMode("update").format("memory").queryName("counts")
+                 .option("checkpointLocation", "objtest://bucket/agg")
+                 .trigger(processingTime="0 seconds").start())
+        tracker = spark.sparkContext.statusTracker()
+        killed, orphans, ours = None, [], set()
+        try:
+            deadline = time.monotonic() + 600
+            while (done := _batches_done(query)) < BATCHES:
+                assert query.exception() is None, query.exception()
+                assert time.monotonic() < deadline, f"only {done} batches"
+                if killed is None and done >= 2 and tracker.getActiveStageIds():
+                    victim = max(first_pids, key=lambda e: len(_servers_of(first_pids[e])))
+                    orphans = _servers_of(first_pids[victim])
+                    killed = cl.kill_executor(victim)  # SIGKILL while a batch runs
+                ours.update(_cluster_servers(cl))
+                time.sleep(0.05)
+            cl.wait_for_executors(2, exclude={killed[0]})
+        finally:
+            query.stop()
+        rows = sorted(map(tuple, spark.table("counts").collect()))
+        executors_ran_tasks = {e: "Running task" in cl.executor_log(e) for e in first_pids}
+        # The killed JVM's state servers notice and exit by themselves.
+        processes.wait_until(lambda: not [p for p in orphans if processes.alive(p)], 60,
+                             "the killed executor's state servers to exit")
+        servers_while_up = _cluster_servers(cl)
+        ours.update(servers_while_up)
+    print(f"killed {killed} with state servers {orphans}; {len(rows)} rows; servers {sorted(ours)}")
+    assert killed is not None and orphans, "no executor with state servers was killed mid-batch"
+    batches = len(rows) // KEYS
+    assert batches >= BATCHES  # every batch updates every key with its running count:
+    assert rows == sorted((k, ROWS_PER_BATCH // KEYS * (b + 1)) for k in range(KEYS) for b in range(batches))
+    assert all(executors_ran_tasks.values()), executors_ran_tasks
+    assert servers_while_up  # the live executors still had theirs...
+    processes.wait_until(lambda: not [p for p in ours if processes.alive(p)], 60,
+                         "every state server of the cluster to exit once it stopped")
