@@ -491,7 +491,8 @@ def _sst_files(root: Path) -> list[Path] | None:
 
 
 def test_full_local_disk_is_not_reported_as_a_corrupt_checkpoint(small_tmpfs, tmp_path):
-    """localDir on a small file system that is full when a restart downloads the snapshot."""
+    """localDir on a small file system that is full when a restart downloads the snapshot; once
+    space is back, the query continues with nothing lost or counted twice."""
     local = small_tmpfs / "keyedstate"
     checkpoint = tmp_path / "checkpoint"
     with SessionProcess(tmp_path / "session", confs={PFX + "localDir": str(local), PFX + "serverProcesses": "1",
@@ -506,6 +507,10 @@ def test_full_local_disk_is_not_reported_as_a_corrupt_checkpoint(small_tmpfs, tm
             pass
         fill(small_tmpfs)
         second = session.run(checkpoint, tmp_path / "input", ["k1", "k2"])
+        (small_tmpfs / "filler").unlink(missing_ok=True)  # space is back: the query continues exactly
+        third = session.run(checkpoint, tmp_path / "input", ["k3"])
+    assert third["ok"], third
+    assert {k: third["counts"].get(k) for k in ("k1", "k2", "k3")} == {"k1": 2, "k2": 2, "k3": 2}, third
     assert not second["ok"], "expected the restart to fail: its local disk is full"
     error = second["error"]
     assert "missing, truncated or corrupt" not in error, (
