@@ -105,3 +105,4 @@ def test_keyedstate_on_two_executors_survives_a_killed_executor_exactly(request,
     assert servers_while_up  # the live executors still had theirs...
     processes.wait_until(lambda: not [p for p in ours if processes.alive(p)], 60,
                          "every state server of the cluster to exit once it stopped")
+
