@@ -206,7 +206,9 @@ def test_nth_call_of_each_operation_fails_once(spark, fs, root, op):
 
 def test_path_filter_times_probability_and_global_scope(spark, fs, root):
     fs, b = fs
-    testjar.arm(root, create={"nth": 1, "times": 2, "path": "/state/"})
+    # Every rule names this test's bucket: the shared session's maintenance thread may be writing
+    # and reading other tests' objtest:// checkpoints meanwhile, and would take the faults.
+    testjar.arm(root, create={"nth": 1, "times": 2, "path": f"{b}/state/"})
     put(spark, fs, f"{b}/other")  # not matching: not counted
     for _ in range(2):
         with pytest.raises(Exception, match="injected create fault"):
@@ -215,7 +217,7 @@ def test_path_filter_times_probability_and_global_scope(spark, fs, root):
     assert testjar.fault_counts(root) == {"create": 2}
 
     testjar.clear_fault_log(root)
-    testjar.arm(root, {"seed": 7}, open={"probability": 0.5})
+    testjar.arm(root, {"seed": 7}, open={"probability": 0.5, "path": f"{b}/other"})
     faults = 0
     for _ in range(40):
         try:
@@ -225,7 +227,7 @@ def test_path_filter_times_probability_and_global_scope(spark, fs, root):
     assert 5 < faults < 35 and testjar.fault_counts(root) == {"open": faults}
 
     testjar.clear_fault_log(root)
-    testjar.arm(root, delete={"nth": 3, "scope": "global"})
+    testjar.arm(root, delete={"nth": 3, "scope": "global", "path": f"{b}/none"})
     assert [fs.delete(P(spark, f"{b}/none"), True) for _ in range(2)] == [False, False]
     with pytest.raises(Exception, match="matching call #3"):
         fs.delete(P(spark, f"{b}/none"), True)
@@ -234,7 +236,7 @@ def test_path_filter_times_probability_and_global_scope(spark, fs, root):
 
 def test_create_fault_at_close_publishes_nothing(spark, fs, root):
     fs, b = fs
-    testjar.arm(root, create={"nth": 1, "at": "close"})
+    testjar.arm(root, create={"nth": 1, "at": "close", "path": f"{b}/"})
     out = fs.create(P(spark, f"{b}/obj"), True)
     out.write(bytearray(b"data"))
     with pytest.raises(Exception, match="injected create fault \\(close"):
@@ -245,7 +247,7 @@ def test_create_fault_at_close_publishes_nothing(spark, fs, root):
 def test_rename_fault_after_copy_leaves_both(spark, fs, root):
     fs, b = fs
     put(spark, fs, f"{b}/tmp", b"v")
-    testjar.arm(root, rename={"nth": 1, "at": "afterCopy"})
+    testjar.arm(root, rename={"nth": 1, "at": "afterCopy", "path": f"{b}/"})
     with pytest.raises(Exception, match="afterCopy"):
         fs.rename(P(spark, f"{b}/tmp"), P(spark, f"{b}/final"))
     assert get(spark, fs, f"{b}/tmp") == b"v" and get(spark, fs, f"{b}/final") == b"v"
@@ -274,7 +276,7 @@ def test_short_reads_are_legal_and_readers_that_loop_are_fine(spark, fs, root):
 
 def test_disk_full_fails_writes_after_n_bytes_and_publishes_nothing(spark, fs, root):
     fs, b = fs
-    testjar.arm(root, {"diskFull.afterBytes": 1000})
+    testjar.arm(root, {"diskFull.afterBytes": 1000, "diskFull.path": f"{b}/"})
     out = fs.create(P(spark, f"{b}/obj"), True)
     out.write(bytearray(600))
     with pytest.raises(Exception, match="No space left on device"):
