@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from collections.abc import Iterable
+
 from rocksdict import (AccessType, BlockBasedOptions, DBCompressionType, MemtableFactory, Options, Rdict,
-                       WriteOptions)
+                       WriteBatch, WriteOptions)
 
 
 def _options(bulk_load: bool) -> Options:
@@ -50,3 +52,16 @@ def open_read_only(path: Path) -> Rdict:
     options = Options(raw_mode=True)
     return Rdict(str(path), options=options, column_families={"default": Options(raw_mode=True)},
                  access_type=AccessType.read_only())
+
+
+def write_records(db: Rdict, records: Iterable[tuple[int, bytes, bytes | None]]) -> None:
+    """Write changelog records ``(op, key, value or None for a delete)`` into ``db`` as one
+    batch: the one replay loop of the offline tools (the server's hot path has its own, in
+    ``server/store.py``). Errors of the iterator (a corrupt changelog) leave ``db`` untouched."""
+    batch = WriteBatch(raw_mode=True)
+    for _, key, value in records:
+        if value is None:
+            batch.delete(key)
+        else:
+            batch.put(key, value)
+    db.write(batch)

@@ -20,9 +20,9 @@ import tempfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
-from rocksdict import Rdict, WriteBatch
+from rocksdict import Rdict
 
 from ..formats import changelog, layout, rocksdb
 from ..formats import manifest as mf
@@ -362,16 +362,10 @@ def apply_changelog(db: Rdict, path: Path, version: int, key_groups: int | None)
     """Write one changelog's records into ``db``; returns its key-group count (checked against
     the previous file's, since the count is fixed for a checkpoint)."""
     log_ = read_changelog(path, version, key_groups)
-    batch = WriteBatch(raw_mode=True)
     try:
-        for _, key, value in log_.records():
-            if value is None:
-                batch.delete(key)
-            else:
-                batch.put(key, value)
+        rocksdb.write_records(db, log_.records())
     except changelog.CorruptChangelogError as exc:
         raise CheckpointError(str(exc)) from exc
-    db.write(batch)
     return log_.key_groups
 
 

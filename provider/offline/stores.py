@@ -416,18 +416,10 @@ class Checkpoint:
 
 
 def _apply(db, log_: changelog.Changelog) -> None:
-    from rocksdict import WriteBatch
-
-    batch = WriteBatch(raw_mode=True)
     try:
-        for _, key, value in log_.records():
-            if value is None:
-                batch.delete(key)
-            else:
-                batch.put(key, value)
+        rocksdb.write_records(db, log_.records())
     except changelog.CorruptChangelogError as exc:
         raise CheckpointProblem(str(exc)) from None
-    db.write(batch)
 
 
 @dataclass(frozen=True)
