@@ -8,12 +8,12 @@ import pytest
 
 from support import testjar
 from support.constants import KS, PFX, REFERENCE_PROVIDER, STATE_PREFIX
-from support.driver import assert_same_output, run_query, session_confs
+from support.driver import run_query, session_confs
 from support.durability import arm, disarm, objtest_location
 from support.faults import judge, run_through_failures
 from support.scenarios import KV, KV_STEPS, agg_update
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.usefixtures("fault_root")]
 
 # Snapshots every 2 versions and cleanup keeping 2, so uploads, listings and deletes happen too.
 CONFS = {PFX + "snapshotInterval": "2", "spark.sql.streaming.minBatchesToRetain": "2"}
@@ -28,14 +28,6 @@ EVERY_OPERATION = dict(
 )
 
 
-@pytest.fixture(autouse=True)
-def clean_faults(spark):
-    root = disarm(spark)
-    testjar.clear_fault_log(root)
-    yield root
-    disarm(spark)
-
-
 @pytest.fixture(scope="module")
 def reference(spark, tmp_path_factory):
     root = tmp_path_factory.mktemp("reference")
@@ -44,7 +36,7 @@ def reference(spark, tmp_path_factory):
 
 @pytest.mark.parametrize("format_version", ["1", "2"])
 def test_faults_in_every_checkpoint_operation_are_retried_to_the_same_output(spark, tmp_path, reference,
-                                                                             clean_faults, format_version):
+                                                                             fault_root, format_version):
     location, checkpoint = objtest_location(spark, "faults")
 
     def rearm(step, query):
@@ -57,7 +49,7 @@ def test_faults_in_every_checkpoint_operation_are_retried_to_the_same_output(spa
     disarm(spark)
     verdict = judge(reference, run.outputs)
     assert verdict.exact, "\n".join(verdict.detail)
-    kinds = {(f["op"], f["kind"]) for f in testjar.injected_faults(clean_faults)}
+    kinds = {(f["op"], f["kind"]) for f in testjar.injected_faults(fault_root)}
     # every kind of fault happened at least once, and the task retries absorbed all of them
     assert {("create", "start"), ("rename", "afterCopy"), ("open", "start"), ("listStatus", "start"),
             ("open", "shortRead")} <= kinds, kinds
@@ -65,7 +57,7 @@ def test_faults_in_every_checkpoint_operation_are_retried_to_the_same_output(spa
 
 
 def test_a_query_failed_by_faults_says_which_file_and_a_restart_continues_exactly(spark, tmp_path, reference,
-                                                                                   clean_faults):
+                                                                                   fault_root):
     """More failures than Spark retries a task: the query stops, naming the changelog it could
     not write; restarted, it continues exactly (nothing of the failed batch was half committed)."""
     location, checkpoint = objtest_location(spark, "faults")

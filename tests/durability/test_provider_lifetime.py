@@ -20,25 +20,16 @@ import uuid
 import pytest
 
 from support import testjar
-from support.constants import KS, PFX, PROVIDER_CONF, STATE_PREFIX
-from support.driver import FileStream, collect_into, count_by_key, session_confs
+from support.constants import PFX, STATE_PREFIX
 from support.durability import (RUN_ID_KEY, deactivate, disarm, arm, objtest_location, objtest_root,
-                                report_active, stop_maintenance)
+                                report_active)
 from support.jvm import LayerStore, scala_iter
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fault_root")]
 
 KEYS = 30
 RETAIN = 2
 CONFS = {PFX + "snapshotInterval": "1", "spark.sql.streaming.minBatchesToRetain": str(RETAIN)}
-
-
-@pytest.fixture(autouse=True)
-def object_store(spark):
-    root = disarm(spark)
-    testjar.clear_fault_log(root)
-    yield root
-    disarm(spark)
 
 
 class Run:
