@@ -301,11 +301,44 @@ def test_rescale_after_skipping_a_failed_batch_resumes_from_the_committed_state(
             break
     proc.wait(60)
     assert proc.returncode == -signal.SIGKILL, "".join(seen)
-    assert (root / "commits" / "2").is_file()  # the skip was recorded before the kill
+    # The skip is in the rescale's journal; it is committed only together with the new batch.
+    assert not (root / "commits" / "2").exists()
+    assert json.loads((root / "_keyedstate_rescale" / "batch-3" / "journal.json").read_text())["skipped"] == [2]
 
     # The rerun must read batch 1's state (version 2), not the skipped batch's version 3.
     result = keyedstate.rescale(root, 8, spark=spark)
     assert result.resumed and result.batch == 3 and result.keys == len(_expected(2))
+    assert (root / "commits" / "2").is_file() and (root / "commits" / "3").is_file()
+
+
+def test_failed_rescale_leaves_a_skipped_batch_as_it_was(spark, tmp_path):
+    """A batch that committed its state in some partitions only, then a rescale with
+    --skip-failed-batch that fails: the rollback leaves the batch uncommitted (not half
+    skipped), so the restarted query reruns it and continues exactly."""
+    stream = FileStream(spark, tmp_path, "k LONG")
+    out: dict = {}
+    with session_confs(spark, {"spark.sql.streaming.stateStore.keyedstate.snapshotInterval": "100"}):
+        _run(spark, stream, range(3), out)
+    root = Path(stream.checkpoint)
+    # Batch 2 committed its state version 3 in partitions 0 and 1 only, then the query died.
+    (root / "commits" / "2").unlink()
+    (root / "commits" / ".2.crc").unlink(missing_ok=True)
+    op = root / "state" / "0"
+    for p in (2, 3):
+        (ckpt.store_dir(op, p, "default") / "3.ks-changelog").unlink()
+    # The rescale fails on an unreadable file (a transient read error, restored below).
+    victim = ckpt.store_dir(op, 1, "default") / "2.ks-changelog"
+    good = victim.read_bytes()
+    victim.write_bytes(good[:-5])
+    with pytest.raises(Exception, match=str(victim)):
+        keyedstate.rescale(root, 8, spark=spark, idle_seconds=0, skip_failed_batch=True)
+    victim.write_bytes(good)
+    assert not (root / "commits" / "2").exists() and not (root / "offsets" / "3").exists()
+    assert not (root / "_keyedstate_rescale").exists()
+
+    # The restart reruns batch 2 with the old partition count, then goes on.
+    _run(spark, stream, range(3, 5), out)
+    assert out == _expected(5)
 
 
 def test_foreign_or_unready_checkpoints_are_refused(spark, tmp_path):

@@ -198,15 +198,17 @@ class _Rescale:
                 log.warning("finishing the repartition batch %d that Spark's own repartition left unfinished", latest)
             # The journal knows which version the batch reads: after --skip-failed-batch the
             # commits before it include skipped batches, whose state versions are not committed.
-            read_batch = json.loads((staging / f"batch-{latest}" / _JOURNAL).read_text())["readBatch"] \
-                if ours else committed
+            journal = _read_journal(staging / f"batch-{latest}" / _JOURNAL) if ours else {}
+            read_batch = journal.get("readBatch", committed)
+            skipped = list(journal.get("skipped", []))
             batch, resumed = latest, True
         else:
             if rollback:
                 raise RescaleError(f"{self.root} has no unfinished repartition to roll back "
                                    f"(latest batch {latest}, last committed {committed})")
+            skipped = []
             if latest > committed:
-                self._skip_failed(latest, committed, skip_failed_batch, idle_seconds)
+                skipped = self._skippable(latest, committed, skip_failed_batch, idle_seconds)
                 # The new batch continues from the skipped batch's end offsets: a file source
                 # cannot step back to the last committed offsets (Spark asserts on restart).
                 seq, meta = self._offset_entry(latest)
@@ -222,7 +224,7 @@ class _Rescale:
         if not resumed:
             ckpt.write_atomically(work / _JOURNAL, json.dumps({
                 "batch": batch, "readBatch": read_batch, "fromPartitions": old_n, "toPartitions": self.n,
-                "startedAt": time.time()}).encode())
+                "skipped": skipped, "startedAt": time.time()}).encode())
             new_meta = meta.copy(meta.batchWatermarkMs(), meta.batchTimestampMs(),
                                  meta.conf().updated(_PARTITIONS_KEY, str(self.n)))
             new_seq = seq.copy(seq.offsets(), self.spark._jvm.scala.Some(new_meta))
@@ -267,6 +269,14 @@ class _Rescale:
 
             if self._latest(self.offsets) != batch:
                 raise RescaleError(f"{self.root / 'offsets'} moved past batch {batch} while rescaling: the query is running")
+            # The skip is committed with the batch, not before it: a failure or a rollback up to
+            # here leaves the skipped batches uncommitted, so a restart reruns them as they were.
+            for b in skipped:
+                if not self.commits.get(b).isDefined() and not self.commits.add(b, self.commits.get(read_batch).get()):
+                    raise RescaleError(f"{self.root / 'commits' / str(b)} appeared while rescaling: the query is running")
+            if skipped:
+                log.warning("skipped the uncommitted batches %d..%d: their input does not reach the state",
+                            skipped[0], skipped[-1])
             if not self.commits.add(batch, self.commits.get(read_batch).get()):
                 raise RescaleError(f"{self.root / 'commits' / str(batch)} appeared while rescaling: the query is running")
         except BaseException:
@@ -285,7 +295,10 @@ class _Rescale:
         log.info("rescaled %s: %s", self.root, result)
         return result
 
-    def _skip_failed(self, latest: int, committed: int, skip: bool, idle_seconds: float) -> None:
+    def _skippable(self, latest: int, committed: int, skip: bool, idle_seconds: float) -> list[int]:
+        """The uncommitted batches after ``committed`` that ``--skip-failed-batch`` drops; they
+        are committed (like Spark's enforceExactlyOnceSink=false, with the watermark of the last
+        commit) together with the repartition batch, so a failed rescale leaves them as they were."""
         offsets_file = self.root / "offsets" / str(latest)
         age = time.time() - offsets_file.stat().st_mtime
         if age < idle_seconds:
@@ -298,12 +311,7 @@ class _Rescale:
                 f"during it; last committed batch {committed}): restart the query once so that it "
                 "completes the batch, then stop it and rescale; or pass --skip-failed-batch to drop "
                 "the batch: its input does not reach the state, what it wrote to the sink stays")
-        for b in range(committed + 1, latest + 1):
-            # Like Spark's enforceExactlyOnceSink=false, but keeping the watermark of the last commit.
-            if not self.commits.add(b, self.commits.get(committed).get()):
-                raise RescaleError(f"{self.root / 'commits' / str(b)} appeared while rescaling: the query is running")
-        log.warning("skipped the uncommitted batches %d..%d: their input does not reach the state",
-                    committed + 1, latest)
+        return list(range(committed + 1, latest + 1))
 
     def _rollback(self, latest: int) -> None:
         """Remove the uncommitted repartition batch ``latest``: the snapshots it published and
@@ -324,6 +332,11 @@ class _Rescale:
                 for part_dir in list(ckpt.numbered_dirs(op_dir)):
                     if int(part_dir.name) >= old_n and not any(p.is_file() or p.is_symlink() for p in part_dir.rglob("*")):
                         shutil.rmtree(part_dir, ignore_errors=True)  # created by this batch, now empty
+        skipped = journal.get("skipped", [])
+        if skipped:  # a run killed while committing the skip: those batches stay uncommitted
+            self.commits.purgeAfter(skipped[0] - 1)
+            for b in skipped:
+                (self.root / "commits" / f".{b}.crc").unlink(missing_ok=True)
         self.offsets.purgeAfter(latest - 1)
         crc = self.root / "offsets" / f".{latest}.crc"
         crc.unlink(missing_ok=True)
