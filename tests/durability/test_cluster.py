@@ -1,10 +1,11 @@
 """keyedstate on a real multi-JVM cluster (support/cluster.py: ``local-cluster[2,1,1024]``, two
 executor JVMs started by a standalone Worker, checkpoint on ``objtest://`` with object-store
-semantics): a streaming aggregation and a dropDuplicates run across both executors; one executor
-JVM is SIGKILLed while a batch runs; Spark relaunches it, state is reloaded from the checkpoint
-in another JVM, and the output is exactly what Spark's HDFS-backed provider gives (each batch of
-``rate-micro-batch`` adds the same rows to every key, so that output is known in closed form:
-the count of key k after batch b is ROWS_PER_BATCH // KEYS * (b + 1), whatever the provider).
+semantics): a streaming aggregation, a stream-stream join and a dropDuplicates run across both
+executors; one executor JVM is SIGKILLed while an aggregation batch runs; Spark relaunches it,
+state is reloaded from the checkpoint in another JVM, and the output is exactly what Spark's
+HDFS-backed provider gives (each batch of ``rate-micro-batch`` adds the same rows to every key,
+so that output is known in closed form: the count of key k after batch b is
+ROWS_PER_BATCH // KEYS * (b + 1), whatever the provider; the join matches each value once).
 The killed JVM's state servers exit on their own, and none outlives the cluster.
 """
 from __future__ import annotations
@@ -62,6 +63,28 @@ def test_keyedstate_on_two_executors_survives_a_killed_executor_exactly(request,
         dedup.awaitTermination(600)
         assert dedup.exception() is None, dedup.exception()
         assert sorted(r.v for r in spark.table("seen").collect()) == list(range(min(37, ROWS_PER_BATCH)))
+
+        # A stream-stream join across both executors: the right side's value v arrives one batch
+        # after the left side's, so every match is made from the join's state. Each v matches once.
+        def rate(shift: int):
+            return (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", ROWS_PER_BATCH).load()
+                    .select((F.col("value") - shift).alias("v")))
+
+        join = (rate(0).withColumnRenamed("v", "lv").join(rate(ROWS_PER_BATCH), F.expr("lv = v"))
+                .writeStream.outputMode("append").format("memory").queryName("joined")
+                .option("checkpointLocation", "objtest://bucket/join").trigger(processingTime="0 seconds").start())
+        try:
+            deadline = time.monotonic() + 300
+            while _batches_done(join) < 4:
+                assert join.exception() is None, join.exception()
+                assert time.monotonic() < deadline, f"only {_batches_done(join)} join batches"
+                time.sleep(0.1)
+        finally:
+            join.stop()
+        matched = sorted(r.v for r in spark.table("joined").collect())
+        # Contiguous from 0, no value twice: nothing lost or duplicated (a batch stopped after
+        # its sink but before its commit may add one more batch's worth).
+        assert len(matched) >= 3 * ROWS_PER_BATCH and matched == list(range(len(matched))), matched
 
         @F.udf("long")
         def slow_key(value):  # a Python worker on the executor; slow enough to be killed mid-batch
