@@ -1,4 +1,5 @@
-"""A real multi-JVM Spark cluster for tests: ``local-cluster[N,cores,MB]``.
+"""A real multi-JVM Spark cluster for tests: ``local-cluster[N,cores,MB]``, or a standalone
+Master and Workers on distinct loopback hosts (:func:`standalone_cluster_session`).
 
 Local mode runs tasks in the driver JVM, so it cannot show what happens when an executor dies,
 when state must be reloaded by another JVM, or when a class or conf does not reach executors.
@@ -33,11 +34,13 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Callable, Iterator, Mapping
 
 from support import jvmsession
 
@@ -45,13 +48,15 @@ EXECUTOR_MAIN = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 
 
 class LocalCluster:
-    """A running local-cluster session: the SparkSession and its executor JVMs."""
+    """A running cluster session: the SparkSession and its executor JVMs (children of the
+    driver JVM in local-cluster mode, of ``launchers`` when given: a standalone cluster's Workers)."""
 
-    def __init__(self, spark, home: Path) -> None:
+    def __init__(self, spark, home: Path, launchers: Callable[[], set[int]] | None = None) -> None:
         self.spark = spark
         self.home = home
         self.app_id = spark.sparkContext.applicationId
         self.driver_pid = int(spark.sparkContext._jvm.ProcessHandle.current().pid())
+        self._launchers = launchers or (lambda: {self.driver_pid})
 
     def executor_ids(self) -> list[str]:
         """Executors registered with the driver now."""
@@ -59,8 +64,8 @@ class LocalCluster:
         return sorted(ids.apply(i) for i in range(ids.size()))
 
     def executor_pids(self) -> dict[str, int]:
-        """{executor id: pid} of this cluster's live executor JVMs (children of the driver JVM)."""
-        found = {}
+        """{executor id: pid} of this cluster's live executor JVMs."""
+        found, parents = {}, self._launchers()
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
                 continue
@@ -70,7 +75,7 @@ class LocalCluster:
             except OSError:
                 continue
             fields = stat.rsplit(")", 1)[1].split()
-            if fields[0] == "Z" or int(fields[1]) != self.driver_pid:
+            if fields[0] == "Z" or int(fields[1]) not in parents:
                 continue  # dead, or another driver's executor
             args = [a.decode(errors="replace") for a in args]
             if EXECUTOR_MAIN in args and "--executor-id" in args:
@@ -116,13 +121,9 @@ def local_cluster_session(executors: int = 2, cores: int = 1, memory_mb: int = 1
     The default (2 x 1 core x 1 GiB, plus the 1 GiB driver) fits a 2-core machine; give ``conf``
     ``spark.sql.shuffle.partitions`` etc. as needed. ``keep_home`` keeps the executor logs.
     """
-    import pyspark
     from pyspark.sql import SparkSession
 
-    pyspark_home = Path(pyspark.__file__).resolve().parent
-    home = Path(tempfile.mkdtemp(prefix="keyedstate-cluster-"))
-    for name in ("bin", "jars"):
-        (home / name).symlink_to(pyspark_home / name)
+    home = _spark_home()
     builder = (SparkSession.builder.master(f"local-cluster[{executors},{cores},{memory_mb}]")
                .appName(app_name)
                .config("spark.executor.memory", f"{memory_mb}m")
@@ -149,6 +150,106 @@ def local_cluster_session(executors: int = 2, cores: int = 1, memory_mb: int = 1
         _restore(saved)
         if not keep_home:
             shutil.rmtree(home, ignore_errors=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _spark_home() -> Path:
+    import pyspark
+
+    pyspark_home = Path(pyspark.__file__).resolve().parent
+    home = Path(tempfile.mkdtemp(prefix="keyedstate-cluster-"))
+    for name in ("bin", "jars"):
+        (home / name).symlink_to(pyspark_home / name)
+    return home
+
+
+@contextlib.contextmanager
+def standalone_cluster_session(hosts: tuple[str, ...] = ("127.0.0.2", "127.0.0.3"), cores: int = 1,
+                               memory_mb: int = 1024, conf: Mapping[str, str] | None = None,
+                               app_name: str = "keyedstate-standalone-test") -> Iterator[LocalCluster]:
+    """A standalone Master and one Worker per entry of ``hosts``, each its own JVM started with
+    ``spark-class``, and an application with one executor per Worker.
+
+    Unlike local-cluster, whose executors all report the same host, each executor here runs on
+    a host of its own (distinct loopback addresses, which Linux routes to ``lo``): Spark never
+    launches a speculative copy of a task on a host where an attempt already runs
+    (TaskSetManager.dequeueTaskHelper / hasAttemptOnHost), so speculation needs two hosts."""
+    from pyspark.sql import SparkSession
+
+    home = _spark_home()
+    (home / "work").mkdir()
+    spark_class = str(home / "bin" / "spark-class")
+    daemons: list[subprocess.Popen] = []
+    base_env = dict(os.environ, SPARK_HOME=str(home), SPARK_DAEMON_MEMORY="256m",
+                    SPARK_DAEMON_JAVA_OPTS=jvmsession.QUICK_JVM_OPTIONS, PYSPARK_PYTHON=sys.executable)
+
+    def start(args: list[str], host: str, log: str) -> subprocess.Popen:
+        out = open(home / log, "wb")
+        proc = subprocess.Popen([spark_class, *args], env=dict(base_env, SPARK_LOCAL_IP=host),
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        daemons.append(proc)
+        return proc
+
+    master_port = _free_port()
+    master_url = f"spark://127.0.0.1:{master_port}"
+    saved = {k: os.environ.get(k) for k in ("SPARK_HOME", "SPARK_LOCAL_IP")}
+    try:
+        start(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(master_port),
+               "--webui-port", str(_free_port())], "127.0.0.1", "master.log")
+        _wait_for_port("127.0.0.1", master_port, home / "master.log")
+        for i, host in enumerate(hosts):
+            start(["org.apache.spark.deploy.worker.Worker", "--host", host, "--cores", str(cores),
+                   "--memory", f"{memory_mb}M", "--work-dir", str(home / "work"),
+                   "--webui-port", str(_free_port()), master_url], host, f"worker-{i}.log")
+        builder = (SparkSession.builder.master(master_url).appName(app_name)
+                   .config("spark.executor.memory", f"{memory_mb}m")
+                   .config("spark.executor.cores", str(cores))
+                   .config("spark.cores.max", str(cores * len(hosts)))
+                   .config("spark.driver.host", "127.0.0.1")
+                   .config("spark.driver.bindAddress", "127.0.0.1")
+                   .config("spark.pyspark.python", sys.executable)
+                   .config("spark.ui.enabled", "false")
+                   .config("spark.ui.showConsoleProgress", "false")
+                   .config("spark.driver.extraJavaOptions", jvmsession.QUICK_JVM_OPTIONS)
+                   .config("spark.executor.extraJavaOptions", jvmsession.QUICK_JVM_OPTIONS))
+        for key, value in (conf or {}).items():
+            builder = builder.config(key, value)
+        os.environ.update(SPARK_HOME=str(home), SPARK_LOCAL_IP="127.0.0.1")
+        with jvmsession.own_jvm_session(builder) as spark:
+            _restore(saved)
+            saved = {}
+            cluster = LocalCluster(spark, home, launchers=lambda: {p.pid for p in daemons[1:]})
+            cluster.wait_for_executors(len(hosts))
+            yield cluster
+    finally:
+        _restore(saved)
+        for proc in reversed(daemons):  # Workers first (they stop their executors), then the Master
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in reversed(daemons):
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _wait_for_port(host: str, port: int, log: Path, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        with socket.socket() as sock:
+            if sock.connect_ex((host, port)) == 0:
+                return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"nothing listens on {host}:{port} after {timeout}s: {log.read_text(errors='replace')[-3000:]}")
+        time.sleep(0.2)
 
 
 def _restore(saved: Mapping[str, str | None]) -> None:
