@@ -234,26 +234,78 @@ def _split_key_groups(inner: bytes) -> tuple[bytes, bytes]:
 
 
 def _join_key_groups(groups: bytes, rest: bytes, source: str) -> bytes:
-    """The inverse of :func:`_split_key_groups`; lengths are checked by the format-1 decode after."""
-    out, pos, g = [rest[:HEADER.size]], HEADER.size, 0
+    """The inverse of :func:`_split_key_groups`; lengths are checked by the format-1 decode after.
+
+    Records of one layout (one op class, one key length, one value length: UnsafeRows of
+    fixed-width columns) are joined with numpy at C speed once every row's op and length fields
+    are checked against the first record's; others by a walk over the record boundaries that
+    only reads lengths, the insertion itself again at C speed."""
     end = len(rest) - TRAILER.size
+    if end < HEADER.size or len(groups) % 4:
+        raise CorruptChangelogError(f"{source} is corrupt (key groups and records disagree)")
+    joined = _join_fixed_width(groups, rest, end)
+    if joined is not None:
+        return joined
+    starts, pos, unpack, puts = [], HEADER.size, _unpack_u32, PUTS
     try:
         while pos < end:
-            op = rest[pos]
-            klen = _unpack_u32(rest, pos + 1)[0]
-            if klen < 4 or g + 4 > len(groups):
-                raise CorruptChangelogError(f"{source} is corrupt (key groups and records disagree)")
-            key_rest = pos + 5 + klen - 4
-            record_end = key_rest + 4 + _unpack_u32(rest, key_rest)[0] if op in PUTS else key_rest
-            out += (rest[pos:pos + 5], groups[g:g + 4], rest[pos + 5:record_end])
-            g += 4
-            pos = record_end
+            starts.append(pos)
+            key_rest = pos + 1 + unpack(rest, pos + 1)[0]  # pos + 5 + (key length - 4)
+            if key_rest < pos + 5:
+                raise CorruptChangelogError(f"{source} is corrupt (a key shorter than its key group)")
+            pos = key_rest + 4 + unpack(rest, key_rest)[0] if rest[pos] in puts else key_rest
     except struct.error:
         raise CorruptChangelogError(f"{source} is truncated or corrupt (a record overruns the file)") from None
-    if g != len(groups) or pos != end:
+    if pos != end or len(starts) * 4 != len(groups):
         raise CorruptChangelogError(f"{source} is corrupt (key groups and records disagree)")
-    out.append(rest[end:])
-    return b"".join(out)
+    return _insert_groups(groups, rest, starts)
+
+
+def _join_fixed_width(groups: bytes, rest: bytes, end: int) -> bytes | None:
+    import numpy as np
+
+    count = len(groups) // 4
+    body = end - HEADER.size
+    if count == 0 or body % count or body // count < 5:
+        return None
+    size = body // count
+    rows = np.frombuffer(rest, dtype=np.uint8, count=body, offset=HEADER.size).reshape(count, size)
+    op = int(rows[0, 0])
+    key_rest = 1 + _unpack_u32(rest, HEADER.size + 1)[0]  # the key's bytes after its group end here
+    fields = [slice(1, 5)]
+    if op in PUTS:
+        if key_rest + 4 > size or key_rest + 4 + _unpack_u32(rest, HEADER.size + key_rest)[0] != size:
+            return None
+        fields.append(slice(key_rest, key_rest + 4))
+        allowed = list(PUTS)
+    elif op in DELETES:
+        if key_rest != size:
+            return None
+        allowed = list(DELETES)
+    else:
+        return None
+    if key_rest < 5 or not np.isin(rows[:, 0], allowed).all():
+        return None
+    if any(not (rows[:, cols] == rows[0, cols]).all() for cols in fields):
+        return None
+    out = np.hstack((rows[:, :5], np.frombuffer(groups, dtype=np.uint8).reshape(count, 4), rows[:, 5:]))
+    return b"".join((rest[:HEADER.size], out.tobytes(), rest[end:]))
+
+
+def _insert_groups(groups: bytes, rest: bytes, starts: list[int]) -> bytes:
+    """``rest`` with the 4 bytes of key group i inserted after byte 5 of record i (at ``starts[i]``)."""
+    import numpy as np
+
+    at = np.asarray(starts, dtype=np.int64) + 5
+    src = np.frombuffer(rest, dtype=np.uint8)
+    out = np.empty(len(rest) + len(groups), dtype=np.uint8)
+    shift = np.zeros(len(rest), dtype=np.int64)
+    shift[at[at < len(rest)]] = 4  # from each insertion point on, rest's bytes move 4 further
+    np.cumsum(shift, out=shift)
+    out[np.arange(len(rest), dtype=np.int64) + shift] = src
+    slots = (at + 4 * np.arange(len(at), dtype=np.int64))[:, None] + np.arange(4, dtype=np.int64)
+    out[slots.ravel()] = np.frombuffer(groups, dtype=np.uint8)
+    return out.tobytes()
 
 
 def compress(inner: bytes, meta: dict[str, Any], codec: int = CODEC_ZSTD_SPLIT) -> bytes:
