@@ -21,7 +21,7 @@ import pytest
 
 import keyedstate
 from keyedstate.offline import checkpoint as ckpt
-from support.constants import HDFS_PROVIDER, KS, PROVIDER_CONF, REFERENCE_PROVIDER
+from support.constants import HDFS_PROVIDER, PROVIDER_CONF, REFERENCE_PROVIDER
 from support.driver import FileStream, assert_same_output, collect_into, run_query, session_confs
 from support.scenarios import SCENARIOS
 
@@ -186,7 +186,7 @@ def _cli(*args: str, **kwargs) -> subprocess.Popen:
 
 def _restart_error(spark, stream: FileStream) -> str:
     with session_confs(spark, {PROVIDER_CONF: keyedstate.PROVIDER_CLASS}):
-        query = stream.start(_agg, lambda df, _: None)
+        query = stream.start(_agg, lambda df, _: df.write.format("noop").mode("overwrite").save())
         try:
             query.processAllAvailable()
         except Exception as exc:  # StreamingQueryException
@@ -372,3 +372,42 @@ def test_foreign_or_unready_checkpoints_are_refused(spark, tmp_path):
     # ... and the repartition batch it had started is rolled back: the query can restart as it was.
     assert not (Path(stream.checkpoint) / "commits" / "1").exists()
     assert not (Path(stream.checkpoint) / "offsets" / "1").exists()
+
+
+def test_a_failed_rescale_of_large_partitions_leaves_nothing_behind(spark, tmp_path):
+    """One split task fails (a corrupt changelog) while the others rehash large partitions and
+    publish; the rollback waits until no task runs (a failed job's other tasks are not
+    interrupted), then removes what they published: no file of the repartition batch, no new
+    partition or staging directory is left, and the query restarts as it was. (In local mode the
+    failing task's retries outlast the other splits, so this does not catch a task still running
+    after the rollback; the rollback's wait covers that case on a cluster.)"""
+    stream = FileStream(spark, tmp_path, "k LONG")
+    big = [{"k": k} for k in range(300_000)]
+    with session_confs(spark, {PROVIDER_CONF: keyedstate.PROVIDER_CLASS, "spark.sql.shuffle.partitions": "4"}):
+        query = stream.start(_agg, lambda df, _: df.write.format("noop").mode("overwrite").save())
+        try:
+            stream.step(query, big)
+        finally:
+            query.stop()
+    root = Path(stream.checkpoint)
+    op = root / "state" / "0"
+    time.sleep(3)  # the stopped query's last snapshot uploads are done
+    before = sorted(str(p.relative_to(root)) for p in op.rglob("*"))
+    victim = ckpt.store_dir(op, 1, "default") / "1.ks-changelog"
+    good = victim.read_bytes()
+    victim.write_bytes(good[:-5])
+    started = time.monotonic()
+    with pytest.raises(Exception, match=str(victim)):
+        keyedstate.rescale(root, 5, spark=spark)  # 5 does not divide the key groups: every key rehashed
+    victim.write_bytes(good)
+    rescale_s = time.monotonic() - started
+
+    time.sleep(3)  # a zombie that were still running would publish meanwhile
+    after = sorted(str(p.relative_to(root)) for p in op.rglob("*"))
+    assert after == before, sorted(set(after) ^ set(before))  # nothing of the repartition batch is left
+    assert not (root / "_keyedstate_rescale").exists() and not (root / "offsets" / "1").exists()
+    print(f"rescale failed and rolled back in {rescale_s:.1f} s")
+
+    out: dict = {}
+    _run(spark, stream, range(1, 2), out)  # batch 1 on the old 4 partitions, on top of the big batch
+    assert out == {row["k"]: 1 + (row["k"] < 300_000) for row in _batch_rows(1)}
