@@ -13,16 +13,22 @@ every committed step it re-arms one kind of fault for the next one:
 - ``diskfull``: the checkpoint's store says "No space left on device" after a few KiB of
   keyedstate's writes, until the query fails; then space is back;
 - ``kill``: SIGKILL of every state server of the JVM while the next batch runs (write-behind
-  apply, commit).
+  apply, commit);
+- ``cleanup``: a longer query whose every step waits for maintenance to clean up old versions,
+  with the first delete of keyedstate's files failing after every step;
+- ``rescale``: after three steps the query stops, ``keyedstate rescale`` (2 -> 4 partitions) is
+  SIGKILLed after a step it logs or after a delay, then finished by a rerun or rolled back and
+  done again, and the query continues on 4 partitions;
+- ``executor kill`` (run first, in a cluster of its own): an aggregation on
+  ``local-cluster[2,1,1024]`` whose executor JVMs are SIGKILLed one at a time while batches run;
+  its output is known in closed form.
 
 A query that fails is restarted on its checkpoint (as a supervisor would) until every step is
 committed (tests/support/faults.py). Faults are counted where they happened (the FileSystem's
 fault log; the kills this module made) and classified by phase: load (open, short read),
 listing, commit (a changelog's create), snapshot upload (snapshot files and manifests),
-cleanup (delete), write-behind apply (a killed server). The verdict per run: rows lost and rows
-duplicated against the reference (a replayed batch must be identical). Not covered here:
-executor-JVM kills (tests/durability/test_cluster.py does one, on a real multi-JVM cluster) and
-rescale (tests/test_rescale.py kills it mid-way).
+cleanup (delete), write-behind apply (a killed server), rescale, executor JVM. The verdict per
+run: rows lost and rows duplicated against the reference (a replayed batch must be identical).
 """
 from __future__ import annotations
 
@@ -39,7 +45,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the test support: drivers, scenarios, objtest://
 
 from support import scenarios as sc, testjar  # noqa: E402
-from support.campaign import PLANS, run_campaign  # noqa: E402
+from support.campaign import PLANS, run_campaign, run_executor_kills  # noqa: E402
+
+EXECUTOR_KILLS = "agg-executor-kills"
 
 def session(objtest_root: Path):
     from pyspark import cloudpickle
@@ -81,9 +89,9 @@ def report(results: list[dict], seconds: float) -> str:
              "overwrite on rename). How faults are made and classified: `benchmarks/faults.py`.",
              f"- Without short reads (legal for a Hadoop stream, a mild fault): "
              f"{total - sum(r['faults'].get('load (short read)', 0) for r in results)} faults.",
-             "- Not in this campaign: cleanup deletes (armed, but these short runs keep every file they "
-             "would delete, so none was hit), executor-JVM kills (tests/durability/test_cluster.py, on a "
-             "multi-JVM cluster) and rescale (tests/test_rescale.py kills it mid-way).", "",
+             "- Executor-JVM kills run on `local-cluster[2,1,1024]` (two executor JVMs, closed-form "
+             "reference); rescales on a local checkpoint (keyedstate rescale writes checkpoint format 1), "
+             "their output compared with the reference batch for batch after the repartition batch.", "",
              "## Faults by phase and kind", "", "| phase | kind | injected | runs |", "|---|---|---:|---:|"]
     for (phase, kind), c in sorted(by_phase.items()):
         lines.append(f"| {phase} | {kind} | {c['injected']} | {c['runs']} |")
@@ -108,22 +116,28 @@ def report(results: list[dict], seconds: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m benchmarks.faults", description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", help="comma-separated run names (default all: " + ",".join(p.name for p in PLANS) + ")")
+    parser.add_argument("--runs", help="comma-separated run names (default all: " +
+                        ",".join([EXECUTOR_KILLS] + [p.name for p in PLANS]) + ")")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "RESULTS-faults.md"))
     args = parser.parse_args(argv)
     plans = [p for p in PLANS if not args.runs or p.name in args.runs.split(",")]
     work = Path(tempfile.mkdtemp(prefix="keyedstate-faults-"))
     root = work / "objtest"
-    spark = session(root)
     started = time.monotonic()
 
     def progress(r):
         print(f"{r['plan'].name}: {sum(r['faults'].values())} faults, {len(r['failures'])} failures, "
               f"lost {r['lost']}, duplicated {r['duplicated']} ({r['seconds']:.0f} s)", flush=True)
-    try:
-        results = run_campaign(spark, plans, root, work, progress)
-    finally:
-        spark.stop()
+    results = []
+    if not args.runs or EXECUTOR_KILLS in args.runs.split(","):
+        results.append(run_executor_kills(work))  # first: its cluster needs a process without a JVM
+        progress(results[-1])
+    if plans:
+        spark = session(root)
+        try:
+            results += run_campaign(spark, plans, root, work, progress)
+        finally:
+            spark.stop()
     Path(args.out).write_text(report(results, time.monotonic() - started))
     print("wrote", args.out)
     return 0 if all(r["lost"] == 0 and r["duplicated"] == 0 for r in results) else 1

@@ -8,6 +8,8 @@ import collections
 import os
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -30,9 +32,14 @@ IO_FAULTS = dict(
 OBJECT_STORE = {"dirMarkers": "true", "rename.existing": "fail"}
 CONFS = {PFX + "snapshotInterval": "2", "spark.sql.streaming.minBatchesToRetain": "2"}
 
+# Long enough for cleanup: with a snapshot every 2 versions and 2 batches retained, each
+# maintenance tick after the sixth batch has older changelogs and snapshots to delete.
+LONG_KV_STEPS = [[(f"k{(b * 5 + i) % 11}", b * 100 + i) for i in range(8)] for b in range(14)]
+
 SCENARIOS = {
     "agg": (sc.agg_update, sc.KV, sc.KV_STEPS, "update"),
     "dedup": (sc.drop_duplicates, sc.IV, sc.DEDUP_STEPS, "append"),
+    "agg-long": (sc.agg_update, sc.KV, LONG_KV_STEPS, "update"),
 }
 
 
@@ -40,12 +47,25 @@ SCENARIOS = {
 class Plan:
     name: str
     scenario: str
-    kind: str  # io | diskfull | kill
+    kind: str  # io | diskfull | kill | cleanup | rescale
     format_version: str = "1"
+    variant: int = 0  # rescale: which of RESCALE_KILLS
 
 
-PLANS = [Plan(f"{s}-{k}-v{v}", s, k, v) for s in ("agg", "dedup") for k in ("io", "diskfull", "kill")
-         for v in ("1", "2")]
+PLANS = ([Plan(f"{s}-{k}-v{v}", s, k, v) for s in ("agg", "dedup") for k in ("io", "diskfull", "kill")
+          for v in ("1", "2")]
+         + [Plan(f"agg-long-cleanup-v{v}", "agg-long", "cleanup", v) for v in ("1", "2")])
+# Rescale (2 -> 4 partitions, after the third step, on a local checkpoint: rescale writes
+# checkpoint format 1): the CLI is SIGKILLed after a step it logs (offsets written, splits done,
+# merges done) or after a delay, then the rescale is finished by a rerun or rolled back and done
+# again; the query continues on 4 partitions.
+RESCALE_KILLS = [("offsets/", "rerun"), ("split:", "rerun"), ("merge:", "rerun"), ("offsets/", "rollback"),
+                 ("split:", "rollback"), ("merge:", "rollback"), (6.0, "rerun"), (9.0, "rollback")]
+PLANS += [Plan(f"{s}-rescale-{i}", s, "rescale", "1", i) for s, n in (("agg", 8), ("dedup", 4)) for i in range(n)]
+RESCALE_AFTER = 2
+# Cleanup: the first two deletes of keyedstate's files after every step fail (maintenance
+# retries at its next tick), and each step waits for maintenance to have run.
+CLEANUP_FAULTS = dict(delete={"nth": 1, "path": "/state/"})
 
 
 def classify(fault: dict) -> str:
@@ -94,13 +114,19 @@ def run_plan(spark, plan: Plan, root: Path, work: Path, references: dict) -> dic
     key = os.urandom(8).hex()
     location, checkpoint = f"objtest://campaign/{key}", root / "campaign" / key
     killer = Killer(int(spark.sparkContext._jvm.ProcessHandle.current().pid()))
+    rescaled: dict = {}
+    if plan.kind == "rescale":
+        location, checkpoint = None, work / plan.name / "checkpoint"
 
     def after_step(index, query):
         if plan.kind == "io":
             testjar.arm(root, {**OBJECT_STORE, "shortReads": "true"}, **IO_FAULTS)
         elif plan.kind == "diskfull":
             testjar.arm(root, {**OBJECT_STORE, "diskFull.afterBytes": 2048, "diskFull.path": "ks-"})
-        else:
+        elif plan.kind == "cleanup":
+            testjar.arm(root, OBJECT_STORE, **CLEANUP_FAULTS)
+            time.sleep(2.5)  # maintenance (every second) runs cleanup against the armed fault
+        elif plan.kind == "kill":
             killer.arm()
 
     def on_failure(message):
@@ -112,15 +138,61 @@ def run_plan(spark, plan: Plan, root: Path, work: Path, references: dict) -> dic
     with confs(spark, {**CONFS, STATE_PREFIX + "checkpointFormatVersion": plan.format_version}):
         run = run_through_failures(spark, KS, build, schema, steps, checkpoint, work / plan.name / "input", mode,
                                    location=location, after_step=after_step, on_failure=on_failure,
-                                   restart_after=2, max_failures=60)
+                                   restart_after=RESCALE_AFTER if plan.kind == "rescale" else 2, max_failures=60,
+                                   on_restart=(lambda: rescaled.update(rescale_killed(spark, checkpoint, plan.variant)))
+                                   if plan.kind == "rescale" else None)
     testjar.arm(root, OBJECT_STORE)
-    verdict = judge(references[plan.scenario], run.outputs)
+    outputs = run.outputs
+    if plan.kind == "rescale":  # the repartition batch has no output: later batch ids are one higher
+        outputs = [(b - 1 if b > rescaled["batch"] else b, rows) for b, rows in outputs]
+    verdict = judge(references[plan.scenario], outputs)
     faults = collections.Counter(classify(f) for f in testjar.injected_faults(root))
     if plan.kind == "kill":
         faults = collections.Counter({"write-behind apply (server killed)": killer.kills})
+    elif plan.kind == "rescale":
+        faults = collections.Counter({f"rescale (CLI killed {rescaled['killed']}, then {rescaled['then']})": 1})
     return {"plan": plan, "faults": faults, "lost": verdict.lost, "duplicated": verdict.duplicated,
             "replays": verdict.replays, "failures": run.failures, "detail": verdict.detail,
             "seconds": time.monotonic() - started}
+
+
+def rescale_killed(spark, checkpoint: Path, variant: int, partitions: int = 4) -> dict:
+    """Start ``keyedstate rescale`` on the stopped query's checkpoint, SIGKILL it as
+    RESCALE_KILLS[variant] says, then finish it (rerun) or roll it back and rescale again."""
+    import keyedstate
+
+    marker, then = RESCALE_KILLS[variant]
+    proc = subprocess.Popen([sys.executable, "-m", "keyedstate.cli", "rescale", "--checkpoint", str(checkpoint),
+                             "--partitions", str(partitions)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    killed = f"{marker}s after its start" if isinstance(marker, float) else f"after '{marker}'"
+    if isinstance(marker, float):
+        timer = threading.Timer(marker, lambda: processes.signal_group_quietly(proc.pid, signal.SIGKILL))
+        timer.start()
+        proc.stderr.read()
+        timer.cancel()
+    else:
+        for line in proc.stderr:
+            if f"keyedstate.offline.rescaling: {marker}" in line:
+                processes.signal_group_quietly(proc.pid, signal.SIGKILL)
+                break
+        proc.stderr.read()
+    proc.wait(120)
+    if proc.returncode == 0:
+        killed = "never (it finished first)"
+    if then == "rollback":
+        try:
+            keyedstate.rescale(str(checkpoint), partitions, spark=spark, rollback=True)
+        except keyedstate.RescaleError as exc:
+            if "no unfinished repartition" not in str(exc):
+                raise
+    try:
+        keyedstate.rescale(str(checkpoint), partitions, spark=spark)
+    except keyedstate.RescaleError as exc:
+        if f"already runs with {partitions} partitions" not in str(exc):
+            raise
+    commits = [int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit()]
+    return {"batch": max(commits), "killed": killed, "then": then}
 
 
 class confs:
@@ -146,3 +218,74 @@ def run_campaign(spark, plans: list[Plan], root: Path, work: Path,
         progress(result)
         results.append(result)
     return results
+
+
+CLUSTER_ROWS_PER_BATCH, CLUSTER_KEYS = 20, 10
+
+
+def run_executor_kills(work: Path, kills: int = 6) -> dict:
+    """SIGKILL of whole executor JVMs: an aggregation on ``local-cluster[2,1,1024]`` (checkpoint
+    on objtest://), one executor killed while a batch runs, ``kills`` times (each after the
+    previous one's replacement registered). Each batch of ``rate-micro-batch`` adds the same rows
+    to every key, so the exact output is known in closed form: key k's count after batch b is
+    ROWS_PER_BATCH // KEYS * (b + 1), whatever the provider. Needs a process without a JVM."""
+    import keyedstate
+    from pyspark.sql import functions as F
+
+    from . import cluster
+
+    started = time.monotonic()
+    conf = testjar.objtest_conf(work / "objtest-cluster")
+    conf.update({"spark.jars": f"{conf['spark.jars']},{keyedstate.jar_path()}",
+                 "spark.sql.streaming.stateStore.providerClass": keyedstate.PROVIDER_CLASS,
+                 "spark.sql.shuffle.partitions": "4", PFX + "snapshotInterval": "2",
+                 "spark.sql.streaming.minBatchesToRetain": "2"})
+    done_kills: list[tuple[str, int]] = []
+    with cluster.local_cluster_session(executors=2, conf=conf) as cl:
+        spark = cl.spark
+        spark.sparkContext.setLogLevel("OFF")
+        keys = CLUSTER_KEYS
+
+        @F.udf("long")
+        def slow_key(value):  # a Python worker on the executor; slow enough to be killed mid-batch
+            time.sleep(0.05)
+            return value % keys
+
+        query = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", CLUSTER_ROWS_PER_BATCH).load()
+                 .select(slow_key("value").alias("k")).groupBy("k").count()
+                 .writeStream.outputMode("update").format("memory").queryName("campaign_counts")
+                 .option("checkpointLocation", "objtest://bucket/campaign-executor-kills")
+                 .trigger(processingTime="0 seconds").start())
+        tracker = spark.sparkContext.statusTracker()
+        try:
+            deadline = time.monotonic() + 900
+            last_kill_batch = -1
+            while len(done_kills) < kills or _batches_done(query) < last_kill_batch + 3:
+                assert query.exception() is None, query.exception()
+                assert time.monotonic() < deadline, f"{len(done_kills)} kills, {_batches_done(query)} batches"
+                done = _batches_done(query)
+                if len(done_kills) < kills and done > last_kill_batch + 1 and tracker.getActiveStageIds():
+                    alive = cl.wait_for_executors(2, exclude={e for e, _ in done_kills})
+                    victim = sorted(alive)[len(done_kills) % 2]
+                    time.sleep(0.3)  # into the batch: load, apply, commit
+                    if tracker.getActiveStageIds():
+                        done_kills.append(cl.kill_executor(victim))
+                        last_kill_batch = done
+                time.sleep(0.05)
+        finally:
+            query.stop()
+        rows = collections.Counter(map(tuple, spark.table("campaign_counts").collect()))
+    batches = max(n for _, n in rows) // (CLUSTER_ROWS_PER_BATCH // CLUSTER_KEYS)
+    expected = collections.Counter((k, CLUSTER_ROWS_PER_BATCH // CLUSTER_KEYS * (b + 1))
+                                   for k in range(CLUSTER_KEYS) for b in range(batches))
+    lost, extra = expected - rows, rows - expected
+    return {"plan": Plan("agg-executor-kills", "agg (local-cluster)", "executor kill"),
+            "faults": collections.Counter({"executor JVM killed mid-batch": len(done_kills)}),
+            "lost": sum(lost.values()), "duplicated": sum(extra.values()), "replays": 0, "failures": [],
+            "detail": [f"missing {sorted(lost.elements())}, extra {sorted(extra.elements())}"] if lost or extra else [],
+            "seconds": time.monotonic() - started}
+
+
+def _batches_done(query) -> int:
+    progress = query.lastProgress
+    return 0 if progress is None else progress["batchId"] + 1

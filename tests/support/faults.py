@@ -77,12 +77,14 @@ def run_through_failures(spark, provider_class: str, build_query: Callable, sche
                          max_failures: int = 25, timeout: float = 180.0,
                          after_step: Callable[[int, object], None] | None = None,
                          on_failure: Callable[[str], None] | None = None,
-                         restart_after: int | None = None, extra_confs: dict | None = None) -> FaultyRun:
+                         restart_after: int | None = None, on_restart: Callable[[], None] | None = None,
+                         extra_confs: dict | None = None) -> FaultyRun:
     """Run ``steps`` like driver.run_query, restarting the query after each failure.
 
     ``after_step(index, query)`` runs once a step is committed (e.g. to arm the next faults),
     ``on_failure(message)`` after a failure, before the restart. ``restart_after``: one planned
-    stop and restart after that step. Gives up after ``max_failures`` failures.
+    stop and restart after that step, with ``on_restart()`` in between (the query is stopped:
+    e.g. an offline tool runs on its checkpoint). Gives up after ``max_failures`` failures.
     """
     multi = isinstance(schema, (list, tuple))
     schemas = list(schema) if multi else [schema]
@@ -137,6 +139,8 @@ def run_through_failures(spark, provider_class: str, build_query: Callable, sche
                 after_step(index, query)
             if index == restart_after:
                 query.stop()
+                if on_restart is not None:
+                    on_restart()
                 query = settle(start())
     finally:
         if query is not None:

@@ -83,6 +83,14 @@ def signal_quietly(pid: int, sig: int) -> None:
         pass
 
 
+def signal_group_quietly(pgid: int, sig: int) -> None:
+    """Send a signal to a process group that may be gone already."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
 def initial_environ(pid: int) -> dict[str, str]:
     """The environment a process was started with (as the kernel keeps it)."""
     env = {}
