@@ -84,3 +84,27 @@ def test_read_any_store_at_any_batch_and_errors(spark, tmp_path):
     assert p.read(0, batch=0).count() < p.read(0).count()
     with pytest.raises(keyedstate.MigrateError, match="no stateful operator 3"):
         p.transform(3, lambda k, v: v)
+
+
+def test_processor_on_the_object_store_scheme(spark, tmp_path):
+    """read and transform on an objtest:// checkpoint (object-store semantics); the query then
+    restarts there from the transformed version, like a run that was never touched."""
+    from support.offline import objtest_local, to_objtest
+    from support.scenarios import agg_update
+
+    reference = run_query(spark, KS, agg_update, KV, KV_STEPS, tmp_path / "ref" / "checkpoint",
+                          tmp_path / "ref" / "input", "update")
+    local = tmp_path / "old" / "checkpoint"
+    run_query(spark, KS, agg_update, KV, KV_STEPS[:2], local, tmp_path / "old" / "input", "update")
+    uri = to_objtest(spark, local, bucket="processor")
+    processor = keyedstate.state(spark, uri)
+    assert [o["name"] for o in processor.operators()] == [o["name"] for o in keyedstate.state(spark, local).operators()]
+    before = sorted(map(str, processor.read(0).collect()))
+    assert before == sorted(map(str, keyedstate.state(spark, local).read(0).collect()))
+    result = processor.transform(0, lambda key, value: value)  # a new state batch, same rows
+    assert result["batch"] == 2 and result["written"][0]["rows"] == len(before)
+    assert sorted(map(str, keyedstate.state(spark, uri).read(0).collect())) == before
+    rest = run_query(spark, KS, agg_update, KV, KV_STEPS[2:], objtest_local(spark, uri), tmp_path / "old" / "input",
+                     "update", location=uri)
+    assert_same_output(reference[2:], [(b - 1, rows) for b, rows in rest],
+                       labels=("uninterrupted", "transformed on objtest://"))
