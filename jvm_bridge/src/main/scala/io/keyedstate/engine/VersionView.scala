@@ -19,7 +19,8 @@ trait KeyValueView {
 /**
  * The version's writes ([[WriteBuffer]], which also logs them) over the committed version
  * ([[CachedReads]]): reads see the version's own writes first. Scans read a point-in-time copy of
- * the buffer, so callers may remove keys while iterating (watermark eviction does).
+ * the buffer, taken when the scan is first read, so callers may remove keys while iterating
+ * (watermark eviction does).
  */
 final class BufferedVersion(val version: Long, keyGroups: Int, val committed: CachedReads, holdsVersion: () => Boolean,
     claimCache: BufferedVersion => Unit) extends KeyValueView {
@@ -58,7 +59,17 @@ final class BufferedVersion(val version: Long, keyGroups: Int, val committed: Ca
     case v => Some(!(v eq WriteBuffer.Tombstone))
   }
 
-  override def scan(prefix: Array[Byte]): Iterator[(Array[Byte], Array[Byte])] = {
+  /** Lazy: nothing is copied until the iterator is first read. Spark's dropDuplicates asks for
+   *  an iterator over all state every batch and, without a watermark, never reads it; the copies
+   *  of the version's writes and of a complete near cache would grow with the state. */
+  override def scan(prefix: Array[Byte]): Iterator[(Array[Byte], Array[Byte])] =
+    new Iterator[(Array[Byte], Array[Byte])] {
+      private lazy val entries = scanNow(prefix)
+      override def hasNext: Boolean = entries.hasNext
+      override def next(): (Array[Byte], Array[Byte]) = entries.next()
+    }
+
+  private def scanNow(prefix: Array[Byte]): Iterator[(Array[Byte], Array[Byte])] = {
     val pending = buffer.snapshot()
     val overwritten = new java.util.HashSet[Bytes](pending.length * 2)
     pending.foreach { case (k, _) => overwritten.add(k) }
