@@ -14,13 +14,11 @@ import time
 
 import pytest
 
-import keyedstate
-from support import cluster, jvmsession, processes, testjar
+from support import cluster, jvmsession, processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-ROWS_PER_BATCH = 20
-KEYS = 10
+ROWS_PER_BATCH, KEYS = cluster.ROWS_PER_BATCH, cluster.KEYS
 BATCHES = 6
 
 
@@ -43,13 +41,7 @@ def test_keyedstate_on_two_executors_survives_a_killed_executor_exactly(request,
         return
     from pyspark.sql import functions as F
 
-    root = tmp_path / "objtest"
-    conf = testjar.objtest_conf(root)
-    conf.update({"spark.jars": f"{conf['spark.jars']},{keyedstate.jar_path()}",
-                 "spark.sql.streaming.stateStore.providerClass": keyedstate.PROVIDER_CLASS,
-                 "spark.sql.shuffle.partitions": "4",
-                 "spark.sql.streaming.stateStore.keyedstate.snapshotInterval": "2"})
-    with cluster.local_cluster_session(executors=2, conf=conf) as cl:
+    with cluster.local_cluster_session(executors=2, conf=cluster.keyedstate_conf(tmp_path / "objtest")) as cl:
         spark = cl.spark
         spark.sparkContext.setLogLevel("ERROR")
         first_pids = cl.executor_pids()
@@ -86,16 +78,7 @@ def test_keyedstate_on_two_executors_survives_a_killed_executor_exactly(request,
         # its sink but before its commit may add one more batch's worth).
         assert len(matched) >= 3 * ROWS_PER_BATCH and matched == list(range(len(matched))), matched
 
-        @F.udf("long")
-        def slow_key(value):  # a Python worker on the executor; slow enough to be killed mid-batch
-            time.sleep(0.05)
-            return value % KEYS
-
-        query = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", ROWS_PER_BATCH).load()
-                 .select(slow_key("value").alias("k")).groupBy("k").count()
-                 .writeStream.outputMode("update").format("memory").queryName("counts")
-                 .option("checkpointLocation", "objtest://bucket/agg")
-                 .trigger(processingTime="0 seconds").start())
+        query = cluster.slow_counts(spark, "objtest://bucket/agg", "counts")
         tracker = spark.sparkContext.statusTracker()
         killed, orphans, ours = None, [], set()
         try:
@@ -123,7 +106,7 @@ def test_keyedstate_on_two_executors_survives_a_killed_executor_exactly(request,
     assert killed is not None and orphans, "no executor with state servers was killed mid-batch"
     batches = len(rows) // KEYS
     assert batches >= BATCHES  # every batch updates every key with its running count:
-    assert rows == sorted((k, ROWS_PER_BATCH // KEYS * (b + 1)) for k in range(KEYS) for b in range(batches))
+    assert rows == cluster.closed_form(batches)
     assert all(executors_ran_tasks.values()), executors_ran_tasks
     assert servers_while_up  # the live executors still had theirs...
     processes.wait_until(lambda: not [p for p in ours if processes.alive(p)], 60,

@@ -17,13 +17,11 @@ import time
 
 import pytest
 
-import keyedstate
-from support import cluster, jvmsession, testjar
+from support import cluster, jvmsession
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-ROWS_PER_BATCH = 20
-KEYS = 10
+ROWS_PER_BATCH, KEYS = cluster.ROWS_PER_BATCH, cluster.KEYS
 SLOW_BATCH = 2
 SLEEP_S = 20.0
 
@@ -90,19 +88,10 @@ def _exact(rows) -> None:
 def test_two_attempts_of_one_state_version_leave_exactly_one_committed_state(request, tmp_path):
     if not jvmsession.run_here_or_delegate(request, tmp_path):
         return
-    root = tmp_path / "objtest"
-    conf = testjar.objtest_conf(root)
-    conf.update({"spark.jars": f"{conf['spark.jars']},{keyedstate.jar_path()}",
-                 "spark.sql.streaming.stateStore.providerClass": keyedstate.PROVIDER_CLASS,
-                 "spark.sql.shuffle.partitions": "4",
-                 "spark.sql.streaming.stateStore.keyedstate.snapshotInterval": "2",
-                 "spark.speculation": "true",
-                 "spark.speculation.interval": "100ms",
-                 "spark.speculation.quantile": "0.5",
-                 "spark.speculation.multiplier": "1.5",
-                 "spark.speculation.minTaskRuntime": "500ms",
-                 "spark.speculation.efficiency.enabled": "false",
-                 "spark.locality.wait": "0s"})
+    conf = cluster.keyedstate_conf(tmp_path / "objtest", **{
+        "spark.speculation": "true", "spark.speculation.interval": "100ms", "spark.speculation.quantile": "0.5",
+        "spark.speculation.multiplier": "1.5", "spark.speculation.minTaskRuntime": "500ms",
+        "spark.speculation.efficiency.enabled": "false", "spark.locality.wait": "0s"})
     with cluster.standalone_cluster_session(conf=conf) as cl:
         spark = cl.spark
         spark.sparkContext.setLogLevel("ERROR")

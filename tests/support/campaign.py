@@ -220,42 +220,21 @@ def run_campaign(spark, plans: list[Plan], root: Path, work: Path,
     return results
 
 
-CLUSTER_ROWS_PER_BATCH, CLUSTER_KEYS = 20, 10
-
-
 def run_executor_kills(work: Path, kills: int = 6) -> dict:
     """SIGKILL of whole executor JVMs: an aggregation on ``local-cluster[2,1,1024]`` (checkpoint
     on objtest://), one executor killed while a batch runs, ``kills`` times (each after the
     previous one's replacement registered). Each batch of ``rate-micro-batch`` adds the same rows
-    to every key, so the exact output is known in closed form: key k's count after batch b is
-    ROWS_PER_BATCH // KEYS * (b + 1), whatever the provider. Needs a process without a JVM."""
-    import keyedstate
-    from pyspark.sql import functions as F
-
+    to every key, so the exact output is known in closed form (cluster.slow_counts). Needs a
+    process without a JVM."""
     from . import cluster
 
     started = time.monotonic()
-    conf = testjar.objtest_conf(work / "objtest-cluster")
-    conf.update({"spark.jars": f"{conf['spark.jars']},{keyedstate.jar_path()}",
-                 "spark.sql.streaming.stateStore.providerClass": keyedstate.PROVIDER_CLASS,
-                 "spark.sql.shuffle.partitions": "4", PFX + "snapshotInterval": "2",
-                 "spark.sql.streaming.minBatchesToRetain": "2"})
+    conf = cluster.keyedstate_conf(work / "objtest-cluster", **{"spark.sql.streaming.minBatchesToRetain": "2"})
     done_kills: list[tuple[str, int]] = []
     with cluster.local_cluster_session(executors=2, conf=conf) as cl:
         spark = cl.spark
         spark.sparkContext.setLogLevel("OFF")
-        keys = CLUSTER_KEYS
-
-        @F.udf("long")
-        def slow_key(value):  # a Python worker on the executor; slow enough to be killed mid-batch
-            time.sleep(0.05)
-            return value % keys
-
-        query = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", CLUSTER_ROWS_PER_BATCH).load()
-                 .select(slow_key("value").alias("k")).groupBy("k").count()
-                 .writeStream.outputMode("update").format("memory").queryName("campaign_counts")
-                 .option("checkpointLocation", "objtest://bucket/campaign-executor-kills")
-                 .trigger(processingTime="0 seconds").start())
+        query = cluster.slow_counts(spark, "objtest://bucket/campaign-executor-kills", "campaign_counts")
         tracker = spark.sparkContext.statusTracker()
         try:
             deadline = time.monotonic() + 900
@@ -275,9 +254,8 @@ def run_executor_kills(work: Path, kills: int = 6) -> dict:
         finally:
             query.stop()
         rows = collections.Counter(map(tuple, spark.table("campaign_counts").collect()))
-    batches = max(n for _, n in rows) // (CLUSTER_ROWS_PER_BATCH // CLUSTER_KEYS)
-    expected = collections.Counter((k, CLUSTER_ROWS_PER_BATCH // CLUSTER_KEYS * (b + 1))
-                                   for k in range(CLUSTER_KEYS) for b in range(batches))
+    batches = max(n for _, n in rows) // (cluster.ROWS_PER_BATCH // cluster.KEYS)
+    expected = collections.Counter(cluster.closed_form(batches))
     lost, extra = expected - rows, rows - expected
     return {"plan": Plan("agg-executor-kills", "agg (local-cluster)", "executor kill"),
             "faults": collections.Counter({"executor JVM killed mid-batch": len(done_kills)}),

@@ -42,7 +42,8 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
-from support import jvmsession
+from support import jvmsession, testjar
+from support.constants import PFX, PROVIDER_CONF
 
 EXECUTOR_MAIN = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 
@@ -121,22 +122,8 @@ def local_cluster_session(executors: int = 2, cores: int = 1, memory_mb: int = 1
     The default (2 x 1 core x 1 GiB, plus the 1 GiB driver) fits a 2-core machine; give ``conf``
     ``spark.sql.shuffle.partitions`` etc. as needed. ``keep_home`` keeps the executor logs.
     """
-    from pyspark.sql import SparkSession
-
     home = _spark_home()
-    builder = (SparkSession.builder.master(f"local-cluster[{executors},{cores},{memory_mb}]")
-               .appName(app_name)
-               .config("spark.executor.memory", f"{memory_mb}m")
-               .config("spark.executor.cores", str(cores))
-               .config("spark.driver.host", "127.0.0.1")
-               .config("spark.driver.bindAddress", "127.0.0.1")
-               .config("spark.pyspark.python", sys.executable)
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.driver.extraJavaOptions", jvmsession.QUICK_JVM_OPTIONS)
-               .config("spark.executor.extraJavaOptions", jvmsession.QUICK_JVM_OPTIONS))
-    for key, value in (conf or {}).items():  # may replace any of the above
-        builder = builder.config(key, value)
+    builder = _builder(f"local-cluster[{executors},{cores},{memory_mb}]", app_name, cores, memory_mb, conf)
     saved = {k: os.environ.get(k) for k in ("SPARK_HOME", "SPARK_LOCAL_IP")}
     os.environ.update(SPARK_HOME=str(home), SPARK_LOCAL_IP="127.0.0.1")  # read once, at JVM launch
     try:
@@ -150,6 +137,66 @@ def local_cluster_session(executors: int = 2, cores: int = 1, memory_mb: int = 1
         _restore(saved)
         if not keep_home:
             shutil.rmtree(home, ignore_errors=True)
+
+
+def _builder(master: str, app_name: str, cores: int, memory_mb: int, conf: Mapping[str, str] | None):
+    """A SparkSession builder for a test cluster; ``conf`` may replace any of its settings."""
+    from pyspark.sql import SparkSession
+
+    builder = (SparkSession.builder.master(master).appName(app_name)
+               .config("spark.executor.memory", f"{memory_mb}m")
+               .config("spark.executor.cores", str(cores))
+               .config("spark.driver.host", "127.0.0.1")
+               .config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.pyspark.python", sys.executable)
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.driver.extraJavaOptions", jvmsession.QUICK_JVM_OPTIONS)
+               .config("spark.executor.extraJavaOptions", jvmsession.QUICK_JVM_OPTIONS))
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    return builder
+
+
+def keyedstate_conf(objtest_root: Path, **extra: str) -> dict[str, str]:
+    """Conf for a cluster on keyedstate: the objtest:// filesystem and keyedstate's jar shipped to
+    the executors, 4 shuffle partitions, a snapshot every 2 versions; ``extra`` on top."""
+    import keyedstate
+
+    conf = testjar.objtest_conf(objtest_root)
+    conf.update({"spark.jars": f"{conf['spark.jars']},{keyedstate.jar_path()}",
+                 PROVIDER_CONF: keyedstate.PROVIDER_CLASS, "spark.sql.shuffle.partitions": "4",
+                 PFX + "snapshotInterval": "2", **extra})
+    return conf
+
+
+ROWS_PER_BATCH = 20
+KEYS = 10
+
+
+def slow_counts(spark, checkpoint: str, name: str):
+    """The cluster tests' aggregation: a count per key k = value % KEYS of ``rate-micro-batch``
+    (ROWS_PER_BATCH rows a batch) through a Python UDF slow enough to kill an executor mid-batch,
+    into the memory table ``name``. Every batch adds the same rows to every key, so the output
+    is known in closed form (:func:`closed_form`), whatever the provider."""
+    from pyspark.sql import functions as F
+
+    keys = KEYS
+
+    @F.udf("long")
+    def slow_key(value):
+        time.sleep(0.05)
+        return value % keys
+
+    return (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", ROWS_PER_BATCH).load()
+            .select(slow_key("value").alias("k")).groupBy("k").count()
+            .writeStream.outputMode("update").format("memory").queryName(name)
+            .option("checkpointLocation", checkpoint).trigger(processingTime="0 seconds").start())
+
+
+def closed_form(batches: int) -> list[tuple[int, int]]:
+    """Every (k, count) row :func:`slow_counts` emits over ``batches`` batches, sorted."""
+    return sorted((k, ROWS_PER_BATCH // KEYS * (b + 1)) for k in range(KEYS) for b in range(batches))
 
 
 def _free_port() -> int:
@@ -179,8 +226,6 @@ def standalone_cluster_session(hosts: tuple[str, ...] = ("127.0.0.2", "127.0.0.3
     a host of its own (distinct loopback addresses, which Linux routes to ``lo``): Spark never
     launches a speculative copy of a task on a host where an attempt already runs
     (TaskSetManager.dequeueTaskHelper / hasAttemptOnHost), so speculation needs two hosts."""
-    from pyspark.sql import SparkSession
-
     home = _spark_home()
     (home / "work").mkdir()
     spark_class = str(home / "bin" / "spark-class")
@@ -206,19 +251,8 @@ def standalone_cluster_session(hosts: tuple[str, ...] = ("127.0.0.2", "127.0.0.3
             start(["org.apache.spark.deploy.worker.Worker", "--host", host, "--cores", str(cores),
                    "--memory", f"{memory_mb}M", "--work-dir", str(home / "work"),
                    "--webui-port", str(_free_port()), master_url], host, f"worker-{i}.log")
-        builder = (SparkSession.builder.master(master_url).appName(app_name)
-                   .config("spark.executor.memory", f"{memory_mb}m")
-                   .config("spark.executor.cores", str(cores))
-                   .config("spark.cores.max", str(cores * len(hosts)))
-                   .config("spark.driver.host", "127.0.0.1")
-                   .config("spark.driver.bindAddress", "127.0.0.1")
-                   .config("spark.pyspark.python", sys.executable)
-                   .config("spark.ui.enabled", "false")
-                   .config("spark.ui.showConsoleProgress", "false")
-                   .config("spark.driver.extraJavaOptions", jvmsession.QUICK_JVM_OPTIONS)
-                   .config("spark.executor.extraJavaOptions", jvmsession.QUICK_JVM_OPTIONS))
-        for key, value in (conf or {}).items():
-            builder = builder.config(key, value)
+        builder = _builder(master_url, app_name, cores, memory_mb,
+                           {"spark.cores.max": str(cores * len(hosts)), **(conf or {})})
         os.environ.update(SPARK_HOME=str(home), SPARK_LOCAL_IP="127.0.0.1")
         with jvmsession.own_jvm_session(builder) as spark:
             _restore(saved)
