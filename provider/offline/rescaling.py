@@ -199,6 +199,9 @@ class _Rescale:
             # The journal knows which version the batch reads: after --skip-failed-batch the
             # commits before it include skipped batches, whose state versions are not committed.
             journal = _read_journal(staging / f"batch-{latest}" / _JOURNAL) if ours else {}
+            if ours and not isinstance(journal.get("readBatch"), int):
+                raise RescaleError(f"{staging / f'batch-{latest}' / _JOURNAL} is unreadable: cannot tell which "
+                                   "batch the unfinished rescale reads; rerun with --rollback to remove it")
             read_batch = journal.get("readBatch", committed)
             skipped = list(journal.get("skipped", []))
             batch, resumed = latest, True
@@ -332,9 +335,12 @@ class _Rescale:
                 for part_dir in list(ckpt.numbered_dirs(op_dir)):
                     if int(part_dir.name) >= old_n and not any(p.is_file() or p.is_symlink() for p in part_dir.rglob("*")):
                         shutil.rmtree(part_dir, ignore_errors=True)  # created by this batch, now empty
-        skipped = journal.get("skipped", [])
-        if skipped:  # a run killed while committing the skip: those batches stay uncommitted
-            self.commits.purgeAfter(skipped[0] - 1)
+        skipped, read = journal.get("skipped", []), journal.get("readBatch")
+        # A run killed while committing the skip: those batches stay uncommitted. Only the
+        # batches between the batch read and this one are ever skipped (anything else in the
+        # journal is not this tool's, and no commit before them is touched).
+        if skipped and isinstance(read, int) and skipped == list(range(read + 1, latest)):
+            self.commits.purgeAfter(read)
             for b in skipped:
                 (self.root / "commits" / f".{b}.crc").unlink(missing_ok=True)
         self.offsets.purgeAfter(latest - 1)
