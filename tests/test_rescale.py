@@ -9,10 +9,7 @@ query's batch ids are one higher than the uninterrupted run's after that point.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +20,7 @@ import keyedstate
 from keyedstate.offline import checkpoint as ckpt
 from support.constants import HDFS_PROVIDER, PROVIDER_CONF, REFERENCE_PROVIDER
 from support.driver import FileStream, assert_same_output, collect_into, run_query, session_confs
+from support.offline import kill_rescale_after, rescale_cli
 from support.scenarios import SCENARIOS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
@@ -178,12 +176,6 @@ def test_a_rescaled_checkpoint_rescales_again(spark, tmp_path):
     assert keyedstate.inspect(stream.checkpoint)["operators"][0]["numPartitions"] == 11
 
 
-def _cli(*args: str, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "keyedstate.cli", "rescale", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, **kwargs)
-
-
 def _restart_error(spark, stream: FileStream) -> str:
     with session_confs(spark, {PROVIDER_CONF: keyedstate.PROVIDER_CLASS}):
         query = stream.start(_agg, lambda df, _: df.write.format("noop").mode("overwrite").save())
@@ -202,17 +194,9 @@ def test_rescale_killed_midway_and_rerun_gives_the_same_result(spark, tmp_path, 
     out: dict = {}
     _run(spark, stream, range(3), out)
 
-    proc = _cli("--checkpoint", stream.checkpoint, "--partitions", "8")
-    seen = []
-    deadline = time.monotonic() + 180
-    for line in proc.stderr:  # the CLI logs each step at INFO
-        seen.append(line)
-        if f"keyedstate.offline.rescaling: {kill_after}" in line:
-            os.killpg(proc.pid, signal.SIGKILL)
-            break
-        assert time.monotonic() < deadline, "".join(seen)
-    proc.wait(60)
-    assert proc.returncode == -signal.SIGKILL, "".join(seen)
+    proc = rescale_cli("--checkpoint", stream.checkpoint, "--partitions", "8")
+    seen = kill_rescale_after(proc, kill_after)
+    assert proc.returncode == -signal.SIGKILL, seen
 
     # Spark refuses to run the half-done repartition batch ...
     assert "STREAMING_UNFINISHED_REPARTITION_DETECTED" in _restart_error(spark, stream)
@@ -245,7 +229,7 @@ def test_orphan_of_sparks_own_repartition_is_detected_and_rolled_back(spark, tmp
         keyedstate.rescale(stream.checkpoint, 8, spark=spark)
     assert "Spark's own repartition" in str(err.value) and "--rollback" in str(err.value)
 
-    rollback = _cli("--checkpoint", stream.checkpoint, "--rollback")
+    rollback = rescale_cli("--checkpoint", stream.checkpoint, "--rollback")
     stdout, stderr = rollback.communicate(timeout=180)
     assert rollback.returncode == 0, stderr
     assert json.loads(stdout) == {"rolledBack": True}
@@ -292,15 +276,10 @@ def test_rescale_after_skipping_a_failed_batch_resumes_from_the_committed_state(
     (root / "commits" / "2").unlink()  # batch 2 ran, its state version 3 is on disk, never committed
     (root / "commits" / ".2.crc").unlink(missing_ok=True)
 
-    proc = _cli("--checkpoint", stream.checkpoint, "--partitions", "8", "--skip-failed-batch", "--idle-seconds", "0")
-    seen = []
-    for line in proc.stderr:
-        seen.append(line)
-        if "keyedstate.offline.rescaling: split:" in line:
-            os.killpg(proc.pid, signal.SIGKILL)
-            break
-    proc.wait(60)
-    assert proc.returncode == -signal.SIGKILL, "".join(seen)
+    proc = rescale_cli("--checkpoint", stream.checkpoint, "--partitions", "8", "--skip-failed-batch",
+                       "--idle-seconds", "0")
+    seen = kill_rescale_after(proc, "split:")
+    assert proc.returncode == -signal.SIGKILL, seen
     # The skip is in the rescale's journal; it is committed only together with the new batch.
     assert not (root / "commits" / "2").exists()
     assert json.loads((root / "_keyedstate_rescale" / "batch-3" / "journal.json").read_text())["skipped"] == [2]

@@ -8,8 +8,6 @@ import collections
 import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -21,6 +19,7 @@ from . import scenarios as sc
 from .constants import HDFS_PROVIDER, KS, PFX, STATE_PREFIX
 from .driver import run_query
 from .faults import judge, run_through_failures
+from .offline import kill_rescale_after, rescale_cli
 
 IO_FAULTS = dict(
     create={"nth": 1, "path": ".ks-changelog"},
@@ -162,21 +161,15 @@ def rescale_killed(spark, checkpoint: Path, variant: int, partitions: int = 4) -
     import keyedstate
 
     marker, then = RESCALE_KILLS[variant]
-    proc = subprocess.Popen([sys.executable, "-m", "keyedstate.cli", "rescale", "--checkpoint", str(checkpoint),
-                             "--partitions", str(partitions)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc = rescale_cli("--checkpoint", str(checkpoint), "--partitions", str(partitions))
     killed = f"{marker}s after its start" if isinstance(marker, float) else f"after '{marker}'"
     if isinstance(marker, float):
         timer = threading.Timer(marker, lambda: processes.signal_group_quietly(proc.pid, signal.SIGKILL))
         timer.start()
-        proc.stderr.read()
+        proc.communicate()
         timer.cancel()
     else:
-        for line in proc.stderr:
-            if f"keyedstate.offline.rescaling: {marker}" in line:
-                processes.signal_group_quietly(proc.pid, signal.SIGKILL)
-                break
-        proc.stderr.read()
+        kill_rescale_after(proc, marker)
     proc.wait(120)
     if proc.returncode == 0:
         killed = "never (it finished first)"
