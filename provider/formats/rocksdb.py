@@ -6,9 +6,8 @@ choices that decide what the files contain live here once.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from collections.abc import Iterable
+from pathlib import Path
 
 from rocksdict import (AccessType, BlockBasedOptions, DBCompressionType, MemtableFactory, Options, Rdict,
                        WriteBatch, WriteOptions)

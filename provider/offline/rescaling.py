@@ -203,7 +203,7 @@ class _Rescale:
                 raise RescaleError(f"{staging / f'batch-{latest}' / _JOURNAL} is unreadable: cannot tell which "
                                    "batch the unfinished rescale reads; rerun with --rollback to remove it")
             read_batch = journal.get("readBatch", committed)
-            skipped = list(journal.get("skipped", []))
+            skipped = _skipped_batches(journal, latest)
             batch, resumed = latest, True
         else:
             if rollback:
@@ -335,12 +335,9 @@ class _Rescale:
                 for part_dir in list(ckpt.numbered_dirs(op_dir)):
                     if int(part_dir.name) >= old_n and not any(p.is_file() or p.is_symlink() for p in part_dir.rglob("*")):
                         shutil.rmtree(part_dir, ignore_errors=True)  # created by this batch, now empty
-        skipped, read = journal.get("skipped", []), journal.get("readBatch")
-        # A run killed while committing the skip: those batches stay uncommitted. Only the
-        # batches between the batch read and this one are ever skipped (anything else in the
-        # journal is not this tool's, and no commit before them is touched).
-        if skipped and isinstance(read, int) and skipped == list(range(read + 1, latest)):
-            self.commits.purgeAfter(read)
+        skipped = _skipped_batches(journal, latest)
+        if skipped:  # a run killed while committing the skip: those batches stay uncommitted
+            self.commits.purgeAfter(journal["readBatch"])
             for b in skipped:
                 (self.root / "commits" / f".{b}.crc").unlink(missing_ok=True)
         self.offsets.purgeAfter(latest - 1)
@@ -424,6 +421,14 @@ def _readable_manifest(files: ckpt.StoreFiles, version: int):
     except ckpt.CheckpointError as exc:
         log.warning("%s; rescaling without it", exc)
         return None
+
+
+def _skipped_batches(journal: dict, batch: int) -> list[int]:
+    """The batches the rescale journalled for repartition batch ``batch`` skips: only ever those
+    between the batch it reads and ``batch`` (anything else in a journal is not this tool's, and
+    no commit outside them is touched)."""
+    skipped, read = journal.get("skipped", []), journal.get("readBatch")
+    return skipped if isinstance(read, int) and skipped == list(range(read + 1, batch)) else []
 
 
 def _read_journal(path: Path) -> dict:
