@@ -18,6 +18,7 @@ import pytest
 
 import keyedstate
 from keyedstate.offline import checkpoint as ckpt
+from keyedstate.offline import rescaling
 from support.constants import HDFS_PROVIDER, PROVIDER_CONF, REFERENCE_PROVIDER
 from support.driver import FileStream, assert_same_output, collect_into, run_query, session_confs
 from support.offline import kill_rescale_after, rescale_cli
@@ -354,12 +355,11 @@ def test_foreign_or_unready_checkpoints_are_refused(spark, tmp_path):
 
 
 def test_a_failed_rescale_of_large_partitions_leaves_nothing_behind(spark, tmp_path):
-    """One split task fails (a corrupt changelog) while the others rehash large partitions and
-    publish; the rollback waits until no task runs (a failed job's other tasks are not
-    interrupted), then removes what they published: no file of the repartition batch, no new
-    partition or staging directory is left, and the query restarts as it was. (In local mode the
-    failing task's retries outlast the other splits, so this does not catch a task still running
-    after the rollback; the rollback's wait covers that case on a cluster.)"""
+    """One split task fails (a corrupt changelog) while the others rehash large partitions;
+    the rollback waits until no task runs (a failed job's other tasks are not interrupted),
+    then removes what the run wrote: no file of the repartition batch, no new partition or
+    staging directory is left, and the query restarts as it was. (A task that runs on after
+    the rollback: see the next test.)"""
     stream = FileStream(spark, tmp_path, "k LONG")
     big = [{"k": k} for k in range(300_000)]
     with session_confs(spark, {PROVIDER_CONF: keyedstate.PROVIDER_CLASS, "spark.sql.shuffle.partitions": "4"}):
@@ -390,3 +390,50 @@ def test_a_failed_rescale_of_large_partitions_leaves_nothing_behind(spark, tmp_p
     out: dict = {}
     _run(spark, stream, range(1, 2), out)  # batch 1 on the old 4 partitions, on top of the big batch
     assert out == {row["k"]: 1 + (row["k"] < 300_000) for row in _batch_rows(1)}
+
+
+class _RecordingRescale(rescaling._Rescale):
+    """keyedstate.rescale that keeps the tasks it gave Spark, to run one again later."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.jobs: list[tuple] = []
+
+    def _run_tasks(self, fn, tasks, phase):
+        self.jobs.append((fn, tasks))
+        return super()._run_tasks(fn, tasks, phase)
+
+
+def test_a_task_of_a_failed_rescale_that_runs_late_publishes_nothing(spark, tmp_path):
+    """A split task of a failed rescale job that runs after the rollback -- as on an executor
+    that lost contact with the driver and never got the kill (in local mode Spark kills a
+    failed job's Python tasks within a second, before a rollback starts) -- must not publish
+    into the checkpoint. Here the job's own split of partition 0 runs again, for real, after
+    the rollback; from a changelogs-only checkpoint scaled 2 -> 4 it would publish partitions
+    0 and 2 of the new layout. It fails instead, and leaves no file anywhere."""
+    stream = FileStream(spark, tmp_path, "k LONG")
+    with session_confs(spark, {"spark.sql.streaming.stateStore.keyedstate.snapshotInterval": "100"}):
+        _run(spark, stream, range(2), {}, partitions=2)  # changelogs only: the splits publish
+    root = Path(stream.checkpoint)
+    time.sleep(2)  # the stopped query's maintenance is done
+    before = sorted(str(p.relative_to(root)) for p in root.rglob("*") if "/." not in f"/{p.relative_to(root)}")
+    victim = ckpt.store_dir(root / "state" / "0", 1, "default") / "2.ks-changelog"
+    good = victim.read_bytes()
+    victim.write_bytes(good[:64])
+    recorder = _RecordingRescale(spark, root, 4)
+    with pytest.raises(Exception, match=str(victim)):
+        recorder.run(False, False, 30.0)
+    victim.write_bytes(good)
+
+    split, tasks = recorder.jobs[0]
+    (late,) = [task for task in tasks if task.partition == 0]
+    with pytest.raises(OSError):
+        split(late)  # its staging was moved away by the rollback
+    after = sorted(str(p.relative_to(root)) for p in root.rglob("*") if "/." not in f"/{p.relative_to(root)}")
+    assert after == before, sorted(set(after) ^ set(before))
+    assert not (root / "_keyedstate_rescale").exists()
+
+    out: dict = {}
+    _run(spark, stream, range(2, 3), out, partitions=2)  # restarts as it was, on 2 partitions
+    expected = _expected(3)
+    assert out == {row["k"]: expected[row["k"]] for row in _batch_rows(2)}

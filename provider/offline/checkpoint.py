@@ -179,9 +179,10 @@ def write_snapshot(db_dir: Path | None, target: Path, version: int, key_groups: 
 
     ``replay``: a changelog of version ``version`` to apply on top of ``db_dir`` (None: empty)
     taken as version ``version - 1``; the rescale publishes a partition this way, routed from
-    the old partitions' changelogs, where building RocksDB would cost a sort of every key."""
+    the old partitions' changelogs, where building RocksDB would cost a sort of every key.
+    ``target`` must exist (a task whose staging was removed must fail, not recreate it)."""
     files_dir = target / FILES_DIR
-    files_dir.mkdir(parents=True, exist_ok=True)
+    files_dir.mkdir(exist_ok=True)
     batch = uuid.uuid4()
     listed = []
     for local in sorted(p for p in db_dir.iterdir() if p.is_file()) if db_dir is not None else ():

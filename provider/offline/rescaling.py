@@ -17,7 +17,10 @@ interrupted attempt) exactly as it treats its own:
    it once, write each key to an SST file for the new partition that owns it (its key group
    mod N when N divides the key-group count, else Spark's Murmur3 partition hash of the key).
 3. *merge* (one task per new store partition): ingest its SST files into an empty RocksDB and
-   publish it as snapshot version B + 1 of that partition (files, then the manifest).
+   stage it as snapshot version B + 1 of that partition; once every task has succeeded, the
+   driver moves the staged snapshots into the partitions (files, then the manifest). Tasks
+   write only into this run's staging directory, which a rollback moves away first: a task of
+   a failed job that is still running (an executor that never got the kill) cannot publish.
 4. ``commits/B``: a copy of the last commit; from now on the query runs with N partitions.
 
 Everything before the commit only adds files, so an interrupted rescale can be rerun (finished
@@ -34,6 +37,7 @@ import shutil
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -56,6 +60,7 @@ _PARTITIONS_KEY = "spark.sql.shuffle.partitions"
 _FORMAT_KEY = "spark.sql.streaming.stateStore.checkpointFormatVersion"
 _STAGING = "_keyedstate_rescale"
 _JOURNAL = "journal.json"
+_OUTBOX = "publish"  # inside a batch's staging: the new partitions' snapshots before _publish
 
 
 class RescaleError(RuntimeError):
@@ -247,10 +252,19 @@ class _Rescale:
             read_version, write_version = read_batch + 1, batch + 1
             origin = {"batch": batch, "fromPartitions": old_n, "toPartitions": self.n}
             layouts = {(op, name): _key_layout(parts) for op, name, parts in stores}
+            # Tasks write only below ``work``, into directories made here (never their parents):
+            # a task still running after a rollback moved ``work`` away fails instead of
+            # writing. New partitions are staged in ``outbox`` and published by this driver
+            # once their job has succeeded (_publish).
+            outbox = work / _OUTBOX
+            for op, name, _ in stores:
+                (work / str(op) / name).mkdir(parents=True, exist_ok=True)
+                for q in range(self.n):
+                    (ckpt.store_dir(outbox / str(op), q, name) / FILES_DIR).mkdir(parents=True, exist_ok=True)
             splits = [_SplitTask(op, name, str(s.path), s.partition, read_version,
                                  str(work / str(op) / name / f"from-{s.partition}"), self.n, key_groups,
                                  None if whole else _hash_spec(op, name, s.path, layouts[(op, name)]), direct, old_n,
-                                 write_version, str(self.root / "state" / str(op)), origin,
+                                 write_version, str(outbox / str(op)), origin,
                                  _json_or_none(layouts[(op, name)]))
                       for op, name, parts in stores for s in parts]
             split_results = self._run_tasks(_split, splits, "split")
@@ -263,12 +277,16 @@ class _Rescale:
                     counts[(task.operator, task.store, int(q))] = counts.get((task.operator, task.store, int(q)), 0) + c
                 if ttl.get((task.operator, task.store)) is None:
                     ttl[(task.operator, task.store)] = result["ttl"]
-            merges = [_MergeTask(str(work / str(op) / name), q, str(ckpt.store_dir(self.root / "state" / str(op), q, name)),
+            merges = [_MergeTask(str(work / str(op) / name), q, str(ckpt.store_dir(outbox / str(op), q, name)),
                                  write_version, key_groups, counts.get((op, name, q), 0), ttl.get((op, name)),
                                  origin, str(work / str(op) / name / f"from-{q % old_n}" / "db") if direct else None,
                                  self.n, _json_or_none(layouts[(op, name)]))
                       for op, name, _ in stores for q in range(self.n) if (op, name, q) not in published]
             keys = sum(counts[p] for p in published) + sum(r["keys"] for r in self._run_tasks(_merge, merges, "merge"))
+            for op, name, _ in stores:
+                for q in range(self.n):
+                    _publish(ckpt.store_dir(outbox / str(op), q, name),
+                             ckpt.store_dir(self.root / "state" / str(op), q, name), write_version)
 
             if self._latest(self.offsets) != batch:
                 raise RescaleError(f"{self.root / 'offsets'} moved past batch {batch} while rescaling: the query is running")
@@ -325,6 +343,8 @@ class _Rescale:
         version = latest + 1
         journal = _read_journal(work / _JOURNAL)
         started = journal.get("startedAt")
+        if work.exists():  # first, so that a task of the failed job still running fails to write
+            os.rename(work, staging / f".discarded-{uuid.uuid4().hex}")
         committed = self._latest(self.commits)
         old_n = journal.get("fromPartitions") or (self._partitions_of(committed) if committed is not None else None)
         for op_dir in ckpt.numbered_dirs(self.root / "state"):
@@ -343,7 +363,8 @@ class _Rescale:
         self.offsets.purgeAfter(latest - 1)
         crc = self.root / "offsets" / f".{latest}.crc"
         crc.unlink(missing_ok=True)
-        shutil.rmtree(work, ignore_errors=True)
+        for leftover in staging.glob(".discarded-*"):  # this one, and any a killed rollback left
+            shutil.rmtree(leftover, ignore_errors=True)
         try:
             staging.rmdir()  # only if no other batch's staging is in it
         except OSError:
@@ -473,6 +494,26 @@ def _remove_rescale_snapshot(files: ckpt.StoreFiles, version: int, started: floa
             entry.unlink()
 
 
+def _publish(staged: Path, target: Path, version: int) -> None:
+    """Move the snapshot ``version`` of one new store partition from the outbox into the
+    checkpoint: the files it lists first, its manifest last (the commit point of a snapshot).
+    Only the driver calls this, after the job that staged it succeeded: no task writes into
+    the checkpoint. Idempotent: a rerun after a kill finds part of it moved."""
+    name = layout.manifest_name(version)
+    if not (staged / name).is_file():
+        if (target / name).is_file():
+            return  # published by the run this one resumes
+        raise RescaleError(f"{staged / name} is missing: no task staged snapshot {version} of {target}")
+    manifest = ckpt.read_manifest(staged / name, version)
+    (target / FILES_DIR).mkdir(parents=True, exist_ok=True)
+    for f in (*manifest.files, *([manifest.replay] if manifest.replay else [])):
+        if (staged / f.path).is_file():
+            os.replace(staged / f.path, target / f.path)
+        elif not (target / f.path).is_file():
+            raise RescaleError(f"{staged / f.path} is missing: snapshot {version} of {target} is incomplete")
+    os.replace(staged / name, target / name)
+
+
 def _hash_spec(op: int, store: str, path: Path, key_layout: KeyLayout | None) -> dict:
     """How to recompute Spark's partition hash of a stored key (when key groups cannot say):
     the key schema from Spark's schema file, and the key layout (which columns are hashed)."""
@@ -551,9 +592,8 @@ def _split(task: _SplitTask) -> dict:
     done = out / "done.json"
     if done.is_file():
         return json.loads(done.read_text())
-    temp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(temp, ignore_errors=True)
-    temp.mkdir(parents=True)
+    temp = out.with_name(f"{out.name}.{uuid.uuid4().hex}.tmp")  # one per attempt (speculation)
+    temp.mkdir()  # not its parents: see _Rescale.run
     files = ckpt.list_store(Path(task.store_path), task.partition)
     if files is None:
         raise ckpt.CheckpointError(f"{task.store_path} holds no keyedstate files")
@@ -587,7 +627,7 @@ def _split(task: _SplitTask) -> dict:
 def _replay_split(files: ckpt.StoreFiles, task: _SplitTask, temp: Path) -> dict:
     """Direct split of a partition whose version is changelogs only (no snapshot yet, as in a
     young query): its records are routed by key group into one changelog per new partition
-    (see offline/routing.py), published right here as that partition's snapshot to
+    (see offline/routing.py), staged right here as that partition's snapshot to
     replay (checkpoint.write_snapshot), so these partitions need no merge task. No RocksDB is built: a flush would sort every key
     (~3 us each here), and the restarted query replays the file the way it replays any
     changelog."""
@@ -609,7 +649,7 @@ def _replay_split(files: ckpt.StoreFiles, task: _SplitTask, temp: Path) -> dict:
             f"changelogs of {files.path} hold keys of key groups that partition {task.partition} "
             f"of {task.from_partitions} does not own (for new partitions {sorted(strays)[:5]}): corrupt or misplaced")
     counts = {}
-    for q in heirs:  # published here: a merge task would only copy the file
+    for q in heirs:  # staged here: a merge task would only copy the file
         data, counts[str(q)] = routed.get(q) or (changelog.encode(task.target_version, task.key_groups, []), 0)
         routed_file = temp / f"to-{q}{CHANGELOG_SUFFIX}"
         routed_file.write_bytes(changelog.compress(data, {"keyLayout": task.key_layout} if task.key_layout else {}))
@@ -626,11 +666,19 @@ def _check_key_groups(rebuilt: ckpt.RebuiltVersion, task: _SplitTask) -> None:
 
 
 def _finish_split(temp: Path, out: Path, result: dict) -> dict:
-    """Publish a split's output directory whole (rename), so a rerun reuses it or redoes it."""
+    """Publish a split's output directory whole (rename), so a rerun reuses it or redoes it;
+    the first of two attempts of the same split (speculation, a rerun) to finish wins."""
     (temp / "done.json").write_text(json.dumps(result))
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(temp, out)
-    return result
+    if not (out / "done.json").is_file():
+        shutil.rmtree(out, ignore_errors=True)  # an unfinished one (not written by this code)
+        try:
+            os.replace(temp, out)
+            return result
+        except OSError:
+            if not (out / "done.json").is_file():
+                raise
+    shutil.rmtree(temp, ignore_errors=True)
+    return json.loads((out / "done.json").read_text())
 
 
 def _router(task: _SplitTask):
@@ -653,8 +701,7 @@ def _merge(task: _MergeTask) -> dict:
     from rocksdict import Checkpoint, IngestExternalFileOptions
 
     sources = sorted(Path(task.staging).glob(f"from-*/to-{task.partition}.sst"))
-    target = Path(task.target)
-    target.mkdir(parents=True, exist_ok=True)
+    target = Path(task.target)  # made by the driver (see _Rescale.run)
     with tempfile.TemporaryDirectory(prefix="keyedstate-merge-", dir=task.staging) as tmp:
         if task.direct_source:
             return _filter_merge(task, Path(tmp), target)
