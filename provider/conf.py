@@ -77,6 +77,26 @@ def parse_cache_bytes(raw: str) -> int:
 parse_cache_bytes.allowed = "'auto' or a byte size such as 512m or 2g"  # type: ignore[attr-defined]
 
 
+def parse_budget(raw: str) -> int:
+    """``off`` (0: no executor-wide bound) or a byte size of at least 16m."""
+    if raw.strip().lower() == "off":
+        return 0
+    try:
+        value = parse_bytes(raw)
+    except ValueError:
+        raise ValueError(parse_budget.allowed) from None
+    if value < 16 << 20:
+        raise ValueError(parse_budget.allowed)
+    return value
+
+
+parse_budget.allowed = "'off' or a byte size of at least 16m, such as 512m or 2g"  # type: ignore[attr-defined]
+
+BUDGET_SHARES = {"nearCacheBytes": 0.5, "nativeBlockCacheBytes": 0.1}
+"""With a memoryBudget: the JVM near cache (with its Bloom filters) and the native block cache
+get these shares unless set explicitly; the state servers' RocksDB gets the rest."""
+
+
 def parse_ttl(raw: str) -> float:
     """A time to live in seconds; 0 turns TTL off."""
     if raw.strip() == "0":
@@ -184,6 +204,14 @@ KNOBS: tuple[Knob, ...] = (
     Knob("nativeBlockCacheBytes", "64m", parse_bytes,
          "Block cache (off-heap, shared by every store of an executor) of the native reads: "
          "decompressed RocksDB blocks the JVM read from the state server's files."),
+    Knob("memoryBudget", "off", parse_budget,
+         "Memory of keyedstate per executor, all included: the near cache with its per-entry "
+         "overhead and its Bloom filters (50% unless nearCacheBytes is set), the native block "
+         "cache (10% unless nativeBlockCacheBytes is set) and the state servers' RocksDB -- "
+         "block cache, index and filter blocks, memtables -- in one shared cache per server "
+         "process (the rest, split evenly over the processes). Like Spark's "
+         "boundedMemoryUsage/maxMemoryUsageMB for its RocksDB provider. Reported as the "
+         "keyedstateMemoryBytes metric. 'off': each part is sized by its own conf."),
     Knob("serverProcesses", "0", _parse_int(0, 256),
          "Python state server processes per executor JVM (partitions are spread over them; "
          "Python's GIL serialises one process). 0 = spark.executor.cores, or the number of "
@@ -260,11 +288,30 @@ def parse(confs: Mapping[str, str]) -> dict[str, Any]:
             values[name] = knob.parse(str(raw))
         except ValueError as exc:
             raise ConfError(f"Invalid value '{raw}' for conf '{key}': expected {exc}") from None
+    explicit = set(values)
     for knob in KNOBS:
         if knob.name not in values:
             values[knob.name] = None if knob.default is None else knob.parse(knob.default)
     values["ttlOverrides"] = overrides
+    values["serverMemoryBytes"] = _split_budget(values, explicit)
     return values
+
+
+def _split_budget(values: dict[str, Any], explicit: set[str]) -> int:
+    """Derive the parts of ``memoryBudget`` not set explicitly (in place); returns the state
+    servers' share (0: unbounded)."""
+    budget = values["memoryBudget"]
+    if not budget:
+        return 0
+    for name, share in BUDGET_SHARES.items():
+        if name not in explicit or values[name] < 0:  # 'auto' means: by the budget
+            values[name] = int(budget * share)
+    rest = budget - values["nearCacheBytes"] - values["nativeBlockCacheBytes"]
+    if rest < budget // 10:
+        raise ConfError(f"{PREFIX}nearCacheBytes ({values['nearCacheBytes']}) and {PREFIX}nativeBlockCacheBytes "
+                        f"({values['nativeBlockCacheBytes']}) leave less than 10% of {PREFIX}memoryBudget "
+                        f"({budget}) to the state servers")
+    return rest
 
 
 def reference_markdown() -> str:

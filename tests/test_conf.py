@@ -66,3 +66,20 @@ def test_malformed_ttl_keys_and_the_test_clock_are_not_confs(key):
     with pytest.raises(conf.ConfError) as err:
         conf.parse({conf.PREFIX + key: "1h"})
     assert "Unknown keyedstate conf" in str(err.value) and "ttl.<operatorId>" in str(err.value)
+
+
+def test_memory_budget_is_split_over_near_cache_native_cache_and_servers():
+    p = conf.PREFIX
+    off = conf.parse({})
+    assert off["memoryBudget"] == 0 and off["serverMemoryBytes"] == 0 and off["nearCacheBytes"] == -1
+    split = conf.parse({p + "memoryBudget": "1g"})
+    assert split["nearCacheBytes"] == (1 << 30) // 2
+    assert split["nativeBlockCacheBytes"] == int((1 << 30) * 0.1)
+    assert split["nearCacheBytes"] + split["nativeBlockCacheBytes"] + split["serverMemoryBytes"] == 1 << 30
+    explicit = conf.parse({p + "memoryBudget": "1g", p + "nearCacheBytes": "100m"})
+    assert explicit["nearCacheBytes"] == 100 << 20  # an explicit part stays; the servers get the rest
+    assert explicit["serverMemoryBytes"] == (1 << 30) - (100 << 20) - explicit["nativeBlockCacheBytes"]
+    with pytest.raises(conf.ConfError, match="memoryBudget.*expected 'off' or a byte size of at least 16m"):
+        conf.parse({p + "memoryBudget": "1m"})
+    with pytest.raises(conf.ConfError, match="leave less than 10% of .*memoryBudget"):
+        conf.parse({p + "memoryBudget": "1g", p + "nearCacheBytes": "950m"})

@@ -9,11 +9,31 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from rocksdict import (AccessType, BlockBasedOptions, DBCompressionType, MemtableFactory, Options, Rdict,
-                       WriteBatch, WriteOptions)
+from rocksdict import (AccessType, BlockBasedOptions, Cache, DBCompressionType, MemtableFactory, Options, Rdict,
+                       WriteBatch, WriteBufferManager, WriteOptions)
 
 
-def _options(bulk_load: bool) -> Options:
+class MemoryPool:
+    """One bound on the RocksDB memory of every database of a process, the way Spark's RocksDB
+    provider bounds it (boundedMemoryUsage): a shared block cache that also holds the index
+    and filter blocks, with the memtables charged to it by a write buffer manager."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.cache = Cache(capacity)
+        # Half for memtables, as Spark's provider does (writeBufferCacheRatio 0.5).
+        self.write_buffers = WriteBufferManager.new_write_buffer_manager_with_cache(capacity // 2, False, self.cache)
+
+    def resize(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.cache.set_capacity(capacity)
+        self.write_buffers.set_buffer_size(capacity // 2)
+
+    def usage(self) -> int:
+        return self.cache.get_usage()
+
+
+def _options(bulk_load: bool, pool: MemoryPool | None = None) -> Options:
     options = Options(raw_mode=True)
     options.create_if_missing(True)
     options.set_max_background_jobs(2)
@@ -23,6 +43,11 @@ def _options(bulk_load: bool) -> Options:
     options.set_compression_type(DBCompressionType.lz4())
     table = BlockBasedOptions()
     table.set_bloom_filter(10, False)
+    if pool is not None:
+        table.set_block_cache(pool.cache)
+        table.set_cache_index_and_filter_blocks(True)
+        table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+        options.set_write_buffer_manager(pool.write_buffers)
     options.set_block_based_table_factory(table)
     if bulk_load:
         # A vector memtable takes a whole changelog at ~0.07 us a key instead of ~1 us for the
@@ -33,13 +58,14 @@ def _options(bulk_load: bool) -> Options:
     return options
 
 
-def open_db(path: Path, *, bulk_load: bool = True) -> Rdict:
+def open_db(path: Path, *, bulk_load: bool = True, pool: MemoryPool | None = None) -> Rdict:
     """Open (creating) a database for writing whole changelogs at a time; the WAL is off
-    because durability comes from the changelogs in the checkpoint."""
-    options = _options(bulk_load)
+    because durability comes from the changelogs in the checkpoint. ``pool``: the process's
+    memory bound (None: RocksDB's defaults per database)."""
+    options = _options(bulk_load, pool)
     # Explicit column-family options: otherwise rocksdict takes them from the directory's
     # OPTIONS file, and RocksDB refuses a vector memtable without its other settings.
-    db = Rdict(str(path), options=options, column_families={"default": _options(bulk_load)})
+    db = Rdict(str(path), options=options, column_families={"default": _options(bulk_load, pool)})
     write_options = WriteOptions()
     write_options.disable_wal = True
     db.set_write_options(write_options)

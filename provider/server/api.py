@@ -92,6 +92,10 @@ class StateServerApi:
     def memoryBytes(self, handle: int) -> str:  # noqa: N802 (a string: py4j boxes small ints as Integer)
         return str(self.registry.get(handle).memory_bytes())
 
+    def processMemoryBytes(self) -> str:  # noqa: N802
+        """RocksDB memory of this whole process (its pool under a memoryBudget)."""
+        return str(self.registry.memory_bytes())
+
     def closeStore(self, handle: int) -> None:  # noqa: N802
         self.registry.close(handle)
 

@@ -10,6 +10,7 @@ interprets them beyond prefixes.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import queue
 import shutil
@@ -69,7 +70,7 @@ class VersionedStore:
     """A RocksDB database plus the version it holds and an exact key count."""
 
     def __init__(self, name: str, workdir: Path, key_groups: int, snapshot_interval: int,
-                 applier: Applier | None = None) -> None:
+                 applier: Applier | None = None, pool: rocksdb.MemoryPool | None = None) -> None:
         self.name = name
         self.workdir = workdir
         self.key_groups = key_groups
@@ -81,6 +82,7 @@ class VersionedStore:
         self._staged: dict[int, snapshots.StagedSnapshot] = {}
         self._lock = threading.RLock()  # the database and the version it holds
         self._applier = applier
+        self._pool = pool  # the process's RocksDB memory bound (None: unbounded)
         # Write-behind bookkeeping has its own lock, so that queueing a commit never waits for
         # the applier (which holds _lock while it applies, snapshots or scans).
         self._state = threading.Condition()
@@ -111,7 +113,7 @@ class VersionedStore:
                 snapshots.install(Path(snapshot_dir), self._db_dir)
             elif self._db_dir.exists():
                 shutil.rmtree(self._db_dir)
-            self._db = rocksdb.open_db(self._db_dir)
+            self._db = rocksdb.open_db(self._db_dir, pool=self._pool)
             self.version, self.num_keys, self.lineage = version, num_keys, lineage
             self._ttl_cursor = None
             with self._ttl_lock:
@@ -252,20 +254,24 @@ class VersionedStore:
                 raise StoreStateError(
                     f"{source} was written with {log_.key_groups} key groups but the store uses "
                     f"{self.key_groups}; the keyGroups conf cannot change for an existing checkpoint")
-            batch, delta, unknown_puts, unknown_deletes, deletes = to_write_batch(log_)
-            self._deletes_since_compaction += deletes
-            # Only keys whose previous existence the writer did not know cost a read here.
-            if unknown_puts or unknown_deletes:
-                self._flush_if_dirty()
-            if unknown_puts:
-                delta += sum(v is None for v in db.get(unknown_puts))
-            if unknown_deletes:
-                delta -= sum(v is not None for v in db.get(unknown_deletes))
-            if log_.record_count:
-                db.write(batch)
-                self._dirty = True
+            total = 0
+            for entries in self._chunks(log_):
+                batch, delta, unknown_puts, unknown_deletes, deletes = to_write_batch(entries)
+                self._deletes_since_compaction += deletes
+                # Only keys whose previous existence the writer did not know cost a read here
+                # (a key occurs once in a changelog, so chunk by chunk is the same).
+                if unknown_puts or unknown_deletes:
+                    self._flush_if_dirty()
+                if unknown_puts:
+                    delta += sum(v is None for v in db.get(unknown_puts))
+                if unknown_deletes:
+                    delta -= sum(v is not None for v in db.get(unknown_deletes))
+                if not batch.is_empty():
+                    db.write(batch)
+                    self._dirty = True
+                total += delta
             self.version = log_.version
-            self.num_keys += delta
+            self.num_keys += total
             if stage_snapshot and self.version % self.snapshot_interval == 0:
                 self._stage()
 
@@ -382,21 +388,35 @@ class VersionedStore:
             raise StoreStateError(f"{self.name}: no version is loaded")
         return db
 
+    def _chunks(self, log_: changelog.Changelog) -> Iterator[Iterable[changelog.Entry]]:
+        """The changelog's records as one write, or, under a memoryBudget, in writes of about
+        an eighth of the process's pool each, flushed in between: a whole batch in one
+        memtable would overrun the pool by the batch's size."""
+        if self._pool is None or not log_.record_count:
+            yield log_.entries()
+            return
+        per_chunk = max(10_000, (self._pool.capacity // 8) * log_.record_count // max(1, len(log_.payload)))
+        entries = log_.entries()
+        while chunk := list(itertools.islice(entries, per_chunk)):
+            yield chunk
+            self._flush_if_dirty()
+
     def _flush_if_dirty(self) -> None:
         if self._dirty and self._db is not None:
             self._db.flush()  # releases the GIL while RocksDB sorts and writes the SST
             self._dirty = False
 
 
-def to_write_batch(log_: changelog.Changelog) -> tuple[WriteBatch, int, list[bytes], list[bytes], int]:
-    """A changelog as one RocksDB write batch, plus the key-count delta its writer knew, the
-    keys whose previous existence it did not (put, delete), and the number of deletes."""
+def to_write_batch(entries: Iterable[changelog.Entry]) -> tuple[WriteBatch, int, list[bytes], list[bytes], int]:
+    """Changelog records (:meth:`Changelog.entries`) as one RocksDB write batch, plus the
+    key-count delta their writer knew, the keys whose previous existence it did not (put,
+    delete), and the number of deletes."""
     batch = WriteBatch(raw_mode=True)
     put, delete = batch.put, batch.delete
     delta = deletes = 0
     unknown_puts: list[bytes] = []
     unknown_deletes: list[bytes] = []
-    for op, key, value, _, _ in log_.entries():
+    for op, key, value, _, _ in entries:
         if value is not None:
             put(key, value)
             if op == changelog.OP_PUT_NEW:

@@ -32,6 +32,14 @@ def rss_bytes(pid: int) -> int:
     raise ValueError(f"no VmRSS for pid {pid}")
 
 
+def peak_rss_bytes(pid: int) -> int:
+    """Peak resident memory of a process since it started (VmHWM)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise ValueError(f"no VmHWM for pid {pid}")
+
+
 # -- read-only views of processes and their sockets, from /proc ------------------------------------
 
 def cmdline(pid: int) -> list[str]:

@@ -112,7 +112,9 @@ for line in sys.stdin:
             while not query.seen:  # the stream thread may not have seen the new file yet
                 time.sleep(0.05)
                 query.processAllAvailable()
-            reply({"ok": True, "counts": dict(query.seen)})
+            progress = query.query.lastProgress or {}
+            metrics = [op.get("customMetrics", {}) for op in progress.get("stateOperators", [])]
+            reply({"ok": True, "counts": dict(query.seen), "stateMetrics": metrics})
         elif op == "stop":
             queries.pop(cmd["name"]).stop()
             reply({"ok": True})

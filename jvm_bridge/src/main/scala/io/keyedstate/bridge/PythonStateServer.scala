@@ -21,6 +21,8 @@ trait PythonStateServer {
   def storeInfo(handle: Int): String
   /** RocksDB memory of the store, without waiting for pending applies. */
   def memoryBytes(handle: Int): String
+  /** RocksDB memory of the whole process (its pool under a memoryBudget). */
+  def processMemoryBytes(): String
   def closeStore(handle: Int): Unit
   def dataSocketPath(): String
 }

@@ -186,6 +186,11 @@ object StateServerProcess {
     servers.length
   }
 
+  /** RocksDB memory of every live server of this JVM (0 for one that does not answer). */
+  def processMemoryBytes(): Long = Option(servers).toSeq.flatten.filter(s => s != null && s.isAlive).map { s =>
+    try s.control("reading server memory")(_.processMemoryBytes()).toLong catch { case NonFatal(_) => 0L }
+  }.sum
+
   /** The live server of pool slot `slot`, started (or restarted after a death) on demand. */
   def get(launch: ServerLaunch, slot: Int): StateServerProcess = {
     val index = Math.floorMod(slot, poolSize(launch))
@@ -255,6 +260,7 @@ object StateServerProcess {
     env.put("KEYEDSTATE_DATA_SECRET", dataSecret)
     env.put("KEYEDSTATE_WORK_DIR", workDir.toString)
     env.put("PYTHONUNBUFFERED", "1")
+    env.put("KEYEDSTATE_SERVER_PROCESSES", poolSize(launch).toString) // its share of memoryBudget
     val process = try builder.start() catch {
       case e: IOException =>
         gateway.shutdown()

@@ -21,6 +21,8 @@ object Metrics {
   val cacheEvictions = StateStoreCustomSumMetric("keyedstateCacheEvictions", "keyedstate: near-cache evictions")
   val cacheBytes = StateStoreCustomSizeMetric("keyedstateCacheBytes", "keyedstate: near-cache bytes")
   val bloomBytes = StateStoreCustomSizeMetric("keyedstateBloomBytes", "keyedstate: Bloom filter bytes")
+  val memoryBytes = StateStoreCustomSizeMetric("keyedstateMemoryBytes",
+    "keyedstate: memory of the executor (near cache, Bloom filters, native block cache, state servers' RocksDB), per open store")
   val commitEncode = StateStoreCustomTimingMetric("keyedstateCommitEncodeMs", "keyedstate: commit, finishing and compressing the changelog")
   val commitWrite = StateStoreCustomTimingMetric("keyedstateCommitWriteMs", "keyedstate: commit, writing the changelog to the checkpoint")
   val commitShip = StateStoreCustomTimingMetric("keyedstateCommitShipMs", "keyedstate: commit, shipping the changelog to Python")
@@ -30,6 +32,6 @@ object Metrics {
 
   val all: Seq[StateStoreCustomMetric] =
     Seq(commitLatency, loadLatency, changelogBytes, writesShipped, bridgeGets, nativeGets, snapshotBytes, filesUploaded,
-      filesReused, snapshotsSkipped, cacheHits, cacheAbsent, cacheEvictions, cacheBytes, bloomBytes, commitEncode, commitWrite,
+      filesReused, snapshotsSkipped, cacheHits, cacheAbsent, cacheEvictions, cacheBytes, bloomBytes, memoryBytes, commitEncode, commitWrite,
       commitShip, ttlExpired, ttlCleanedUp, ttlCleanupMs)
 }

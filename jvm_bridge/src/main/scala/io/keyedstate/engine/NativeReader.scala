@@ -120,7 +120,11 @@ object NativeReader {
 
   /** One block cache for every store of this executor: Python's files are in the OS page
    *  cache anyway, but a miss here costs a block decompression (~10 us with LZ4). */
-  private lazy val blockCache = new LRUCache(cacheBytes)
+  @volatile private var cacheCreated = false
+  private lazy val blockCache = { cacheCreated = true; new LRUCache(cacheBytes) }
+
+  /** Bytes in the block cache (0 before any store read natively). */
+  def cacheUsage: Long = if (cacheCreated) blockCache.getUsage else 0L
 
   /** RocksDB's warnings go to the executor's log: no LOG file of RocksDB's own, which it would
    *  create with the JVM's umask (readable by others) rather than private. */

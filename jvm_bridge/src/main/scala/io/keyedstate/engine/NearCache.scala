@@ -7,8 +7,9 @@ import org.apache.spark.util.sketch.BloomFilter
 import io.keyedstate.format.ChangelogFormat
 
 /**
- * Near-cache memory shared by every store of this executor JVM. Each store that opens sets the
- * limit from its `nearCacheBytes` (`auto` = 30% of the JVM's max heap); the stores of one query
+ * Near-cache memory shared by every store of this executor JVM: entries (with their object
+ * overhead) and Bloom filters. Each store that opens sets the limit from its `nearCacheBytes`
+ * (`auto` = 30% of the JVM's max heap, or its share of `memoryBudget`); the stores of one query
  * share their confs, so in practice one value applies. Caches evict as they next insert.
  */
 object CacheBudget {
@@ -127,10 +128,13 @@ final class NearCache(fpp: Double) {
     }
   }
 
+  /** A new (empty) filter for `capacity` keys; its bits count against the shared budget. */
   def startBloom(capacity: Long): Unit = {
+    val before = bloomBytes
     bloom = BloomFilter.create(capacity, fpp)
     bloomItems = 0
     bloomCapacity = capacity
+    CacheBudget.add(bloomBytes - before)
   }
 
   def addToBloom(key: Array[Byte]): Unit = {
@@ -143,7 +147,7 @@ final class NearCache(fpp: Double) {
 
   /** Forget everything (another version is being loaded). */
   def clear(): Unit = {
-    CacheBudget.add(-bytes)
+    CacheBudget.add(-bytes - bloomBytes)
     entries.clear()
     bytes = 0
     bloom = null
@@ -165,6 +169,10 @@ object NearCache {
   /** Marker for "surely absent"; never stored. */
   val Absent: Array[Byte] = new Array[Byte](0)
   val MinBloomCapacity = 1L << 20
-  private val EntryOverhead = 96L
-  def entryBytes(key: Bytes, value: Array[Byte]): Long = key.bytes.length + value.length + EntryOverhead
+  /** Heap of one entry beyond its key and value bytes (compressed oops): the LinkedHashMap entry
+   *  (40), the Bytes wrapper (24), two array headers (2 x 16) and the table slot at the map's
+   *  load factor (~8); the arrays are padded to 8 bytes. */
+  private val EntryOverhead = 104L
+  private def padded(n: Int): Long = (n + 7L) & ~7L
+  def entryBytes(key: Bytes, value: Array[Byte]): Long = padded(key.bytes.length) + padded(value.length) + EntryOverhead
 }

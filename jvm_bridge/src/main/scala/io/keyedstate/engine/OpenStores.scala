@@ -15,6 +15,13 @@ object OpenStores {
 
   def register(engine: StoreEngine): Unit = open.put((engine.id, engine.fence.runId), engine)
   def unregister(engine: StoreEngine): Unit = open.remove((engine.id, engine.fence.runId), engine)
+  def count: Int = open.size
+
+  /** What keyedstate holds in memory in this executor, all parts of `memoryBudget`, divided over
+   *  the open stores: summed over a query's stores (as Spark sums metrics) it is the total. */
+  def memoryBytesPerStore(): Long =
+    (CacheBudget.usedBytes + NativeReader.cacheUsage + io.keyedstate.bridge.StateServerProcess.processMemoryBytes()) /
+      math.max(1, count)
   /** The engine of store `id` of the same run as `of`. */
   def sibling(of: StoreEngine, id: StateStoreId): Option[StoreEngine] = Option(open.get((id, of.fence.runId)))
 }

@@ -5,7 +5,7 @@ import org.apache.spark.sql.catalyst.expressions.UnsafeRow
 import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.types.StructType
 
-import io.keyedstate.engine.{Bytes, CommitPhases, CommitResult, Metrics, StoreEngine}
+import io.keyedstate.engine.{Bytes, CommitPhases, CommitResult, Metrics, OpenStores, StoreEngine}
 
 /**
  * One version of one store partition, as handed to an operator for one task: Spark's StateStore
@@ -114,6 +114,7 @@ final class KeyedStateStore private[spark] (engine: StoreEngine, override val ve
       Metrics.cacheEvictions -> counters.evictions,
       Metrics.cacheBytes -> cache.sizeBytes,
       Metrics.bloomBytes -> cache.bloomBytes,
+      Metrics.memoryBytes -> OpenStores.memoryBytesPerStore(),
       Metrics.snapshotBytes -> engine.bytesUploaded.getAndSet(0),
       Metrics.filesUploaded -> engine.filesUploaded.getAndSet(0),
       Metrics.filesReused -> engine.filesReused.getAndSet(0),
