@@ -17,11 +17,20 @@ object OpenStores {
   def unregister(engine: StoreEngine): Unit = open.remove((engine.id, engine.fence.runId), engine)
   def count: Int = open.size
 
+  @volatile private var serverBytes = (0L, -1L) // (when read, ns; bytes, -1 = never): read at most twice a second
+
   /** What keyedstate holds in memory in this executor, all parts of `memoryBudget`, divided over
-   *  the open stores: summed over a query's stores (as Spark sums metrics) it is the total. */
-  def memoryBytesPerStore(): Long =
-    (CacheBudget.usedBytes + NativeReader.cacheUsage + io.keyedstate.bridge.StateServerProcess.processMemoryBytes()) /
-      math.max(1, count)
+   *  the open stores: summed over a query's stores (as Spark sums metrics) it is the total. The
+   *  servers' part is one call per server, shared by the stores that report within 500 ms. */
+  def memoryBytesPerStore(): Long = {
+    val (at, bytes) = serverBytes
+    val servers = if (bytes >= 0 && System.nanoTime() - at < 500000000L) bytes else {
+      val now = io.keyedstate.bridge.StateServerProcess.processMemoryBytes()
+      serverBytes = (System.nanoTime(), now)
+      now
+    }
+    (CacheBudget.usedBytes + NativeReader.cacheUsage + servers) / math.max(1, count)
+  }
   /** The engine of store `id` of the same run as `of`. */
   def sibling(of: StoreEngine, id: StateStoreId): Option[StoreEngine] = Option(open.get((id, of.fence.runId)))
 }
