@@ -29,7 +29,7 @@ class StoreRegistry:
         total = settings.get("serverMemoryBytes") or 0
         if not total:
             return self.pool
-        share = max(8 << 20, total // max(1, self.processes))
+        share = total // max(1, self.processes)
         if self.pool is None:
             self.pool = MemoryPool(share)
         elif self.pool.capacity != share:
