@@ -24,7 +24,7 @@ object CacheWarmer {
 
   /** Rebuilds the Bloom filter over every key (it held more keys than it was sized for). */
   def indexKeys(cache: NearCache, reads: CommittedReads, numKeys: Long): Unit = {
-    cache.startBloom(math.max(NearCache.MinBloomCapacity, 2L * numKeys))
+    cache.startBloom(cache.bloomCapacityFor(numKeys))
     cache.complete = false
     addKeys(cache, reads, null)
   }

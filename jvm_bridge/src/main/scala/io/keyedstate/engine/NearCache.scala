@@ -113,7 +113,7 @@ final class NearCache(fpp: Double) {
   private def evict(): Unit = {
     if (complete) {
       // Going partial: every key of the version is here right now, so the filter is exact.
-      startBloom(math.max(MinBloomCapacity, 2L * entries.size))
+      startBloom(bloomCapacityFor(entries.size))
       entries.keySet().forEach(k => addToBloom(k.bytes))
       complete = false
     }
@@ -126,6 +126,14 @@ final class NearCache(fpp: Double) {
       CacheBudget.add(-delta)
       evictions += 1
     }
+  }
+
+  /** Room for twice `keys` (the state grows), at least [[MinBloomCapacity]] unless that would
+   *  take more than half the shared budget. */
+  def bloomCapacityFor(keys: Long): Long = {
+    val bitsPerKey = -math.log(fpp) / (math.log(2) * math.log(2))
+    val fitting = (CacheBudget.limitBytes.toDouble * 8 / 2 / bitsPerKey).toLong
+    math.max(math.max(1024L, math.min(MinBloomCapacity, fitting)), 2L * keys)
   }
 
   /** A new (empty) filter for `capacity` keys; its bits count against the shared budget. */
