@@ -349,17 +349,18 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
 }
 
 /**
- * Uploads a snapshot as soon as the server has staged it, on one background thread per executor,
+ * Uploads a snapshot as soon as the server has staged it, on a few background threads per
+ * executor (an upload mostly waits: for the server to finish applying, for the file system),
  * instead of at the next maintenance tick (60 s by default): a query stopped in between would
  * otherwise restart by replaying every changelog since the previous snapshot. Maintenance still
  * uploads whatever this missed; both go through [[StoreEngine.uploadSnapshots]].
  */
 private object SnapshotKick {
-  private val thread = java.util.concurrent.Executors.newSingleThreadExecutor { (r: Runnable) =>
+  private val thread = java.util.concurrent.Executors.newFixedThreadPool(4, (r: Runnable) => {
     val t = new Thread(r, "keyedstate-snapshot-upload")
     t.setDaemon(true)
     t
-  }
+  })
 
   def request(engine: StoreEngine): Unit = thread.execute(() => engine.uploadSnapshots())
 }
