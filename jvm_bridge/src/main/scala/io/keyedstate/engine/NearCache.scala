@@ -33,15 +33,17 @@ object CacheBudget {
  * and clears it whenever it loads another version or loses track of the one it holds, so it
  * never serves stale data.
  * `complete` = every key of the version is here, so a miss means absent. Once the shared
- * budget forces evictions (LRU), a Bloom filter over every key keeps answering "absent"
- * without a read for most new keys (dedup, first-seen keys). Single-threaded: only the
- * task thread that owns the partition touches it.
+ * budget forces evictions, a Bloom filter over every key keeps answering "absent" without a
+ * read for most new keys (dedup, first-seen keys). Entries live in a [[BytesMap]] (pages, not
+ * objects: what the budget counts is what the heap holds); eviction drops the oldest page and
+ * gives keys read since they were written a second chance. Single-threaded: only the task
+ * thread that owns the partition touches it.
  */
 final class NearCache(fpp: Double) {
   import NearCache._
 
-  private val entries = new java.util.LinkedHashMap[Bytes, Array[Byte]](1024, 0.75f, true)
-  private var bytes = 0L
+  private val entries = new BytesMap(() => pageSize())
+  private var charged = 0L // bytes of `entries` counted in CacheBudget
   private var bloom: BloomFilter = _
   private var bloomItems = 0L
   private var bloomCapacity = 0L
@@ -61,35 +63,29 @@ final class NearCache(fpp: Double) {
   }
 
   def size: Int = entries.size
-  def sizeBytes: Long = bytes
+  def sizeBytes: Long = entries.memoryBytes
   def bloomBytes: Long = if (bloom == null) 0L else bloom.bitSize() / 8
 
-  /** The cached value, [[Absent]] when the key is surely not in the version, or null (unknown). */
+  /** The cached value (a copy), [[Absent]] when the key is surely not in the version, or null (unknown). */
   def lookup(key: Bytes): Array[Byte] = {
-    val v = entries.get(key)
+    val v = entries.get(key.bytes, key.hashCode)
     if (v != null) { hits += 1; v }
     else if (complete || (bloom != null && !bloom.mightContainBinary(key.bytes))) { absentAnswers += 1; Absent }
     else { misses += 1; null }
   }
 
-  /** A committed value, from a commit or a read; returns the previous cached value. */
-  def put(key: Bytes, value: Array[Byte]): Array[Byte] = {
-    val previous = entries.put(key, value)
-    val delta = if (previous == null) entryBytes(key, value) else (value.length - previous.length).toLong
-    bytes += delta
-    if (bloom != null && previous == null) addToBloom(key.bytes)
-    if (CacheBudget.add(delta) > CacheBudget.limitBytes) evict()
-    previous
+  /** A committed value, from a commit or a read; returns whether the key was cached before. */
+  def put(key: Bytes, value: Array[Byte]): Boolean = {
+    val existed = entries.put(key.bytes, key.hashCode, value)
+    if (bloom != null && !existed) addToBloom(key.bytes)
+    settle()
+    existed
   }
 
-  def remove(key: Bytes): Array[Byte] = {
-    val previous = entries.remove(key)
-    if (previous != null) {
-      val delta = entryBytes(key, previous)
-      bytes -= delta
-      CacheBudget.add(-delta)
-    }
-    previous
+  def remove(key: Bytes): Boolean = {
+    val existed = entries.remove(key.bytes, key.hashCode)
+    if (existed) settle()
+    existed
   }
 
   /**
@@ -99,33 +95,50 @@ final class NearCache(fpp: Double) {
   def commitWrite(key: Bytes, value: Array[Byte]): Byte =
     if (value eq WriteBuffer.Tombstone) {
       val knownAbsent = complete || (bloom != null && !bloom.mightContainBinary(key.bytes))
-      if (remove(key) != null) ChangelogFormat.OpDeleteExisting
+      if (remove(key)) ChangelogFormat.OpDeleteExisting
       else if (knownAbsent) 0.toByte // deleting an absent key changes nothing: not logged
       else ChangelogFormat.OpDelete
     } else {
       val knownAbsent = complete || (bloom != null && !bloom.mightContainBinary(key.bytes))
-      if (put(key, value) != null) ChangelogFormat.OpPutExisting
+      if (put(key, value)) ChangelogFormat.OpPutExisting
       else if (knownAbsent) ChangelogFormat.OpPutNew
       else ChangelogFormat.OpPut
     }
 
-  /** Drop least recently used entries until the shared budget holds; keep answering absences. */
+  /** Charges what the entries hold now; drops old pages while the shared budget is exceeded,
+   *  rewrites the pages when replaced values left more garbage than data. */
+  private def settle(): Unit = {
+    recharge()
+    if (CacheBudget.over && entries.pageCount > 0) evict()
+    else if (entries.wasteful) { entries.compact(); recharge() }
+  }
+
+  private def recharge(): Unit = {
+    val now = entries.memoryBytes
+    CacheBudget.add(now - charged)
+    charged = now
+  }
+
+  /** Drop the oldest pages until the shared budget holds; keep answering absences. */
   private def evict(): Unit = {
     if (complete) {
       // Going partial: every key of the version is here right now, so the filter is exact.
       startBloom(bloomCapacityFor(entries.size))
-      entries.keySet().forEach(k => addToBloom(k.bytes))
+      entries.foreach((k, _) => addToBloom(k))
       complete = false
+      recharge()
     }
-    val it = entries.entrySet().iterator()
-    while (CacheBudget.over && it.hasNext) {
-      val e = it.next()
-      val delta = entryBytes(e.getKey, e.getValue)
-      it.remove()
-      bytes -= delta
-      CacheBudget.add(-delta)
-      evictions += 1
+    while (CacheBudget.over && entries.pageCount > 0) {
+      evictions += entries.dropOldestPage()
+      recharge()
     }
+  }
+
+  /** Pages of ~1/64 of the shared budget (at most a quarter of what is left of it), so that the
+   *  budget holds within a page and FIFO eviction is fine-grained. */
+  private def pageSize(): Int = {
+    val room = math.min(CacheBudget.limitBytes / 64, math.max(0L, CacheBudget.limitBytes - CacheBudget.usedBytes) / 4)
+    if (room >= BytesMap.MaxPage) BytesMap.MaxPage else java.lang.Long.highestOneBit(math.max(room, 1L)).toInt
   }
 
   /** Room for twice `keys` (the state grows), at least [[MinBloomCapacity]] unless that would
@@ -155,20 +168,15 @@ final class NearCache(fpp: Double) {
 
   /** Forget everything (another version is being loaded). */
   def clear(): Unit = {
-    CacheBudget.add(-bytes - bloomBytes)
     entries.clear()
-    bytes = 0
+    CacheBudget.add(-bloomBytes)
+    recharge()
     bloom = null
     complete = false
   }
 
   /** A point-in-time copy of every entry, for iterators (only meaningful when complete). */
-  def snapshot(): Array[(Array[Byte], Array[Byte])] = {
-    val out = new Array[(Array[Byte], Array[Byte])](entries.size)
-    var i = 0
-    entries.forEach { (k, v) => out(i) = (k.bytes, v); i += 1 }
-    out
-  }
+  def snapshot(): Array[(Array[Byte], Array[Byte])] = entries.toArray
 }
 
 final case class CacheCounters(hits: Long, absent: Long, misses: Long, evictions: Long)
@@ -177,10 +185,4 @@ object NearCache {
   /** Marker for "surely absent"; never stored. */
   val Absent: Array[Byte] = new Array[Byte](0)
   val MinBloomCapacity = 1L << 20
-  /** Heap of one entry beyond its key and value bytes (compressed oops): the LinkedHashMap entry
-   *  (40), the Bytes wrapper (24), two array headers (2 x 16) and the table slot at the map's
-   *  load factor (~8); the arrays are padded to 8 bytes. */
-  private val EntryOverhead = 104L
-  private def padded(n: Int): Long = (n + 7L) & ~7L
-  def entryBytes(key: Bytes, value: Array[Byte]): Long = padded(key.bytes.length) + padded(value.length) + EntryOverhead
 }

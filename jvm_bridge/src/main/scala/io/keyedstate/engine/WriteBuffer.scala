@@ -1,7 +1,6 @@
 package io.keyedstate.engine
 
 import java.nio.ByteBuffer
-import java.util.{HashMap => JHashMap}
 
 import io.keyedstate.format.ChangelogFormat
 
@@ -16,8 +15,9 @@ import io.keyedstate.format.ChangelogFormat
 final class WriteBuffer(version: Long, keyGroups: Int) {
   import WriteBuffer._
 
-  private val entries = new JHashMap[Bytes, Array[Byte]]()
-  private var bytesHeld = 0L
+  // Pages from 4 KiB, doubling: a batch of a few writes stays small.
+  private var pagesMade = 0
+  private val entries = new BytesMap(() => { pagesMade += 1; 4096 << math.min(pagesMade - 1, 6) })
   private lazy val log = new ChangelogFormat.InMemoryWriter(version, keyGroups) // read stores never write
   /** Net keys added by the logged records (new keys minus deleted ones), where known. */
   var keyDelta = 0L
@@ -26,13 +26,14 @@ final class WriteBuffer(version: Long, keyGroups: Int) {
 
   /** Records a put; `op` says what was known of the key before it (0: nothing to log). */
   def put(key: Bytes, value: Array[Byte], op: Byte): Unit = {
-    track(entries.put(key, value), key, value)
+    entries.put(key.bytes, key.hashCode, value)
+    if (entries.wasteful) entries.compact() // a key rewritten with values of changing sizes
     if (op != 0) { log.writer.put(op, key.bytes, value); count(op) }
   }
 
   /** Records a delete; `op` as for [[put]] (0: the key was known to be absent, nothing to log). */
   def delete(key: Bytes, op: Byte): Unit = {
-    track(entries.put(key, Tombstone), key, Tombstone)
+    entries.put(key.bytes, key.hashCode, Tombstone)
     if (op != 0) { log.writer.delete(op, key.bytes); count(op) }
   }
 
@@ -43,34 +44,25 @@ final class WriteBuffer(version: Long, keyGroups: Int) {
     case _ =>
   }
 
-  private def track(previous: Array[Byte], key: Bytes, value: Array[Byte]): Unit = {
-    if (previous == null) bytesHeld += key.bytes.length + EntryOverhead else bytesHeld -= previous.length
-    bytesHeld += value.length
-  }
-
   /** The pending value: null = not written in this version; [[Tombstone]] = deleted. */
-  def lookup(key: Bytes): Array[Byte] = entries.get(key)
+  def lookup(key: Bytes): Array[Byte] = entries.get(key.bytes, key.hashCode)
   /** Keys written in this version. */
   def size: Int = entries.size
-  def estimatedBytes: Long = bytesHeld + (if (entries.isEmpty) 0L else log.writer.bytesWritten)
-  def recordCount: Long = if (entries.isEmpty) 0L else log.writer.recordCount
+  def estimatedBytes: Long = entries.memoryBytes + (if (entries.size == 0) 0L else log.writer.bytesWritten)
+  def recordCount: Long = if (entries.size == 0) 0L else log.writer.recordCount
 
   /** The version's changelog (format 1), finished; the buffer takes no writes after this. */
   def finish(): ByteBuffer = log.finish()
 
   /** A point-in-time copy of the last values, so iterators tolerate removes made while they run. */
   def snapshot(): Array[(Bytes, Array[Byte])] = {
-    val out = new Array[(Bytes, Array[Byte])](entries.size)
-    var i = 0
-    entries.forEach { (k, v) => out(i) = (k, v); i += 1 }
-    out
+    entries.toArray.map { case (k, v) => (new Bytes(k), v) }
   }
 
-  def clear(): Unit = { entries.clear(); bytesHeld = 0 }
+  def clear(): Unit = entries.clear()
 }
 
 object WriteBuffer {
   /** A delete; compared by identity. */
   val Tombstone: Array[Byte] = new Array[Byte](0)
-  private val EntryOverhead = 48L
 }

@@ -1,0 +1,378 @@
+package io.keyedstate.engine
+
+import java.util.Arrays
+
+import scala.collection.mutable.ArrayBuffer
+
+/**
+ * A hash map from byte-string keys to byte-string values that keeps its entries in pages of a
+ * byte arena, not in objects: a record is `[flags:1][keyLen:4][valueLen:4][key][value]` in a
+ * page, and the index is two primitive arrays (open addressing, linear probing) of record
+ * addresses and key hashes.
+ *
+ * Why: the near cache and the write buffer hold millions of entries that live for seconds to
+ * minutes. As `HashMap` entries (a node, a key wrapper and two arrays each) they survive young
+ * collections, get copied and promoted, and die in the old generation, so G1 grows the heap to
+ * keep up (W2 with a 512 MiB budget: 310 MB live, 4.4 GiB resident). Here an entry costs ~9
+ * bytes of header and ~20 of index, a batch's writes fill a few hundred pages, and an update
+ * to a value of the same length is written in place.
+ *
+ * Records are appended to the newest page; pages leave oldest first ([[dropOldestPage]], the
+ * near cache's eviction, with a second chance for records read since they were written) or all
+ * at once when garbage outweighs live data ([[compact]]). Lookups return copies. Not
+ * thread-safe: each instance belongs to one store's task thread.
+ *
+ * `pageBytes` chooses each new page's size from the room it is given, so that small budgets get
+ * small pages; pages stay below half of G1's smallest region (512 KiB) so they are never
+ * humongous.
+ */
+final class BytesMap(pageBytes: () => Int) {
+  import BytesMap._
+
+  /** Pages of one size (tests). */
+  def this(pageSize: Int) = this(() => pageSize)
+
+  // Index: addresses (0 = empty) and the keys' hashes, `mask + 1` slots.
+  private var addresses = new Array[Long](InitialSlots)
+  private var hashes = new Array[Int](InitialSlots)
+  private var mask = InitialSlots - 1
+  private var count = 0
+
+  // Pages, oldest first; page ids grow forever, `firstPage` is the id of `pages(0)`.
+  private val pages = ArrayBuffer.empty[Array[Byte]]
+  private val pageLive = ArrayBuffer.empty[Int] // live record bytes per page
+  private var firstPage = 1
+  private var used = 0 // bytes used in the newest page
+  private var pageTotal = 0L
+  private var liveTotal = 0L
+
+  def size: Int = count
+  /** Heap held: pages and index. */
+  def memoryBytes: Long = pageTotal + addresses.length.toLong * 12
+  /** Bytes of records that are live (headers included). */
+  def liveBytes: Long = liveTotal
+  def pageCount: Int = pages.size
+
+  /** A copy of the value of `key`, or null; marks the record as read (see [[dropOldestPage]]). */
+  def get(key: Array[Byte], hash: Int): Array[Byte] = {
+    val slot = find(key, hash)
+    if (slot < 0) null
+    else {
+      val a = addresses(slot)
+      val page = pageOf(a)
+      val off = offsetOf(a)
+      page(off) = (page(off) | Referenced).toByte
+      val kl = readInt(page, off + 1)
+      val vl = readInt(page, off + 5)
+      if ((page(off) & Tombstone) != 0) TombstoneValue else Arrays.copyOfRange(page, off + Header + kl, off + Header + kl + vl)
+    }
+  }
+
+  def contains(key: Array[Byte], hash: Int): Boolean = find(key, hash) >= 0
+
+  /**
+   * Sets `key` to `value` ([[TombstoneValue]], by identity, records a delete for the write
+   * buffer); returns whether the key was there. Returns the bytes the map grew by in [[grown]].
+   */
+  def put(key: Array[Byte], hash: Int, value: Array[Byte]): Boolean = {
+    val tomb = value eq TombstoneValue
+    val slot = find(key, hash)
+    if (slot >= 0) {
+      val a = addresses(slot)
+      val page = pageOf(a)
+      val off = offsetOf(a)
+      val vl = readInt(page, off + 5)
+      if (vl == value.length) { // same length: in place
+        System.arraycopy(value, 0, page, off + Header + key.length, vl)
+        page(off) = ((if (tomb) Tombstone else 0) | (page(off) & Referenced)).toByte
+        return true
+      }
+      kill(a)
+      addresses(slot) = append(key, value, tomb)
+      true
+    } else {
+      insert(hash, append(key, value, tomb))
+      false
+    }
+  }
+
+  /** Removes `key`; returns whether it was there. */
+  def remove(key: Array[Byte], hash: Int): Boolean = {
+    val slot = find(key, hash)
+    if (slot < 0) false
+    else {
+      kill(addresses(slot))
+      deleteSlot(slot)
+      true
+    }
+  }
+
+  /** Every live record in page order (oldest first), as copies. */
+  def foreach(f: (Array[Byte], Array[Byte]) => Unit): Unit = foreachRecord { (page, off) =>
+    val kl = readInt(page, off + 1)
+    val vl = readInt(page, off + 5)
+    val value = if ((page(off) & Tombstone) != 0) TombstoneValue else Arrays.copyOfRange(page, off + Header + kl, off + Header + kl + vl)
+    f(Arrays.copyOfRange(page, off + Header, off + Header + kl), value)
+  }
+
+  /** Every live record in page order, as copies. */
+  def toArray: Array[(Array[Byte], Array[Byte])] = {
+    val out = new Array[(Array[Byte], Array[Byte])](count)
+    var i = 0
+    foreach { (k, v) => out(i) = (k, v); i += 1 }
+    out
+  }
+
+  /**
+   * Drops the oldest page (the newest too, when it is the only one): its records leave the map,
+   * except those read since they were written or last moved, which move to the newest page
+   * once (a second chance, so that hot keys survive a FIFO eviction). Returns the number of
+   * records dropped.
+   */
+  def dropOldestPage(): Int = {
+    if (pages.isEmpty) return 0
+    val only = pages.size == 1
+    val page = pages(0)
+    val pageId = firstPage
+    var dropped = 0
+    var off = 0
+    val end = if (only) used else page.length
+    while (off < end && off + Header <= page.length && !isPadding(page, off)) {
+      val kl = readInt(page, off + 1)
+      val vl = readInt(page, off + 5)
+      val flags = page(off)
+      if ((flags & Dead) == 0) {
+        val slot = slotOfAddress(address(pageId, off), hashRange(page, off + Header, kl))
+        if ((flags & Referenced) != 0 && !only) {
+          val key = Arrays.copyOfRange(page, off + Header, off + Header + kl)
+          val value = Arrays.copyOfRange(page, off + Header + kl, off + Header + kl + vl)
+          page(off) = (flags | Dead).toByte
+          addresses(slot) = append(key, value, (flags & Tombstone) != 0)
+        } else {
+          page(off) = (flags | Dead).toByte
+          deleteSlot(slot)
+          dropped += 1
+        }
+      }
+      off += Header + kl + vl
+    }
+    pageTotal -= page.length
+    liveTotal -= pageLive(0)
+    pages.remove(0)
+    pageLive.remove(0)
+    firstPage += 1
+    if (pages.isEmpty) used = 0
+    dropped
+  }
+
+  /** True when dead records outweigh live ones by more than a page's worth: worth a [[compact]]. */
+  def wasteful: Boolean = pageTotal - liveTotal > math.max(liveTotal, MaxPage.toLong)
+
+  /** Rewrites every live record into fresh pages (in order) and drops the old pages. */
+  def compact(): Unit = {
+    val oldPages = pages.toArray
+    val oldFirst = firstPage
+    val oldUsed = used
+    pages.clear(); pageLive.clear()
+    firstPage = oldFirst + oldPages.length
+    used = 0; pageTotal = 0; liveTotal = 0
+    var i = 0
+    while (i < oldPages.length) {
+      val page = oldPages(i)
+      val end = if (i == oldPages.length - 1) oldUsed else page.length
+      var off = 0
+      while (off < end && off + Header <= page.length && !isPadding(page, off)) {
+        val kl = readInt(page, off + 1)
+        val vl = readInt(page, off + 5)
+        if ((page(off) & Dead) == 0) {
+          val slot = slotOfAddress(address(oldFirst + i, off), hashRange(page, off + Header, kl))
+          addresses(slot) = appendRaw(page, off, Header + kl + vl)
+        }
+        off += Header + kl + vl
+      }
+      i += 1
+    }
+  }
+
+  def clear(): Unit = {
+    addresses = new Array[Long](InitialSlots); hashes = new Array[Int](InitialSlots); mask = InitialSlots - 1
+    count = 0
+    firstPage += pages.size
+    pages.clear(); pageLive.clear()
+    used = 0; pageTotal = 0; liveTotal = 0
+  }
+
+  // -- records ----------------------------------------------------------------------------------
+  private def pageOf(a: Long): Array[Byte] = pages((a >>> 32).toInt - firstPage)
+  private def offsetOf(a: Long): Int = a.toInt
+
+  private def append(key: Array[Byte], value: Array[Byte], tomb: Boolean): Long = {
+    val len = Header + key.length + value.length
+    val a = reserve(len)
+    val page = pageOf(a)
+    val off = offsetOf(a)
+    page(off) = (if (tomb) Tombstone else 0).toByte
+    writeInt(page, off + 1, key.length)
+    writeInt(page, off + 5, value.length)
+    System.arraycopy(key, 0, page, off + Header, key.length)
+    System.arraycopy(value, 0, page, off + Header + key.length, value.length)
+    a
+  }
+
+  private def appendRaw(from: Array[Byte], at: Int, len: Int): Long = {
+    val a = reserve(len)
+    System.arraycopy(from, at, pageOf(a), offsetOf(a), len)
+    pageOf(a)(offsetOf(a)) = (from(at) & ~Referenced).toByte
+    a
+  }
+
+  /** Room for a record of `len` bytes at the end of the newest page, or in a new one. */
+  private def reserve(len: Int): Long = {
+    if (pages.isEmpty || used + len > pages.last.length) {
+      if (pages.nonEmpty && used + 1 <= pages.last.length) pages.last(used) = Padding // end of records
+      val size = math.max(len, math.min(MaxPage, math.max(MinPage, pageBytes())))
+      pages += new Array[Byte](size)
+      pageLive += 0
+      pageTotal += size
+      used = 0
+    }
+    val off = used
+    used += len
+    pageLive(pageLive.size - 1) += len
+    liveTotal += len
+    address(firstPage + pages.size - 1, off)
+  }
+
+  /** Marks the record at `a` dead (replaced or removed); its bytes are garbage until its page goes. */
+  private def kill(a: Long): Unit = {
+    val page = pageOf(a)
+    val off = offsetOf(a)
+    page(off) = (page(off) | Dead).toByte
+    val len = Header + readInt(page, off + 1) + readInt(page, off + 5)
+    pageLive((a >>> 32).toInt - firstPage) -= len
+    liveTotal -= len
+  }
+
+  private def foreachRecord(f: (Array[Byte], Int) => Unit): Unit = {
+    var i = 0
+    while (i < pages.size) {
+      val page = pages(i)
+      val end = if (i == pages.size - 1) used else page.length
+      var off = 0
+      while (off < end && off + Header <= page.length && !isPadding(page, off)) {
+        val len = Header + readInt(page, off + 1) + readInt(page, off + 5)
+        if ((page(off) & Dead) == 0) f(page, off)
+        off += len
+      }
+      i += 1
+    }
+  }
+
+  // -- index ------------------------------------------------------------------------------------
+  private def find(key: Array[Byte], hash: Int): Int = {
+    var slot = home(hash)
+    while (true) {
+      val a = addresses(slot)
+      if (a == 0L) return -1
+      if (hashes(slot) == hash) {
+        val page = pageOf(a)
+        val off = offsetOf(a)
+        if (readInt(page, off + 1) == key.length &&
+          Arrays.equals(page, off + Header, off + Header + key.length, key, 0, key.length)) return slot
+      }
+      slot = (slot + 1) & mask
+    }
+    -1
+  }
+
+  private def slotOfAddress(a: Long, hash: Int): Int = {
+    var slot = home(hash)
+    while (addresses(slot) != a) {
+      if (addresses(slot) == 0L) throw new IllegalStateException("keyedstate: a live record is missing from the index")
+      slot = (slot + 1) & mask
+    }
+    slot
+  }
+
+  private def insert(hash: Int, a: Long): Unit = {
+    if ((count + 1).toLong * 10 > (mask + 1).toLong * 6) grow()
+    var slot = home(hash)
+    while (addresses(slot) != 0L) slot = (slot + 1) & mask
+    addresses(slot) = a
+    hashes(slot) = hash
+    count += 1
+  }
+
+  /** Backward-shift deletion: no tombstones in the index, probes stay short. */
+  private def deleteSlot(slot: Int): Unit = {
+    var hole = slot
+    var j = slot
+    addresses(hole) = 0L
+    while (true) {
+      j = (j + 1) & mask
+      if (addresses(j) == 0L) { count -= 1; return }
+      val h = home(hashes(j))
+      // Move j into the hole when its home is not in (hole, j] (cyclically).
+      val movable = if (hole <= j) h <= hole || h > j else h <= hole && h > j
+      if (movable) {
+        addresses(hole) = addresses(j); hashes(hole) = hashes(j)
+        addresses(j) = 0L
+        hole = j
+      }
+    }
+  }
+
+  private def grow(): Unit = {
+    val oldA = addresses
+    val oldH = hashes
+    addresses = new Array[Long](oldA.length * 2)
+    hashes = new Array[Int](oldA.length * 2)
+    mask = addresses.length - 1
+    var i = 0
+    while (i < oldA.length) {
+      if (oldA(i) != 0L) {
+        var slot = home(oldH(i))
+        while (addresses(slot) != 0L) slot = (slot + 1) & mask
+        addresses(slot) = oldA(i)
+        hashes(slot) = oldH(i)
+      }
+      i += 1
+    }
+  }
+
+  private def home(hash: Int): Int = (hash * 0x9E3779B9) >>> (32 - Integer.numberOfTrailingZeros(mask + 1)) & mask
+}
+
+object BytesMap {
+  /** Returned by [[BytesMap.get]] for a delete recorded by the write buffer; by identity. */
+  val TombstoneValue: Array[Byte] = WriteBuffer.Tombstone
+  val Header = 9
+  val MinPage = 1024
+  /** Below half of G1's smallest region (1 MiB), so pages are never humongous. */
+  val MaxPage: Int = 256 * 1024 - 64
+  private val InitialSlots = 64
+  private val Dead = 1
+  private val Referenced = 2
+  private val Tombstone = 4
+  private val Padding: Byte = -1 // flags byte that ends a page's records early
+
+  /** The hash [[BytesMap]] expects: `java.util.Arrays.hashCode` of the key (= [[Bytes.hashCode]]). */
+  def hashOf(key: Array[Byte]): Int = Arrays.hashCode(key)
+
+  private def hashRange(a: Array[Byte], from: Int, len: Int): Int = {
+    var h = 1
+    var i = from
+    val end = from + len
+    while (i < end) { h = 31 * h + a(i); i += 1 }
+    h
+  }
+
+  private def isPadding(page: Array[Byte], off: Int): Boolean = page(off) == Padding
+  private def address(pageId: Int, off: Int): Long = (pageId.toLong << 32) | (off.toLong & 0xffffffffL)
+
+  private def readInt(a: Array[Byte], i: Int): Int =
+    (a(i) & 0xff) << 24 | (a(i + 1) & 0xff) << 16 | (a(i + 2) & 0xff) << 8 | (a(i + 3) & 0xff)
+  private def writeInt(a: Array[Byte], i: Int, v: Int): Unit = {
+    a(i) = (v >>> 24).toByte; a(i + 1) = (v >>> 16).toByte; a(i + 2) = (v >>> 8).toByte; a(i + 3) = v.toByte
+  }
+}
