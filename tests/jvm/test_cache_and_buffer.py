@@ -45,6 +45,7 @@ def test_write_buffer_keeps_the_last_write_logs_every_write_and_copies_for_itera
     assert buffer.size() == 4 and len(snapshot) == 3
     assert bytes(buffer.lookup(key(engine, 1))) == b"\x01b"
     assert len(buffer.lookup(key(engine, 2))) == 0  # the tombstone
+    assert [buffer.presence(key(engine, i)) for i in (1, 2, 9)] == [2, 1, 0]  # present, deleted, missing
     assert buffer.lookup(key(engine, 9)) is None
     assert (buffer.keyDelta(), buffer.unknownOps(), buffer.recordCount()) == (1, 2, 4)
     log = changelog.decode(to_bytes(buffer.finish()), "buffer")

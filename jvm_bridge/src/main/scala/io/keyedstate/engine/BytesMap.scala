@@ -26,11 +26,12 @@ import scala.collection.mutable.ArrayBuffer
  * small pages; pages stay below half of G1's smallest region (512 KiB) so they are never
  * humongous.
  */
-final class BytesMap(pageBytes: () => Int) {
+final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0) {
   import BytesMap._
 
   /** Pages of one size (tests). */
-  def this(pageSize: Int) = this(() => pageSize)
+  def this(pageSize: Int, expectedKeys: Int) = this(() => pageSize, expectedKeys)
+  def this(pageSize: Int) = this(() => pageSize, 0)
 
   // Index: addresses (0 = empty) and the keys' hashes, `mask + 1` slots.
   private var addresses = new Array[Long](InitialSlots)
@@ -40,7 +41,7 @@ final class BytesMap(pageBytes: () => Int) {
 
   // Pages, oldest first; page ids grow forever, `firstPage` is the id of `pages(0)`.
   private val pages = ArrayBuffer.empty[Array[Byte]]
-  private val pageLive = ArrayBuffer.empty[Int] // live record bytes per page
+  private var pageLive = new Array[Int](16) // live record bytes per page, as `pages` (unboxed)
   private var firstPage = 1
   private var used = 0 // bytes used in the newest page
   private var pageTotal = 0L
@@ -52,6 +53,16 @@ final class BytesMap(pageBytes: () => Int) {
   /** Bytes of records that are live (headers included). */
   def liveBytes: Long = liveTotal
   def pageCount: Int = pages.size
+
+  /** Whether `key` is here: [[Missing]], [[Deleted]] (a tombstone) or [[Present]]; no copy. */
+  def presence(key: Array[Byte], hash: Int): Int = {
+    val slot = find(key, hash)
+    if (slot < 0) Missing
+    else {
+      val a = addresses(slot)
+      if ((pageOf(a)(offsetOf(a)) & Tombstone) != 0) Deleted else Present
+    }
+  }
 
   /** A copy of the value of `key`, or null; marks the record as read (see [[dropOldestPage]]). */
   def get(key: Array[Byte], hash: Int): Array[Byte] = {
@@ -115,6 +126,11 @@ final class BytesMap(pageBytes: () => Int) {
     f(Arrays.copyOfRange(page, off + Header, off + Header + kl), value)
   }
 
+  /** Every live key in page order, as copies. */
+  def foreachKey(f: Array[Byte] => Unit): Unit = foreachRecord { (page, off) =>
+    f(Arrays.copyOfRange(page, off + Header, off + Header + readInt(page, off + 1)))
+  }
+
   /** Every live record in page order, as copies. */
   def toArray: Array[(Array[Byte], Array[Byte])] = {
     val out = new Array[(Array[Byte], Array[Byte])](count)
@@ -159,7 +175,7 @@ final class BytesMap(pageBytes: () => Int) {
     pageTotal -= page.length
     liveTotal -= pageLive(0)
     pages.remove(0)
-    pageLive.remove(0)
+    System.arraycopy(pageLive, 1, pageLive, 0, pages.size)
     firstPage += 1
     if (pages.isEmpty) used = 0
     dropped
@@ -173,7 +189,7 @@ final class BytesMap(pageBytes: () => Int) {
     val oldPages = pages.toArray
     val oldFirst = firstPage
     val oldUsed = used
-    pages.clear(); pageLive.clear()
+    pages.clear()
     firstPage = oldFirst + oldPages.length
     used = 0; pageTotal = 0; liveTotal = 0
     var i = 0
@@ -198,7 +214,7 @@ final class BytesMap(pageBytes: () => Int) {
     addresses = new Array[Long](InitialSlots); hashes = new Array[Int](InitialSlots); mask = InitialSlots - 1
     count = 0
     firstPage += pages.size
-    pages.clear(); pageLive.clear()
+    pages.clear()
     used = 0; pageTotal = 0; liveTotal = 0
   }
 
@@ -232,13 +248,14 @@ final class BytesMap(pageBytes: () => Int) {
       if (pages.nonEmpty && used + 1 <= pages.last.length) pages.last(used) = Padding // end of records
       val size = math.max(len, math.min(MaxPage, math.max(MinPage, pageBytes())))
       pages += new Array[Byte](size)
-      pageLive += 0
+      if (pageLive.length < pages.size) pageLive = Arrays.copyOf(pageLive, pageLive.length * 2)
+      pageLive(pages.size - 1) = 0
       pageTotal += size
       used = 0
     }
     val off = used
     used += len
-    pageLive(pageLive.size - 1) += len
+    pageLive(pages.size - 1) += len
     liveTotal += len
     address(firstPage + pages.size - 1, off)
   }
@@ -295,7 +312,8 @@ final class BytesMap(pageBytes: () => Int) {
   }
 
   private def insert(hash: Int, a: Long): Unit = {
-    if ((count + 1).toLong * 10 > (mask + 1).toLong * 6) grow()
+    if (count == 0 && expectedKeys > mask + 1) resize(slotsFor(expectedKeys)) // the first insert: as expected
+    if ((count + 1).toLong * 10 > (mask + 1).toLong * 6) resize(addresses.length * 2)
     var slot = home(hash)
     while (addresses(slot) != 0L) slot = (slot + 1) & mask
     addresses(slot) = a
@@ -322,11 +340,11 @@ final class BytesMap(pageBytes: () => Int) {
     }
   }
 
-  private def grow(): Unit = {
+  private def resize(slots: Int): Unit = {
     val oldA = addresses
     val oldH = hashes
-    addresses = new Array[Long](oldA.length * 2)
-    hashes = new Array[Int](oldA.length * 2)
+    addresses = new Array[Long](slots)
+    hashes = new Array[Int](slots)
     mask = addresses.length - 1
     var i = 0
     while (i < oldA.length) {
@@ -351,6 +369,12 @@ object BytesMap {
   /** Below half of G1's smallest region (1 MiB), so pages are never humongous. */
   val MaxPage: Int = 256 * 1024 - 64
   private val InitialSlots = 64
+  val Missing = 0
+  val Deleted = 1
+  val Present = 2
+  /** Slots (a power of two) for `keys` at a load factor below 0.6. */
+  private def slotsFor(keys: Int): Int =
+    math.min(1 << 30, Integer.highestOneBit(math.max(InitialSlots, (keys.toLong * 10 / 6).toInt)) * 2)
   private val Dead = 1
   private val Referenced = 2
   private val Tombstone = 4

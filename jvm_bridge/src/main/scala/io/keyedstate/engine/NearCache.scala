@@ -124,7 +124,7 @@ final class NearCache(fpp: Double) {
     if (complete) {
       // Going partial: every key of the version is here right now, so the filter is exact.
       startBloom(bloomCapacityFor(entries.size))
-      entries.foreach((k, _) => addToBloom(k))
+      entries.foreachKey(addToBloom)
       complete = false
       recharge()
     }

@@ -76,6 +76,9 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   // The newest version with a snapshot in the checkpoint (loaded from or uploaded), to bound the
   // changelogs a load replays when maintenance does not upload (short runs).
   @volatile private var lastSnapshot = 0L
+  // Sizes the next version's write buffer starts with: the last commit's, so that it does not
+  // grow (and copy) its index and changelog while a batch writes.
+  @volatile private var expected = WriteBuffer.Expected.None
 
   val loadMs = new AtomicLong
   val nativeGets = new AtomicLong
@@ -126,7 +129,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     load(version, id, loadEmpty)
     val nowMs = if (policy.enabled) clock.now(version) else 0L
     val buffered = new BufferedVersion(version, session.settings.keyGroups, new CachedReads(cache, committedReads),
-      () => holds(version), claimCache)
+      () => holds(version), claimCache, expected)
     new StoreVersion(version, id, buffered, new TtlView(buffered, policy, nowMs, writable), nowMs)
   }
 
@@ -183,6 +186,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       val (cleaned, cleanupMs) = cleanup.collect(session, v.buffered, newVersion, v.nowMs)
       val t0 = System.nanoTime()
       val changelog = v.buffered.buffer.finish() // encoded as the writes happened
+      if (v.buffered.buffer.size > 0) expected = v.buffered.buffer.observed.grown
       val delta = v.buffered.buffer.keyDelta
       val unknown = v.buffered.buffer.unknownOps
       loaded = -1 // until the version is durable and shipped

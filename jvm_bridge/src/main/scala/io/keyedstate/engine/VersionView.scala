@@ -23,8 +23,8 @@ trait KeyValueView {
  * (watermark eviction does).
  */
 final class BufferedVersion(val version: Long, keyGroups: Int, val committed: CachedReads, holdsVersion: () => Boolean,
-    claimCache: BufferedVersion => Unit) extends KeyValueView {
-  val buffer = new WriteBuffer(version + 1, keyGroups)
+    claimCache: BufferedVersion => Unit, expected: WriteBuffer.Expected = WriteBuffer.Expected.None) extends KeyValueView {
+  val buffer = new WriteBuffer(version + 1, keyGroups, expected)
   /** Whether a write reached the near cache (which then runs ahead of the committed version). */
   @volatile var touchedCache = false
 
@@ -54,9 +54,10 @@ final class BufferedVersion(val version: Long, keyGroups: Int, val committed: Ca
   }
 
   /** Whether the key exists now, if this version wrote it already (records are sequential). */
-  private def written(key: Bytes): Option[Boolean] = buffer.lookup(key) match {
-    case null => None
-    case v => Some(!(v eq WriteBuffer.Tombstone))
+  private def written(key: Bytes): Option[Boolean] = buffer.presence(key) match {
+    case BytesMap.Missing => None
+    case BytesMap.Deleted => Some(false)
+    case _ => Some(true)
   }
 
   /** Lazy: nothing is copied until the iterator is first read. Spark's dropDuplicates asks for

@@ -12,13 +12,15 @@ import io.keyedstate.format.ChangelogFormat
  * of the key just before it ([[ChangelogFormat]]'s ops, sequential: a key written twice is new
  * the first time and existing the second).
  */
-final class WriteBuffer(version: Long, keyGroups: Int) {
+final class WriteBuffer(version: Long, keyGroups: Int, expected: WriteBuffer.Expected) {
   import WriteBuffer._
+
+  def this(version: Long, keyGroups: Int) = this(version, keyGroups, WriteBuffer.Expected.None)
 
   // Pages from 4 KiB, doubling: a batch of a few writes stays small.
   private var pagesMade = 0
-  private val entries = new BytesMap(() => { pagesMade += 1; 4096 << math.min(pagesMade - 1, 6) })
-  private lazy val log = new ChangelogFormat.InMemoryWriter(version, keyGroups) // read stores never write
+  private val entries = new BytesMap(() => { pagesMade += 1; 4096 << math.min(pagesMade - 1, 6) }, expected.keys)
+  private lazy val log = new ChangelogFormat.InMemoryWriter(version, keyGroups, expected.logBytes) // read stores never write
   /** Net keys added by the logged records (new keys minus deleted ones), where known. */
   var keyDelta = 0L
   /** Records whose key's previous existence was unknown (the reader has to look). */
@@ -44,12 +46,16 @@ final class WriteBuffer(version: Long, keyGroups: Int) {
     case _ =>
   }
 
+  /** Whether this version wrote `key`: [[BytesMap.Missing]], [[BytesMap.Deleted]] or [[BytesMap.Present]]. */
+  def presence(key: Bytes): Int = entries.presence(key.bytes, key.hashCode)
   /** The pending value: null = not written in this version; [[Tombstone]] = deleted. */
   def lookup(key: Bytes): Array[Byte] = entries.get(key.bytes, key.hashCode)
   /** Keys written in this version. */
   def size: Int = entries.size
   def estimatedBytes: Long = entries.memoryBytes + (if (entries.size == 0) 0L else log.writer.bytesWritten)
   def recordCount: Long = if (entries.size == 0) 0L else log.writer.recordCount
+  /** What the next version should expect (the last version's size is the best guess). */
+  def observed: Expected = Expected(entries.size, if (entries.size == 0) 0L else log.writer.bytesWritten)
 
   /** The version's changelog (format 1), finished; the buffer takes no writes after this. */
   def finish(): ByteBuffer = log.finish()
@@ -65,4 +71,10 @@ final class WriteBuffer(version: Long, keyGroups: Int) {
 object WriteBuffer {
   /** A delete; compared by identity. */
   val Tombstone: Array[Byte] = new Array[Byte](0)
+
+  /** Sizes to allocate up front: keys written and changelog bytes (slightly more than seen). */
+  final case class Expected(keys: Int, logBytes: Long) {
+    def grown: Expected = Expected(keys + keys / 8, logBytes + logBytes / 8 + 4096)
+  }
+  object Expected { val None: Expected = Expected(0, 0) }
 }

@@ -12,11 +12,11 @@ import io.keyedstate.format.ChangelogFormat.{isPut, HeaderBytes, MaxBytes, Trail
  * Kept apart from [[ChangelogFormat]], which owns the framing, the header and the record reader.
  */
 private[format] object ChangelogCodecs {
-  def zstd(src: Array[Byte], offset: Int, length: Int): (Array[Byte], Int) = {
-    val out = new Array[Byte](Zstd.compressBound(length.toLong).toInt)
-    val n = Zstd.compressByteArray(out, 0, out.length, src, offset, length, ZstdLevel)
+  /** Compresses `src[offset, offset + length)` into `dst` at `at` (room for compressBound); the bytes written. */
+  def zstdInto(dst: Array[Byte], at: Int, src: Array[Byte], offset: Int, length: Int): Int = {
+    val n = Zstd.compressByteArray(dst, at, dst.length - at, src, offset, length, ZstdLevel)
     if (Zstd.isError(n)) throw new IllegalStateException(s"keyedstate: zstd failed: ${Zstd.getErrorName(n)}")
-    (out, n.toInt)
+    n.toInt
   }
 
   /** Codec 2's split of a format-1 changelog: (key groups, the rest, the rest's length). */

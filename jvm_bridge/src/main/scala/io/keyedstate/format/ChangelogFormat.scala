@@ -9,6 +9,7 @@ import scala.jdk.CollectionConverters._
 import scala.util.control.NonFatal
 
 import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
+import com.github.luben.zstd.Zstd
 
 /** A changelog is truncated, corrupt or foreign; the message names it. */
 class CorruptChangelogException(message: String) extends IllegalArgumentException(message)
@@ -143,9 +144,11 @@ object ChangelogFormat {
   /** At most this many bytes per changelog (one Java array). */
   val MaxBytes: Long = Int.MaxValue - 64L
 
-  /** A changelog written into memory record by record (fails beyond [[MaxBytes]]). */
-  final class InMemoryWriter(version: Long, keyGroups: Int) {
-    private val out = new ExposedBytes
+  /** A changelog written into memory record by record (fails beyond [[MaxBytes]]); starts with
+   *  room for `expectedBytes`, so that a changelog as large as the last one is not copied while
+   *  it grows. */
+  final class InMemoryWriter(version: Long, keyGroups: Int, expectedBytes: Long = 0) {
+    private val out = new ExposedBytes(math.max(1L << 16, math.min(expectedBytes, MaxBytes)).toInt)
     val writer = new Writer(out, version, keyGroups)
     /** Writes the trailer; the changelog's bytes. */
     def finish(): ByteBuffer = { writer.finish(); out.view }
@@ -158,7 +161,7 @@ object ChangelogFormat {
     memory.finish()
   }
 
-  private final class ExposedBytes extends ByteArrayOutputStream(1 << 16) {
+  private final class ExposedBytes(initial: Int) extends ByteArrayOutputStream(initial) {
     override def write(b: Array[Byte], off: Int, len: Int): Unit = {
       if (count.toLong + len > MaxBytes) {
         throw new IllegalStateException(s"keyedstate: a version writes more than $MaxBytes changelog bytes; " +
@@ -186,25 +189,42 @@ object ChangelogFormat {
     }
     val metaBytes = Json.writeValueAsBytes(tree)
     val src = inner.duplicate()
-    val (body, bodyLength) = codec match {
-      case CodecNone =>
-        val b = new Array[Byte](src.remaining()); src.get(b); (b, b.length)
-      case CodecZstd => ChangelogCodecs.zstd(src.array(), src.arrayOffset() + src.position(), src.remaining())
+    // The body is compressed straight into the file's buffer (sized for the worst case), not into
+    // arrays that are copied again: a commit allocates the file once.
+    val (parts, bound) = codec match {
+      case CodecNone => (Seq((src.array(), src.arrayOffset() + src.position(), src.remaining())), src.remaining().toLong)
+      case CodecZstd =>
+        (Seq((src.array(), src.arrayOffset() + src.position(), src.remaining())), Zstd.compressBound(src.remaining().toLong))
       case CodecZstdSplit =>
         val (groups, rest, restLength) = ChangelogCodecs.splitKeyGroups(src)
-        val (g, gLength) = ChangelogCodecs.zstd(groups, 0, groups.length)
-        val (r, rLength) = ChangelogCodecs.zstd(rest, 0, restLength)
-        val out = ByteBuffer.allocate(4 + gLength + rLength)
-        out.putInt(gLength).put(g, 0, gLength).put(r, 0, rLength)
-        (out.array(), out.capacity())
+        (Seq((groups, 0, groups.length), (rest, 0, restLength)),
+          4 + Zstd.compressBound(groups.length.toLong) + Zstd.compressBound(restLength.toLong))
       case other => throw new IllegalArgumentException(s"unknown changelog codec $other")
     }
-    val file = ByteBuffer.allocate(HeaderV2Bytes + metaBytes.length + 4 + bodyLength)
+    val bodyStart = HeaderV2Bytes + metaBytes.length + 4
+    if (bodyStart + bound > Int.MaxValue - 64) {
+      throw new IllegalStateException(s"keyedstate: a compressed changelog would exceed $MaxBytes bytes; at most 2 GB per commit")
+    }
+    val file = ByteBuffer.allocate((bodyStart + bound).toInt)
     file.put(MagicV2).putShort(FormatVersionV2.toShort).put(codec.toByte).putInt(metaBytes.length).put(metaBytes)
     val crc = new CRC32()
     crc.update(file.array(), 0, file.position())
-    file.putInt(crc.getValue.toInt).put(body, 0, bodyLength)
-    file.flip()
+    file.putInt(crc.getValue.toInt)
+    val end = codec match {
+      case CodecNone =>
+        val (a, off, len) = parts.head
+        file.put(a, off, len).position()
+      case CodecZstd =>
+        val (a, off, len) = parts.head
+        bodyStart + ChangelogCodecs.zstdInto(file.array(), bodyStart, a, off, len)
+      case _ =>
+        val (g, gOff, gLen) = parts(0)
+        val (r, rOff, rLen) = parts(1)
+        val gBytes = ChangelogCodecs.zstdInto(file.array(), bodyStart + 4, g, gOff, gLen)
+        file.putInt(bodyStart, gBytes)
+        bodyStart + 4 + gBytes + ChangelogCodecs.zstdInto(file.array(), bodyStart + 4 + gBytes, r, rOff, rLen)
+    }
+    file.position(0).limit(end)
     file
   }
 
