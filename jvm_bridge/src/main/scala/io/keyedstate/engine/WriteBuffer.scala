@@ -74,7 +74,9 @@ object WriteBuffer {
 
   /** Sizes to allocate up front: keys written and changelog bytes (slightly more than seen). */
   final case class Expected(keys: Int, logBytes: Long) {
-    def grown: Expected = Expected(keys + keys / 8, logBytes + logBytes / 8 + 4096)
+    /** A little more than seen, capped (1M keys, 32 MB): one huge batch (a seed) must not make
+     *  the next, ordinary one allocate as much up front; beyond the cap they grow as they go. */
+    def grown: Expected = Expected(math.min(keys + keys / 8, 1 << 20), math.min(logBytes + logBytes / 8 + 4096, 32L << 20))
   }
   object Expected { val None: Expected = Expected(0, 0) }
 }
