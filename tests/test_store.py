@@ -69,3 +69,38 @@ def test_snapshot_is_staged_every_interval_and_restores(store, tmp_path):
     other.close()
     store.drop_staged(2)
     assert store.staged_snapshots() == []
+
+
+def test_a_staged_snapshot_is_listed_without_waiting_for_the_applies_queued_after_it(tmp_path):
+    """The commit of a snapshot version asks for its upload; in a running query the next
+    version's apply is already queued. Listing must not wait for it (before: it waited until no
+    apply was pending, so a query stopped in between restarted from the previous snapshot)."""
+    import threading
+
+    from keyedstate.server.store import Applier
+
+    s = VersionedStore("test", tmp_path / "store", key_groups=16, snapshot_interval=2, applier=Applier())
+    s.restore(0, None, "lineage-1", 0)
+    try:
+        s.submit(cl.encode(1, 16, [(cl.OP_PUT, key(1, b"a"), b"1")]), "v1")
+        s.submit(cl.encode(2, 16, [(cl.OP_PUT, key(1, b"b"), b"2")]), "v2")  # staged in its apply
+        assert [x["version"] for x in s.staged_snapshots(2)] == [2]
+        with s._lock:  # a long apply of v3 runs (the applier waits for this lock)
+            s.submit(cl.encode(3, 16, [(cl.OP_PUT, key(1, b"c"), b"3")]), "v3")
+            listed: list = []
+            lister = threading.Thread(target=lambda: listed.append(s.staged_snapshots(2)))
+            lister.start()
+            lister.join(timeout=10)
+            assert not lister.is_alive(), "listing waited for the apply queued after the snapshot"
+            assert [x["version"] for x in listed[0]] == [2]
+            everything: list = []
+            waiting = threading.Thread(target=lambda: everything.append(s.staged_snapshots()))
+            waiting.start()
+            waiting.join(timeout=0.5)
+            assert waiting.is_alive()  # without `through`: waits until nothing is pending
+        waiting.join(timeout=10)
+        assert [x["version"] for x in everything[0]] == [2] and s.version == 3
+        s.drop_staged(2)
+        assert s.staged_snapshots(2) == []
+    finally:
+        s.close()

@@ -80,8 +80,8 @@ class StateServerApi:
     def stageSnapshot(self, handle: int) -> None:  # noqa: N802
         self.registry.get(handle).stage_snapshot()
 
-    def stagedSnapshots(self, handle: int) -> str:  # noqa: N802
-        return json.dumps(self.registry.get(handle).staged_snapshots())
+    def stagedSnapshots(self, handle: int, through: int) -> str:  # noqa: N802
+        return json.dumps(self.registry.get(handle).staged_snapshots(through))
 
     def dropStaged(self, handle: int, version: int) -> None:  # noqa: N802
         self.registry.get(handle).drop_staged(version)

@@ -14,8 +14,9 @@ trait PythonStateServer {
   /** Replays downloaded changelogs, a JSON list of [version, localPath, checkpointPath], in order. */
   def replay(handle: Int, changelogsJson: String): Unit
   def stageSnapshot(handle: Int): Unit
-  /** Staged local snapshots waiting for upload, as JSON. */
-  def stagedSnapshots(handle: Int): String
+  /** Staged local snapshots waiting for upload, as JSON: once version `through`'s is staged
+   *  (or nothing is pending), or with `through` = -1 once every pending apply is done. */
+  def stagedSnapshots(handle: Int, through: Long): String
   def dropStaged(handle: Int, version: Long): Unit
   /** Version and exact key count, once pending write-behind applies are done (JSON). */
   def storeInfo(handle: Int): String

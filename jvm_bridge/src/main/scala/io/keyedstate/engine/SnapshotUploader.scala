@@ -42,10 +42,12 @@ final class SnapshotUploader(files: CheckpointFiles, describe: String) {
   }
 
   /** Uploads every staged snapshot of the store, then asks the server to drop it; returns the
-   *  newest version now in the checkpoint. */
+   *  newest version now in the checkpoint. `through` >= 0: as soon as that version's is staged
+   *  (the server does not wait for the applies queued after it); -1: once nothing is pending. */
   def upload(session: ServerSession, keyGroups: Int, keyLayout: KeyLayout,
-      ttl: Option[java.util.Map[String, AnyRef]], uniqueIdOf: Long => Either[Unit, Option[String]]): Option[Long] = {
-    val staged = Json.readTree(session.maintenance("listing staged snapshots")((api, h) => api.stagedSnapshots(h)))
+      ttl: Option[java.util.Map[String, AnyRef]], uniqueIdOf: Long => Either[Unit, Option[String]],
+      through: Long): Option[Long] = {
+    val staged = Json.readTree(session.maintenance("listing staged snapshots")((api, h) => api.stagedSnapshots(h, through)))
     var newest: Option[Long] = None
     staged.elements().asScala.foreach { snap =>
       val version = snap.get("version").asLong()

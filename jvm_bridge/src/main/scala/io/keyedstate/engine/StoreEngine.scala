@@ -216,7 +216,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       lineage = ((newVersion -> newId) :: lineage).filter(_._1 >= lastSnapshot)
       lastCommitPhases = CommitPhases((t1 - t0) / 1000000, (t2 - t1) / 1000000, (t3 - t2) / 1000000)
       if (overdue) { uploadSnapshots(); cleanupFiles() }
-      else if (forceSnapshot || newVersion % session.settings.snapshotInterval == 0) SnapshotKick.request(this)
+      else if (forceSnapshot || newVersion % session.settings.snapshotInterval == 0) SnapshotKick.request(this, newVersion)
       CommitResult(newVersion, bytes, cleaned, cleanupMs, newId, v.uniqueId)
     } catch {
       case NonFatal(e) => invalidate(); throw e
@@ -302,13 +302,14 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
    * directory: that is safe because a snapshot only adds files under fresh names, lists only files
    * verified to be there, never replaces a manifest, and a load skips a snapshot that turns out
    * broken anyway. Deleting is not: only the active instance cleans up ([[cleanupFiles]]).
+   * `through`: see [[SnapshotUploader.upload]].
    */
-  def uploadSnapshots(): Unit = {
+  def uploadSnapshots(through: Long = -1L): Unit = {
     if (closed || !session.isAlive || keyCodec == null) return
     maintenanceMutex.synchronized {
       retriedLater("snapshot upload") {
         uploader.upload(session, session.settings.keyGroups, keyCodec.layout,
-          if (policy.enabled) Some(policy.describe) else None, uniqueIdOf).foreach(v => lastSnapshot = math.max(lastSnapshot, v))
+          if (policy.enabled) Some(policy.describe) else None, uniqueIdOf, through).foreach(v => lastSnapshot = math.max(lastSnapshot, v))
       }
     }
   }
@@ -366,7 +367,7 @@ private object SnapshotKick {
     t
   })
 
-  def request(engine: StoreEngine): Unit = thread.execute(() => engine.uploadSnapshots())
+  def request(engine: StoreEngine, version: Long): Unit = thread.execute(() => engine.uploadSnapshots(version))
 }
 
 object StoreEngine {
