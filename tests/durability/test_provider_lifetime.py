@@ -21,8 +21,8 @@ import pytest
 
 from support import testjar
 from support.constants import PFX, STATE_PREFIX
-from support.durability import (RUN_ID_KEY, deactivate, disarm, arm, objtest_location, objtest_root,
-                                report_active)
+from support.durability import (OBJECT_STORE_RULES, RUN_ID_KEY, deactivate, disarm, arm, objtest_location,
+                                objtest_root, report_active)
 from support.jvm import LayerStore, scala_iter
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fault_root")]
@@ -195,3 +195,29 @@ def test_a_due_snapshot_is_uploaded_without_waiting_for_maintenance(tmp_path):
         session.exit()
     finally:
         session.kill()
+
+
+def test_a_snapshot_due_just_before_the_application_stops_reaches_the_checkpoint(tmp_path):
+    """The application stops right after a snapshot version, on a checkpoint whose renames are
+    slow (an object store copies): the JVM's exit waits (bounded) for the uploads already asked
+    for, so a restart loads the snapshot instead of replaying every changelog. Before, the JVM
+    exited with them in flight (W1's restart loaded 2 of 4 partitions without their snapshot)."""
+    from support.sessions import SessionProcess
+
+    root = tmp_path / "objects"
+    confs = {**testjar.objtest_conf(root), f"{STATE_PREFIX}maintenanceInterval": "600s"}
+    testjar.arm(root, OBJECT_STORE_RULES)
+    session = SessionProcess(tmp_path / "session", confs=confs)
+    try:
+        session.start_query("q", "objtest://ckpt/q", tmp_path / "input", confs={PFX + "snapshotInterval": "2"})
+        assert session.feed("q", [f"k{i}" for i in range(200)])["ok"]  # version 1
+        testjar.arm(root, {**OBJECT_STORE_RULES, "rename.delayMs": 1500})  # from here on a file takes 1.5 s to publish
+        assert session.feed("q", [f"k{i}" for i in range(100, 300)])["ok"]  # version 2: a snapshot is due
+        assert session.call({"op": "stop", "name": "q"})["ok"]
+        session.exit(timeout=120)
+    finally:
+        session.kill()
+    partitions = sorted((root / "ckpt" / "q" / "state" / "0").glob("[0-9]*"))
+    assert len(partitions) == 2
+    assert all((p / "2.ks-snapshot").is_file() for p in partitions), \
+        [sorted(f.name for f in p.iterdir()) for p in partitions]

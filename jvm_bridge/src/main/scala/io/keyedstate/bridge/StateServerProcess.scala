@@ -179,6 +179,11 @@ object StateServerProcess {
   private var generations = 0
   private var root: LocalRoot = _
   private val retired = new java.util.ArrayDeque[StateServerProcess]()
+  private val beforeExit = new java.util.concurrent.CopyOnWriteArrayList[Runnable]()
+
+  /** Work to finish at the JVM's exit while the servers and their files are still there (it
+   *  bounds its own wait); runs before the servers are stopped. */
+  def runBeforeServersStop(work: Runnable): Unit = beforeExit.addIfAbsent(work)
 
   /** The number of server processes of this JVM (fixed by the first store opened). */
   def poolSize(launch: ServerLaunch): Int = synchronized {
@@ -227,6 +232,7 @@ object StateServerProcess {
       root = LocalRoot.create(parent)
       val created = root
       sys.addShutdownHook {
+        beforeExit.forEach(w => try w.run() catch { case NonFatal(_) => })
         Option(servers).foreach(_.foreach(s => if (s != null) try s.destroy() catch { case NonFatal(_) => }))
         created.close()
       }

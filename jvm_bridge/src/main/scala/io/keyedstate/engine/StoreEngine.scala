@@ -1,17 +1,20 @@
 package io.keyedstate.engine
 
+import java.time.Duration
 import java.util.UUID
-import java.util.concurrent.atomic.AtomicLong
+import java.util.concurrent.{Executors, RejectedExecutionException, TimeUnit}
+import java.util.concurrent.atomic.{AtomicInteger, AtomicLong}
 
 import scala.util.control.NonFatal
 
 import org.apache.hadoop.conf.Configuration
-import org.apache.hadoop.fs.Path
+import org.apache.hadoop.fs.{FileSystem, Path}
+import org.apache.hadoop.util.ShutdownHookManager
 import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec, StateStoreConf, StateStoreId}
 import org.apache.spark.sql.types.StructType
 import org.slf4j.LoggerFactory
 
-import io.keyedstate.bridge.ServerLaunch
+import io.keyedstate.bridge.{ServerLaunch, StateServerProcess}
 import io.keyedstate.checkpoint.{CheckpointCleanup, CheckpointFiles}
 import io.keyedstate.format.{ChangelogFormat, ChangelogMeta, KeyCodec}
 
@@ -359,15 +362,38 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
  * instead of at the next maintenance tick (60 s by default): a query stopped in between would
  * otherwise restart by replaying every changelog since the previous snapshot. Maintenance still
  * uploads whatever this missed; both go through [[StoreEngine.uploadSnapshots]].
+ *
+ * The same holds when the application stops right after a snapshot version: at the JVM's exit,
+ * uploads already asked for are given up to [[ExitWait]] to finish, before Hadoop closes its
+ * file systems (a Hadoop shutdown hook above theirs) and before the state servers stop. An
+ * upload cut short leaves no manifest, so nothing half-written is ever loaded.
  */
 private object SnapshotKick {
-  private val thread = java.util.concurrent.Executors.newFixedThreadPool(4, (r: Runnable) => {
+  private val ExitWait = Duration.ofSeconds(30)
+  private val log = LoggerFactory.getLogger("io.keyedstate.engine.SnapshotKick")
+  private val pending = new AtomicInteger
+  private val thread = Executors.newFixedThreadPool(4, (r: Runnable) => {
     val t = new Thread(r, "keyedstate-snapshot-upload")
     t.setDaemon(true)
     t
   })
+  private val drain: Runnable = () => {
+    if (pending.get > 0) log.info(s"keyedstate: finishing ${pending.get} snapshot upload(s) before the JVM exits " +
+      s"(at most ${ExitWait.getSeconds} s)")
+    thread.shutdown()
+    if (!thread.awaitTermination(ExitWait.toMillis, TimeUnit.MILLISECONDS)) {
+      log.warn(s"keyedstate: ${pending.get} snapshot upload(s) did not finish before the JVM exits; " +
+        "the next run uploads or replaces them")
+    }
+  }
+  StateServerProcess.runBeforeServersStop(drain)
+  ShutdownHookManager.get().addShutdownHook(drain, FileSystem.SHUTDOWN_HOOK_PRIORITY + 20, ExitWait.getSeconds + 5, TimeUnit.SECONDS)
 
-  def request(engine: StoreEngine, version: Long): Unit = thread.execute(() => engine.uploadSnapshots(version))
+  def request(engine: StoreEngine, version: Long): Unit = {
+    pending.incrementAndGet()
+    try thread.execute(() => try engine.uploadSnapshots(version) finally pending.decrementAndGet())
+    catch { case _: RejectedExecutionException => pending.decrementAndGet() } // exiting
+  }
 }
 
 object StoreEngine {
