@@ -335,17 +335,13 @@ class VersionedStore:
             self._require_db(), directory, self.version, self.lineage, self.num_keys)
 
     def staged_snapshots(self, through: int = -1) -> list[dict]:
-        """The staged snapshots. With ``through`` >= 0 (an upload asked for by the commit of that
-        version), wait only until that version's snapshot is staged, or nothing is pending: not
-        for the applies queued after it, which in a running query never stop (the snapshot would
-        reach the checkpoint only when the query pauses, and a stop in between means a restart
-        replays every changelog since the previous one). Otherwise wait until every pending
-        apply is done."""
-        if through < 0:
-            with self._settled(raise_failure=False):
-                return [s.describe() for _, s in sorted(self._staged.items())]
+        """The snapshots staged so far. With ``through`` >= 0 (an upload asked for by the commit
+        of that version) first wait until that version's snapshot is staged, or nothing is
+        pending. Never for every pending apply: in a running query the next one is always
+        queued, so such a wait (maintenance's, until this changed) held the store's uploads until
+        the query paused, and a query stopped first restarted without its last snapshot."""
         with self._state:
-            while self._pending and through not in self._staged and self._failure is None:
+            while through >= 0 and self._pending and through not in self._staged and self._failure is None:
                 self._state.wait()
         staged = self._staged.copy()  # one atomic copy; a staged snapshot never changes
         return [s.describe() for _, s in sorted(staged.items())]

@@ -15,7 +15,7 @@ trait PythonStateServer {
   def replay(handle: Int, changelogsJson: String): Unit
   def stageSnapshot(handle: Int): Unit
   /** Staged local snapshots waiting for upload, as JSON: once version `through`'s is staged
-   *  (or nothing is pending), or with `through` = -1 once every pending apply is done. */
+   *  (or nothing is pending); with `through` = -1 what is staged now. */
   def stagedSnapshots(handle: Int, through: Long): String
   def dropStaged(handle: Int, version: Long): Unit
   /** Version and exact key count, once pending write-behind applies are done (JSON). */

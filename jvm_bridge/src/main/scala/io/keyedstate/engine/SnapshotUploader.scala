@@ -42,8 +42,8 @@ final class SnapshotUploader(files: CheckpointFiles, describe: String) {
   }
 
   /** Uploads every staged snapshot of the store, then asks the server to drop it; returns the
-   *  newest version now in the checkpoint. `through` >= 0: as soon as that version's is staged
-   *  (the server does not wait for the applies queued after it); -1: once nothing is pending. */
+   *  newest version now in the checkpoint. `through` >= 0: once that version's is staged (the
+   *  server does not wait for the applies queued after it); -1: whatever is staged now. */
   def upload(session: ServerSession, keyGroups: Int, keyLayout: KeyLayout,
       ttl: Option[java.util.Map[String, AnyRef]], uniqueIdOf: Long => Either[Unit, Option[String]],
       through: Long): Option[Long] = {
