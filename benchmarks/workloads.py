@@ -868,6 +868,10 @@ def run_subprocess(cmd: list[str], env: dict[str, str], log_path: Path, timeout:
               append: bool = False) -> tuple[int, bool]:
     """Run ``cmd`` in its own process group with its output in ``log_path``; afterwards, or after
     ``timeout`` s, kill the whole group (JVM, state servers, Python workers).
+
+    After a normal end the rest of the group (the JVM exits once the driver's Python is gone,
+    running its shutdown hooks, e.g. keyedstate finishing staged snapshot uploads) gets up to
+    ``LINGER_S`` to exit by itself, as it would for a user; how long it took is logged.
     Returns (exit code, whether it was killed at the timeout)."""
     killed = False
     with open(log_path, "a" if append else "w") as log:
@@ -877,6 +881,11 @@ def run_subprocess(cmd: list[str], env: dict[str, str], log_path: Path, timeout:
                                 start_new_session=True)
         try:
             proc.wait(timeout=timeout)
+            ended = time.monotonic()
+            while _group_alive(proc.pid) and time.monotonic() - ended < LINGER_S:
+                time.sleep(0.1)
+            log.write(f"[harness] the process group exited {time.monotonic() - ended:.1f} s after the driver "
+                      f"({'killed after ' + str(LINGER_S) + ' s' if _group_alive(proc.pid) else 'by itself'})\n")
         except subprocess.TimeoutExpired:
             killed = True
         finally:
@@ -886,6 +895,19 @@ def run_subprocess(cmd: list[str], env: dict[str, str], log_path: Path, timeout:
                 pass
             proc.wait()
     return proc.returncode, killed
+
+
+LINGER_S = 40
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
 
 
 def run_pair(spec: RunSpec, work_dir: Path = WORK_DIR) -> dict:
