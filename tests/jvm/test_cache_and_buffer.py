@@ -16,13 +16,17 @@ def engine(jvm):
     return jvm.io.keyedstate.engine
 
 
-@pytest.fixture
-def budget(engine):
-    """A small shared budget on top of what other caches of this JVM hold right now; restored after."""
+@pytest.fixture(params=[0, 64 * 1024], ids=["alone", "beside-other-caches"])
+def budget(engine, request):
+    """A small shared budget on top of what other caches of this JVM hold right now (plus, in
+    the second case, 64 KiB charged as if by other stores, which a full suite run leaves);
+    restored after."""
     budget = engine.CacheBudget
     previous = budget.limitBytes()
+    budget.add(request.param)
     budget.configure(budget.usedBytes() + BUDGET)
     yield budget
+    budget.add(-request.param)
     budget.configure(previous)
 
 

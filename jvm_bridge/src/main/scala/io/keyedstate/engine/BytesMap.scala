@@ -48,8 +48,10 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0) {
   private var liveTotal = 0L
 
   def size: Int = count
-  /** Heap held: pages and index. */
-  def memoryBytes: Long = pageTotal + addresses.length.toLong * 12
+  /** Heap held: pages and index (0 when empty: an emptied map's small index is not counted, so a
+   *  cleared cache that is dropped leaves nothing charged to the budget). */
+  def memoryBytes: Long =
+    if (count == 0 && pages.isEmpty && addresses.length == InitialSlots) 0L else pageTotal + addresses.length.toLong * 12
   /** Bytes of records that are live (headers included). */
   def liveBytes: Long = liveTotal
   def pageCount: Int = pages.size

@@ -142,10 +142,11 @@ final class NearCache(fpp: Double) {
   }
 
   /** Room for twice `keys` (the state grows), at least [[MinBloomCapacity]] unless that would
-   *  take more than half the shared budget. */
+   *  take more than half of what the shared budget leaves this cache (other caches' use aside). */
   def bloomCapacityFor(keys: Long): Long = {
     val bitsPerKey = -math.log(fpp) / (math.log(2) * math.log(2))
-    val fitting = (CacheBudget.limitBytes.toDouble * 8 / 2 / bitsPerKey).toLong
+    val room = math.max(0L, CacheBudget.limitBytes - (CacheBudget.usedBytes - charged - bloomBytes))
+    val fitting = (room.toDouble * 8 / 2 / bitsPerKey).toLong
     math.max(math.max(1024L, math.min(MinBloomCapacity, fitting)), 2L * keys)
   }
 

@@ -387,7 +387,8 @@ private object SnapshotKick {
     }
   }
   StateServerProcess.runBeforeServersStop(drain)
-  ShutdownHookManager.get().addShutdownHook(drain, FileSystem.SHUTDOWN_HOOK_PRIORITY + 20, ExitWait.getSeconds + 5, TimeUnit.SECONDS)
+  try ShutdownHookManager.get().addShutdownHook(drain, FileSystem.SHUTDOWN_HOOK_PRIORITY + 20, ExitWait.getSeconds + 5, TimeUnit.SECONDS)
+  catch { case NonFatal(_) => } // first used while the JVM already exits: the servers' hook still drains
 
   def request(engine: StoreEngine, version: Long): Unit = {
     pending.incrementAndGet()
