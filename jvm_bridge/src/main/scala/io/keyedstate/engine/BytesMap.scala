@@ -153,26 +153,20 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0) {
     val page = pages(0)
     val pageId = firstPage
     var dropped = 0
-    var off = 0
-    val end = if (only) used else page.length
-    while (off < end && off + Header <= page.length && !isPadding(page, off)) {
+    liveRecords(page, if (only) used else page.length) { off =>
       val kl = readInt(page, off + 1)
       val vl = readInt(page, off + 5)
       val flags = page(off)
-      if ((flags & Dead) == 0) {
-        val slot = slotOfAddress(address(pageId, off), hashRange(page, off + Header, kl))
-        if ((flags & Referenced) != 0 && !only) {
-          val key = Arrays.copyOfRange(page, off + Header, off + Header + kl)
-          val value = Arrays.copyOfRange(page, off + Header + kl, off + Header + kl + vl)
-          page(off) = (flags | Dead).toByte
-          addresses(slot) = append(key, value, (flags & Tombstone) != 0)
-        } else {
-          page(off) = (flags | Dead).toByte
-          deleteSlot(slot)
-          dropped += 1
-        }
+      val slot = slotOfAddress(address(pageId, off), hashRange(page, off + Header, kl))
+      page(off) = (flags | Dead).toByte
+      if ((flags & Referenced) != 0 && !only) {
+        val key = Arrays.copyOfRange(page, off + Header, off + Header + kl)
+        val value = Arrays.copyOfRange(page, off + Header + kl, off + Header + kl + vl)
+        addresses(slot) = append(key, value, (flags & Tombstone) != 0)
+      } else {
+        deleteSlot(slot)
+        dropped += 1
       }
-      off += Header + kl + vl
     }
     pageTotal -= page.length
     liveTotal -= pageLive(0)
@@ -197,16 +191,11 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0) {
     var i = 0
     while (i < oldPages.length) {
       val page = oldPages(i)
-      val end = if (i == oldPages.length - 1) oldUsed else page.length
-      var off = 0
-      while (off < end && off + Header <= page.length && !isPadding(page, off)) {
+      val pageId = oldFirst + i
+      liveRecords(page, if (i == oldPages.length - 1) oldUsed else page.length) { off =>
         val kl = readInt(page, off + 1)
-        val vl = readInt(page, off + 5)
-        if ((page(off) & Dead) == 0) {
-          val slot = slotOfAddress(address(oldFirst + i, off), hashRange(page, off + Header, kl))
-          addresses(slot) = appendRaw(page, off, Header + kl + vl)
-        }
-        off += Header + kl + vl
+        val slot = slotOfAddress(address(pageId, off), hashRange(page, off + Header, kl))
+        addresses(slot) = appendRaw(page, off, recordLength(page, off))
       }
       i += 1
     }
@@ -267,7 +256,7 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0) {
     val page = pageOf(a)
     val off = offsetOf(a)
     page(off) = (page(off) | Dead).toByte
-    val len = Header + readInt(page, off + 1) + readInt(page, off + 5)
+    val len = recordLength(page, off)
     pageLive((a >>> 32).toInt - firstPage) -= len
     liveTotal -= len
   }
@@ -276,14 +265,19 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0) {
     var i = 0
     while (i < pages.size) {
       val page = pages(i)
-      val end = if (i == pages.size - 1) used else page.length
-      var off = 0
-      while (off < end && off + Header <= page.length && !isPadding(page, off)) {
-        val len = Header + readInt(page, off + 1) + readInt(page, off + 5)
-        if ((page(off) & Dead) == 0) f(page, off)
-        off += len
-      }
+      liveRecords(page, if (i == pages.size - 1) used else page.length)(off => f(page, off))
       i += 1
+    }
+  }
+
+  /** Calls `f` with the offset of each live record of `page`, whose records end at `end` or at
+   *  a padding byte; `f` may mark the record dead (lengths are read before). */
+  private def liveRecords(page: Array[Byte], end: Int)(f: Int => Unit): Unit = {
+    var off = 0
+    while (off < end && off + Header <= page.length && !isPadding(page, off)) {
+      val len = recordLength(page, off)
+      if ((page(off) & Dead) == 0) f(off)
+      off += len
     }
   }
 
@@ -394,6 +388,7 @@ object BytesMap {
   }
 
   private def isPadding(page: Array[Byte], off: Int): Boolean = page(off) == Padding
+  private def recordLength(page: Array[Byte], off: Int): Int = Header + readInt(page, off + 1) + readInt(page, off + 5)
   private def address(pageId: Int, off: Int): Long = (pageId.toLong << 32) | (off.toLong & 0xffffffffL)
 
   private def readInt(a: Array[Byte], i: Int): Int =
