@@ -80,6 +80,9 @@ class VersionedStore:
         self.lineage = ""
         self._db: Rdict | None = None
         self._staged: dict[int, snapshots.StagedSnapshot] = {}
+        # Staged directories are created, listed and removed under _staged_lock alone: the
+        # uploader lists them while applies run, and must never see one half created or removed.
+        self._staged_lock = threading.Lock()
         self._lock = threading.RLock()  # the database and the version it holds
         self._applier = applier
         self._pool = pool  # the process's RocksDB memory bound (None: unbounded)
@@ -331,8 +334,9 @@ class VersionedStore:
             self._require_db().compact_range(None, None)
             self._deletes_since_compaction = 0
         directory = self.workdir / "staged" / str(self.version)
-        self._staged[self.version] = snapshots.stage(
-            self._require_db(), directory, self.version, self.lineage, self.num_keys)
+        with self._staged_lock:
+            self._staged[self.version] = snapshots.stage(
+                self._require_db(), directory, self.version, self.lineage, self.num_keys)
 
     def staged_snapshots(self, through: int = -1) -> list[dict]:
         """The snapshots staged so far. With ``through`` >= 0 (an upload asked for by the commit
@@ -343,14 +347,14 @@ class VersionedStore:
         with self._state:
             while through >= 0 and self._pending and through not in self._staged and self._failure is None:
                 self._state.wait()
-        staged = self._staged.copy()  # one atomic copy; a staged snapshot never changes
-        return [s.describe() for _, s in sorted(staged.items())]
+        with self._staged_lock:  # not _lock: waiting for a running apply would hold up the uploader
+            return [s.describe() for _, s in sorted(self._staged.items())]
 
     def drop_staged(self, version: int) -> None:
-        # No lock: a pop is atomic, and waiting for a running apply would hold up the uploader.
-        staged = self._staged.pop(version, None)
-        if staged is not None:
-            shutil.rmtree(staged.directory, ignore_errors=True)
+        with self._staged_lock:
+            staged = self._staged.pop(version, None)
+            if staged is not None:
+                shutil.rmtree(staged.directory, ignore_errors=True)
 
     def _drop_all_staged(self) -> None:
         for version in list(self._staged):
