@@ -75,17 +75,14 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0) {
       val page = pageOf(a)
       val off = offsetOf(a)
       page(off) = (page(off) | Referenced).toByte
-      val kl = readInt(page, off + 1)
-      val vl = readInt(page, off + 5)
-      if ((page(off) & Tombstone) != 0) TombstoneValue else Arrays.copyOfRange(page, off + Header + kl, off + Header + kl + vl)
+      valueAt(page, off)
     }
   }
 
-  def contains(key: Array[Byte], hash: Int): Boolean = find(key, hash) >= 0
-
   /**
    * Sets `key` to `value` ([[TombstoneValue]], by identity, records a delete for the write
-   * buffer); returns whether the key was there. Returns the bytes the map grew by in [[grown]].
+   * buffer); returns whether the key was there. A value of the same length is overwritten in
+   * place; any other leaves the old record dead in its page (reclaimed by [[compact]]).
    */
   def put(key: Array[Byte], hash: Int, value: Array[Byte]): Boolean = {
     val tomb = value eq TombstoneValue
@@ -122,10 +119,7 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0) {
 
   /** Every live record in page order (oldest first), as copies. */
   def foreach(f: (Array[Byte], Array[Byte]) => Unit): Unit = foreachRecord { (page, off) =>
-    val kl = readInt(page, off + 1)
-    val vl = readInt(page, off + 5)
-    val value = if ((page(off) & Tombstone) != 0) TombstoneValue else Arrays.copyOfRange(page, off + Header + kl, off + Header + kl + vl)
-    f(Arrays.copyOfRange(page, off + Header, off + Header + kl), value)
+    f(Arrays.copyOfRange(page, off + Header, off + Header + readInt(page, off + 1)), valueAt(page, off))
   }
 
   /** Every live key in page order, as copies. */
@@ -211,6 +205,14 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0) {
 
   // -- records ----------------------------------------------------------------------------------
   private def pageOf(a: Long): Array[Byte] = pages((a >>> 32).toInt - firstPage)
+
+  /** A copy of the value of the record at `off` ([[TombstoneValue]] for a delete). */
+  private def valueAt(page: Array[Byte], off: Int): Array[Byte] =
+    if ((page(off) & Tombstone) != 0) TombstoneValue
+    else {
+      val from = off + Header + readInt(page, off + 1)
+      Arrays.copyOfRange(page, from, from + readInt(page, off + 5))
+    }
   private def offsetOf(a: Long): Int = a.toInt
 
   private def append(key: Array[Byte], value: Array[Byte], tomb: Boolean): Long = {
