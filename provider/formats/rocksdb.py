@@ -24,6 +24,15 @@ class MemoryPool:
         # Half for memtables, as Spark's provider does (writeBufferCacheRatio 0.5).
         self.write_buffers = WriteBufferManager.new_write_buffer_manager_with_cache(capacity // 2, False, self.cache)
 
+    @property
+    def sst_file_bytes(self) -> int:
+        """Target size of compaction's output files. A compaction builds each output file's
+        Bloom filter from 8 bytes per key, held until the file is done and outside any cache: with
+        RocksDB's 64 MiB files of small records that is tens of MiB above the pool (measured: a
+        server's peak RSS grew 32 MiB over 3.5M keys with a 10 MiB pool; 4 MiB with 4 MiB files).
+        Files of half the pool keep that within about half the pool."""
+        return min(64 << 20, max(2 << 20, self.capacity // 2))
+
     def resize(self, capacity: int) -> None:
         self.capacity = capacity
         self.cache.set_capacity(capacity)
@@ -48,6 +57,7 @@ def _options(bulk_load: bool, pool: MemoryPool | None = None) -> Options:
         table.set_cache_index_and_filter_blocks(True)
         table.set_pin_l0_filter_and_index_blocks_in_cache(True)
         options.set_write_buffer_manager(pool.write_buffers)
+        options.set_target_file_size_base(pool.sst_file_bytes)
     options.set_block_based_table_factory(table)
     if bulk_load:
         # A vector memtable takes a whole changelog at ~0.07 us a key instead of ~1 us for the

@@ -114,9 +114,17 @@ object NativeReader {
 
   @volatile private var cacheBytes = 64L << 20
 
+  @volatile private var bounded = false
+
   /** Sizes the block cache; the first store opened in this executor decides (like the near
-   *  cache's budget), since the cache is created once. */
-  def configure(blockCacheBytes: Long): Unit = if (blockCacheBytes > 0) cacheBytes = blockCacheBytes
+   *  cache's budget), since the cache is created once. `bounded` (a memoryBudget is set): index
+   *  and filter blocks live in that cache too, as in Spark's RocksDB provider with
+   *  boundedMemoryUsage, instead of in each open file's reader, where they grow with the state
+   *  (about 1.3 bytes a key) outside any bound. */
+  def configure(blockCacheBytes: Long, bounded: Boolean): Unit = {
+    if (blockCacheBytes > 0) cacheBytes = blockCacheBytes
+    this.bounded = bounded
+  }
 
   /** One block cache for every store of this executor: Python's files are in the OS page
    *  cache anyway, but a miss here costs a block decompression (~10 us with LZ4). */
@@ -136,6 +144,7 @@ object NativeReader {
 
   private def newOptions(): Options = {
     val table = new BlockBasedTableConfig().setBlockCache(blockCache)
+    if (bounded) table.setCacheIndexAndFilterBlocks(true).setPinL0FilterAndIndexBlocksInCache(true)
     new Options()
       .setMaxOpenFiles(-1) // required for a secondary: files stay readable after Python deletes them
       .setInfoLogLevel(InfoLogLevel.WARN_LEVEL)

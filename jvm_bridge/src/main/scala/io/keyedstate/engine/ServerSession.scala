@@ -16,6 +16,7 @@ final case class StoreSettings(json: JsonNode) {
   def bloomFpp: Double = json.get("bloomFpp").asDouble()
   def nativeReads: Boolean = json.get("nativeReads").asBoolean()
   def nativeBlockCacheBytes: Long = json.get("nativeBlockCacheBytes").asLong()
+  def memoryBounded: Boolean = json.path("memoryBudget").asLong(0L) > 0
 }
 
 /**

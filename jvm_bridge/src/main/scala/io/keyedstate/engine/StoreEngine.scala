@@ -109,7 +109,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     if (cache != null) cache.clear()
     cache = new NearCache(settings.bloomFpp)
     if (native != null) native.close()
-    NativeReader.configure(settings.nativeBlockCacheBytes)
+    NativeReader.configure(settings.nativeBlockCacheBytes, settings.memoryBounded)
     native = if (!settings.nativeReads) null
       else new NativeReader(session.process.workDir.resolve("native").resolve(UUID.randomUUID().toString))
     val server = new ServerReads(session, () => session.settings.scanChunkBytes, describe)
