@@ -620,10 +620,11 @@ def render(results: dict[tuple[str, str], dict], out: Path, plots_dir: Path,
     if rescale_data:
         lines += rescale.section(rescale_data)
     lines += extra.section(extra_source)
-    # The hand-written reading of the numbers (targets, where the time goes, what would close a
-    # gap) lives beside the generator, so re-rendering keeps it.
+    # The hand-written reading of RESULTS.md's numbers (targets, where the time goes, what would
+    # close a gap) lives beside the generator, so re-rendering keeps it; other reports (--out)
+    # come from other runs, which it does not describe.
     analysis = BENCH_DIR / "ANALYSIS.md"
-    if analysis.exists():
+    if analysis.exists() and out.resolve() == (BENCH_DIR / "RESULTS.md").resolve():
         lines += [analysis.read_text().rstrip(), ""]
     text = "\n".join(lines).rstrip() + "\n"
     out.parent.mkdir(parents=True, exist_ok=True)
