@@ -176,6 +176,33 @@ def test_join_rows_expire_with_their_key_and_stores_stay_consistent(spark, tmp_p
     assert len(store("right-keyWithIndexToValue")) == 1
 
 
+def test_a_state_reader_of_a_running_join_leaves_its_ttl_cleanup_working(spark, tmp_path, ttl_clock):
+    """A join's TTL cleanup of keyWithIndexToValue consults the open keyToNumValues store of the
+    same run in the executor (OpenStores). A batch read of that store (the state data source)
+    opens and closes providers of the same store ids in the same executor while the query runs;
+    keyed by store id alone, its close removed the running query's entry and the join's cleanup
+    stopped, silently (issue 12's finding). Keyed by run, the reader cannot touch it."""
+    run = Steps(spark, tmp_path, "side STRING, k STRING, v STRING", _join, "append",
+                {**EVERY_VERSION, PFX + "ttl": "10s"}, ttl_clock, readers=2)
+    run.start()
+    try:
+        run.step(0, [{"side": "L", "k": "k1", "v": "L1"}, {"side": "L", "k": "k1", "v": "L1b"},
+                     {"side": "L", "k": "k2", "v": "L9"}])
+        assert run.step(5, [{"side": "R", "k": "k1", "v": "R1"}])[0] == [("k1", "L1", "R1"), ("k1", "L1b", "R1")]
+        for side in ("left", "right"):  # the running query's stores, read in the same executor
+            rows = (spark.read.format("statestore").option("storeName", f"{side}-keyToNumValues")
+                    .load(run.stream.checkpoint).collect())
+            assert len(rows) == (2 if side == "left" else 1)
+        out, progress = run.step(20, [{"side": "L", "k": "k1", "v": "L2"}, {"side": "R", "k": "k1", "v": "R2"}])
+        assert out == [("k1", "L2", "R2")]
+        cleaned = metric(progress, "keyedstateTtlCleanedUp")
+        out, progress = run.step(21, [{"side": "L", "k": "k3", "v": "L3"}])
+        # k2's count and row, and k1's index 1 (L1b), which k1's new count (1) no longer covers
+        assert cleaned + metric(progress, "keyedstateTtlCleanedUp") == 2
+    finally:
+        run.stop()
+
+
 def test_applyInPandasWithState_group_restarts_after_ttl(spark, tmp_path, ttl_clock):
     import pandas as pd
     from pyspark.sql.streaming.state import GroupStateTimeout
