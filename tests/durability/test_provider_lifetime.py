@@ -9,9 +9,11 @@
 * A maintenance call that fails is retried later, never thrown: Spark unloads and closes a
   provider whose maintenance threw, even while one of its stores is in use.
 * OpenStores, keyed by run: a state data source reader of a running join's store must not stop
-  that join's TTL cleanup (which consults the sibling store of the same run).
-* Short runs: availableNow runs shorter than the maintenance interval still get snapshots and
-  cleanup (the commit does them when maintenance did not), so changelogs stay bounded.
+  that join's TTL cleanup (which consults the sibling store of the same run); tested with the
+  join's TTL in tests/test_ttl.py.
+* Short runs: availableNow runs shorter than the maintenance interval still get snapshots (as
+  soon as they are staged, and from the commit when none came for two intervals) and cleanup
+  (once at each run's first load), so changelogs stay bounded.
 """
 from __future__ import annotations
 
@@ -221,3 +223,35 @@ def test_a_snapshot_due_just_before_the_application_stops_reaches_the_checkpoint
     assert len(partitions) == 2
     assert all((p / "2.ks-snapshot").is_file() for p in partitions), \
         [sorted(f.name for f in p.iterdir()) for p in partitions]
+
+
+def test_short_runs_without_maintenance_get_snapshots_and_cleanup(tmp_path):
+    """Issue 12's finding: runs shorter than the maintenance interval (scheduled availableNow
+    jobs) left every changelog and no snapshot, so the checkpoint grew without bound and every
+    load replayed from version 1. Eight one-batch runs, maintenance never due: the snapshots are
+    there, and what no retained version needs is gone."""
+    from support.sessions import SessionProcess
+
+    checkpoint, source = tmp_path / "checkpoint", tmp_path / "input"
+    runs, interval, retain = 8, 2, 2
+    confs = {PFX + "snapshotInterval": str(interval), "spark.sql.streaming.minBatchesToRetain": str(retain)}
+    session = SessionProcess(tmp_path / "session", confs={f"{STATE_PREFIX}maintenanceInterval": "600s"})
+    try:
+        for run in range(runs):
+            reply = session.run(checkpoint, source, [f"k{i}" for i in range(run * 50, run * 50 + 200)], confs=confs)
+            assert reply["ok"], reply
+        assert reply["counts"]["k399"] == 4 and reply["counts"]["k549"] == 1  # exact, through every load
+        session.exit()
+    finally:
+        session.kill()
+    partitions = sorted((checkpoint / "state" / "0").glob("[0-9]*"))
+    assert len(partitions) == 2
+    for p in partitions:
+        names = sorted(f.name for f in p.iterdir() if not f.name.startswith("."))
+        changelogs = [n for n in names if n.endswith(".ks-changelog")]
+        snapshots = [n for n in names if n.endswith(".ks-snapshot")]
+        assert snapshots, names
+        # the load of the last run (version 7) kept at most what rebuilds versions 6..7: the
+        # snapshot at or below 6 and the changelogs after it; the eighth run added one more
+        assert len(changelogs) <= interval + retain, names
+        assert "1.ks-changelog" not in changelogs, names

@@ -79,6 +79,8 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   // The newest version with a snapshot in the checkpoint (loaded from or uploaded), to bound the
   // changelogs a load replays when maintenance does not upload (short runs).
   @volatile private var lastSnapshot = 0L
+  /** Whether this provider (one per run) has asked for its first cleanup, see [[SnapshotKick.cleanUp]]. */
+  private var cleanupAsked = false
   // Sizes the next version's write buffer starts with: the last commit's, so that it does not
   // grow (and copy) its index and changelog while a batch writes.
   @volatile private var expected = WriteBuffer.Expected.None
@@ -159,6 +161,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       loaded = version
       loadedId = id
       CacheWarmer.warm(cache, committedReads, numKeys)
+      if (!cleanupAsked && version > 0) { cleanupAsked = true; SnapshotKick.cleanUp(this) }
     } catch { case NonFatal(e) => invalidate(); throw e }
     loadMs.addAndGet((System.nanoTime() - started) / 1000000)
   }
@@ -367,6 +370,10 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
  * uploads already asked for are given up to [[ExitWait]] to finish, before Hadoop closes its
  * file systems (a Hadoop shutdown hook above theirs) and before the state servers stop. An
  * upload cut short leaves no manifest, so nothing half-written is ever loaded.
+ *
+ * Cleanup is Spark's maintenance's too, and a run shorter than its interval (a scheduled
+ * availableNow job) never gets one: each run's first load therefore cleans up once, here, on
+ * what earlier runs uploaded.
  */
 private object SnapshotKick {
   private val ExitWait = Duration.ofSeconds(30)
@@ -390,9 +397,13 @@ private object SnapshotKick {
   try ShutdownHookManager.get().addShutdownHook(drain, FileSystem.SHUTDOWN_HOOK_PRIORITY + 20, ExitWait.getSeconds + 5, TimeUnit.SECONDS)
   catch { case NonFatal(_) => } // first used while the JVM already exits: the servers' hook still drains
 
-  def request(engine: StoreEngine, version: Long): Unit = {
+  def request(engine: StoreEngine, version: Long): Unit = submit(engine.uploadSnapshots(version))
+
+  def cleanUp(engine: StoreEngine): Unit = submit(engine.cleanupFiles())
+
+  private def submit(work: => Unit): Unit = {
     pending.incrementAndGet()
-    try thread.execute(() => try engine.uploadSnapshots(version) finally pending.decrementAndGet())
+    try thread.execute(() => try work finally pending.decrementAndGet())
     catch { case _: RejectedExecutionException => pending.decrementAndGet() } // exiting
   }
 }
