@@ -17,6 +17,8 @@
 """
 from __future__ import annotations
 
+import re
+import time
 import uuid
 
 import pytest
@@ -38,10 +40,12 @@ class Run:
     """One query run's provider of a store partition, driven through Spark's provider contract,
     with a model of every version it committed."""
 
-    def __init__(self, spark, location: str, format_version: str, history: dict, ids: dict) -> None:
+    def __init__(self, spark, location: str, format_version: str, history: dict, ids: dict,
+                 confs: dict | None = None) -> None:
         self.run_id = str(uuid.uuid4())
         self.spark = spark
-        self.layer = LayerStore(spark, location, confs={**CONFS, STATE_PREFIX + "checkpointFormatVersion": format_version},
+        self.layer = LayerStore(spark, location, confs={**CONFS, **(confs or {}),
+                                                        STATE_PREFIX + "checkpointFormatVersion": format_version},
                                 hadoop_conf={RUN_ID_KEY: self.run_id})
         self.history, self.ids = history, ids  # version -> {key: value}, version -> unique id
         report_active(spark, self.layer, self.run_id)
@@ -131,6 +135,60 @@ def test_an_overlapping_stopped_run_never_breaks_a_later_restart(spark, format_v
     assert len(changelogs) <= RETAIN + 2, changelogs
 
 
+def wait_until_unchanged(directory, quiet_s: float = 2.0, limit_s: float = 30.0) -> None:
+    """Until the files under ``directory`` stay the same for ``quiet_s`` (background work done)."""
+    def names():
+        return sorted(str(p) for p in directory.rglob("*"))
+
+    deadline, last, since = time.monotonic() + limit_s, names(), time.monotonic()
+    while time.monotonic() - since < quiet_s:
+        assert time.monotonic() < deadline, "files kept changing"
+        time.sleep(0.2)
+        now = names()
+        if now != last:
+            last, since = now, time.monotonic()
+
+
+@pytest.mark.parametrize("format_version", ["1", "2"])
+def test_the_first_loads_cleanup_keeps_what_rebuilds_the_loaded_version(spark, format_version):
+    """A run stopped between a task's commit of version 7 (its snapshot uploaded too) and Spark's
+    commit log: the restarted run loads version 6 while 7 lies in the checkpoint, uncommitted.
+    The cleanup of that first load counts what it retains from the version loaded: counted from
+    the newest file with minBatchesToRetain=1, it deleted every file of version 6 (found by a
+    review of the cleanup at first load), so a retry of the rerun batch, or any restart before
+    it committed, could never load the query's state again."""
+    location, local = objtest_location(spark, "orphan")
+    history, ids = {0: {}}, {}
+    confs = {"spark.sql.streaming.minBatchesToRetain": "1"}
+    old = Run(spark, location + "/state", format_version, history, ids, confs)
+    new = None
+    try:
+        for version in range(7):  # versions 1..7, each snapshot uploaded before the next commit
+            old.commit(version)
+            deadline = time.monotonic() + 30
+            while not any(re.fullmatch(rf"{version + 1}(_.*)?\.ks-snapshot", p.name) for p in local.rglob("*")):
+                assert time.monotonic() < deadline, sorted(p.name for p in local.rglob("*"))
+                old.snapshot()
+                time.sleep(0.1)
+        wait_until_unchanged(local)
+        deactivate(spark, old.run_id)  # Spark's commit log ends at version 6
+        new = Run(spark, location + "/state", format_version, history, ids, confs)
+        new.layer.store(6, ids.get(6)).abort()  # the rerun batch's first load
+        wait_until_unchanged(local)  # its cleanup, in the background
+        fresh = LayerStore(spark, location + "/state",
+                           confs={**CONFS, **confs, STATE_PREFIX + "checkpointFormatVersion": format_version})
+        try:
+            assert contents(fresh, 6, ids.get(6)) == history[6]
+        finally:
+            fresh.close()
+    finally:
+        old.layer.close()
+        if new is not None:
+            new.layer.close()
+            deactivate(spark, new.run_id)
+        deactivate(spark, old.run_id)
+
+
 def test_a_failing_maintenance_call_is_retried_later_not_thrown(spark):
     """Spark closes a provider whose maintenance throws, even while a task uses one of its
     stores: a transient checkpoint error in cleanup or upload must not do that."""
@@ -176,8 +234,6 @@ def test_a_due_snapshot_is_uploaded_without_waiting_for_maintenance(tmp_path):
     is longer than the query): the snapshot still reaches the checkpoint while the query runs,
     so a stop at any later point restarts from it instead of replaying every changelog since the
     beginning (measured before: 2-3 of W1's 4 partitions replayed 11 changelogs at a restart)."""
-    import time
-
     from support.sessions import SessionProcess
 
     checkpoint, source = tmp_path / "checkpoint", tmp_path / "input"

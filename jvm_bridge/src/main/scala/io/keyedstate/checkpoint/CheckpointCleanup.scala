@@ -12,9 +12,12 @@ import org.slf4j.LoggerFactory
  * lists go. A newer snapshot that turns out broken (say an overlapping run listed a file that
  * is gone) costs a longer replay on load, never the version.
  *
- * Under checkpoint format 2 several files can hold one version (attempts with their own unique
- * ids); only the committed lineage counts, walked back from `head` (the version the caller
- * committed or loaded) through the lineage in changelog headers.
+ * Retention counts back from `head`, the version the caller committed or loaded, never from the
+ * newest file listed: that may be an attempt Spark never committed (a run stopped between a
+ * task's commit and Spark's commit log), and counting from it would delete what rebuilds the
+ * version the restarted run loads. Under checkpoint format 2 (`byLineage`) several files can hold
+ * one version (attempts with their own unique ids); only the committed lineage counts, walked
+ * back from `head` through the lineage in changelog headers.
  */
 object CheckpointCleanup {
   private val log = LoggerFactory.getLogger(getClass)
@@ -25,7 +28,7 @@ object CheckpointCleanup {
   val TempFileGraceMs: Long = 60L * 60 * 1000
 
   /** Returns the number of files deleted. */
-  def run(files: CheckpointFiles, minVersionsToRetain: Int, head: Option[(Long, Option[String])] = None): Int = {
+  def run(files: CheckpointFiles, minVersionsToRetain: Int, head: (Long, Option[String]), byLineage: Boolean): Int = {
     val l = files.listing()
     var deleted = 0
     def delete(p: org.apache.hadoop.fs.Path): Unit =
@@ -33,12 +36,10 @@ object CheckpointCleanup {
     val killedBefore = System.currentTimeMillis() - TempFileGraceMs
     val temps = l.modified.filter { case (name, _) => TempFile.matches(name) }
     temps.foreach { case (name, modified) => if (modified < killedBefore) delete(new org.apache.hadoop.fs.Path(files.dir, name)) }
-    val latest = head.map(_._1).orElse(l.latest).getOrElse(return deleted)
-    val oldestRetained = latest - minVersionsToRetain + 1
-    val candidates = head match {
-      case None => l.snapshotFiles.filter(_._1 <= oldestRetained).toSeq.sortBy(-_._1)
-      case Some(h) => committedChain(files, l, h, oldestRetained).filter(e => e._1 <= oldestRetained && l.snapshotFiles.contains(e))
-    }
+    val oldestRetained = head._1 - minVersionsToRetain + 1
+    val candidates =
+      if (byLineage) committedChain(files, l, head, oldestRetained).filter(e => e._1 <= oldestRetained && l.snapshotFiles.contains(e))
+      else l.snapshotFiles.filter(_._1 <= oldestRetained).toSeq.sortBy(-_._1)
     val (base, baseId) = candidates.find { case (v, id) => verified(files, v, id) }.getOrElse(return deleted)
     l.changelogFiles.filter(_._1 <= base).foreach { case (v, id) => delete(files.changelog(v, id)) }
     l.snapshotFiles.filter { case (v, id) => v < base || (v == base && id != baseId) }

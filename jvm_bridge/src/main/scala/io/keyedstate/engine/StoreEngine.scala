@@ -161,7 +161,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       loaded = version
       loadedId = id
       CacheWarmer.warm(cache, committedReads, numKeys)
-      if (!cleanupAsked && version > 0) { cleanupAsked = true; SnapshotKick.cleanUp(this) }
+      if (!cleanupAsked && version > 0) { cleanupAsked = true; SnapshotKick.cleanUp(this, version -> id) }
     } catch { case NonFatal(e) => invalidate(); throw e }
     loadMs.addAndGet((System.nanoTime() - started) / 1000000)
   }
@@ -338,14 +338,16 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   private def uniqueIdOf(version: Long): Either[Unit, Option[String]] =
     if (!uniqueIds) Right(None) else lineage.find(_._1 == version).map(e => Right(e._2)).getOrElse(Left(()))
 
-  /** Deletes what no retained version needs (maintenance thread), if active ([[RunFence]]). */
-  def cleanupFiles(): Unit = maintenanceMutex.synchronized {
+  /**
+   * Deletes what no retained version needs (maintenance thread), if active ([[RunFence]]),
+   * counting back from `asOf` (a version loaded earlier), else from the version held now.
+   */
+  def cleanupFiles(asOf: Option[(Long, Option[String])] = None): Unit = maintenanceMutex.synchronized {
     if (closed || !fence.isActive) return
-    val (headVersion, headId) = (loaded, loadedId)
-    val head = if (headVersion > 0) Some(headVersion -> headId) else None
-    if (uniqueIds && head.isEmpty) return // which files are committed is known from the lineage only
+    val head = asOf.getOrElse(loaded -> loadedId)
+    if (head._1 <= 0) return // nothing committed held: the newest file listed may be an uncommitted attempt
     retriedLater("cleanup") {
-      val deleted = CheckpointCleanup.run(files, storeConf.minVersionsToRetain, if (uniqueIds) head else None)
+      val deleted = CheckpointCleanup.run(files, storeConf.minVersionsToRetain, head, byLineage = uniqueIds)
       if (deleted > 0) log.info(s"keyedstate: cleanup deleted $deleted files of $describe")
     }
   }
@@ -373,17 +375,21 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
  *
  * Cleanup is Spark's maintenance's too, and a run shorter than its interval (a scheduled
  * availableNow job) never gets one: each run's first load therefore cleans up once, here, on
- * what earlier runs uploaded.
+ * what earlier runs uploaded, counting from the version it loaded. Cleanups run on a thread of
+ * their own that the JVM's exit does not wait for (an interrupted cleanup only leaves files for
+ * the next one), so they never delay the uploads that exit does wait for.
  */
 private object SnapshotKick {
   private val ExitWait = Duration.ofSeconds(30)
   private val log = LoggerFactory.getLogger("io.keyedstate.engine.SnapshotKick")
   private val pending = new AtomicInteger
-  private val thread = Executors.newFixedThreadPool(4, (r: Runnable) => {
-    val t = new Thread(r, "keyedstate-snapshot-upload")
+  private def daemons(threads: Int, name: String) = Executors.newFixedThreadPool(threads, (r: Runnable) => {
+    val t = new Thread(r, name)
     t.setDaemon(true)
     t
   })
+  private val thread = daemons(4, "keyedstate-snapshot-upload")
+  private val cleaner = daemons(1, "keyedstate-cleanup")
   private val drain: Runnable = () => {
     if (pending.get > 0) log.info(s"keyedstate: finishing ${pending.get} snapshot upload(s) before the JVM exits " +
       s"(at most ${ExitWait.getSeconds} s)")
@@ -399,7 +405,8 @@ private object SnapshotKick {
 
   def request(engine: StoreEngine, version: Long): Unit = submit(engine.uploadSnapshots(version))
 
-  def cleanUp(engine: StoreEngine): Unit = submit(engine.cleanupFiles())
+  def cleanUp(engine: StoreEngine, loaded: (Long, Option[String])): Unit =
+    cleaner.execute(() => engine.cleanupFiles(Some(loaded)))
 
   private def submit(work: => Unit): Unit = {
     pending.incrementAndGet()
