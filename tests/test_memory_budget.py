@@ -33,13 +33,14 @@ def _holdings(tmp_path, name: str, new_keys_every_batch: bool, batches: int) -> 
     session = SessionProcess(tmp_path / name, confs={PFX + "memoryBudget": str(BUDGET), **FIXED_HEAP},
                              java_options=FIXED_HEAP_OPTIONS)
     try:
-        session.start_query("q", tmp_path / name / "ckpt", tmp_path / name / "in")
+        session.start_query("q", tmp_path / name / "ckpt", tmp_path / name / "in", summary=True)
         metrics = []
         for b in range(batches):
             first = b * KEYS_PER_BATCH if new_keys_every_batch else 0
             reply = session.feed("q", [f"k{k:08d}" for k in range(first, first + KEYS_PER_BATCH)], timeout=300)
             assert reply["ok"], reply
-            assert len(reply["counts"]) == KEYS_PER_BATCH
+            total = KEYS_PER_BATCH * (1 if new_keys_every_batch else b + 1)  # every key's count, exact
+            assert reply["counts"] == {"rows": KEYS_PER_BATCH, "total": total}, reply["counts"]
             metrics.append(reply["stateMetrics"][0])
         heap = session.heap_used()
         peaks = [peak_rss_bytes(session.jvm_pid), *(peak_rss_bytes(p) for p in session.servers())]
