@@ -88,3 +88,26 @@ def candidate_provider() -> str:
     from support.constants import KS
 
     return os.environ.get(CANDIDATE_ENV) or KS
+
+
+@pytest.fixture(scope="session")
+def reference_output(spark, tmp_path_factory):
+    """Each scenario's output on Spark's default provider, uninterrupted, computed once per run
+    (shared by the operator, rescale and migration tests: it depends on nothing they vary)."""
+    from support.constants import REFERENCE_PROVIDER
+    from support.driver import run_query
+
+    outputs: dict[str, list] = {}
+
+    def get(scenario) -> list:
+        if scenario.name not in outputs:
+            root = tmp_path_factory.mktemp("reference")
+            inputs = [root / "input-left", root / "input-right"] if scenario.multi else root / "input"
+            output = run_query(spark, REFERENCE_PROVIDER, scenario.build, scenario.schema, scenario.steps,
+                               root / "checkpoint", inputs, scenario.mode)
+            # the scenario must produce output after the restart point, or it would not test recovery
+            assert any(rows for _, rows in output[len(output) // 2:])
+            outputs[scenario.name] = output
+        return outputs[scenario.name]
+
+    return get

@@ -32,21 +32,6 @@ def run(spark, scenario: Scenario, provider: str, root, restart_after=None, objt
                      checkpoint, inputs, scenario.mode, restart_after=restart_after, location=location)
 
 
-@pytest.fixture(scope="module")
-def reference_output(spark, tmp_path_factory):
-    """Each scenario's output on Spark's default provider, uninterrupted (computed once)."""
-    outputs: dict[str, list] = {}
-
-    def get(scenario: Scenario) -> list:
-        if scenario.name not in outputs:
-            outputs[scenario.name] = run(spark, scenario, REFERENCE_PROVIDER, tmp_path_factory.mktemp("reference"))
-            # the scenario must produce output after the restart point, or it would not test recovery
-            assert any(rows for _, rows in outputs[scenario.name][len(outputs[scenario.name]) // 2:])
-        return outputs[scenario.name]
-
-    return get
-
-
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.name)
 def test_same_output_as_reference_across_a_restart(spark, candidate_provider, tmp_path, scenario, reference_output):
     reference = reference_output(scenario)

@@ -19,7 +19,7 @@ import pytest
 import keyedstate
 from keyedstate.offline import checkpoint as ckpt
 from keyedstate.offline import rescaling
-from support.constants import HDFS_PROVIDER, PROVIDER_CONF, REFERENCE_PROVIDER
+from support.constants import HDFS_PROVIDER, PROVIDER_CONF
 from support.driver import FileStream, assert_same_output, collect_into, run_query, session_confs
 from support.offline import kill_rescale_after, rescale_cli
 from support.scenarios import SCENARIOS
@@ -68,11 +68,9 @@ def _shift_after(output, batch: int):
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
-def test_rescaled_query_gives_the_uninterrupted_output(spark, tmp_path, case):
+def test_rescaled_query_gives_the_uninterrupted_output(spark, tmp_path, case, reference_output):
     scenario = _scenario(case.scenario)
-    reference = run_query(spark, REFERENCE_PROVIDER, scenario.build, scenario.schema, scenario.steps,
-                          tmp_path / "reference" / "checkpoint", _inputs(scenario, tmp_path / "reference"),
-                          scenario.mode)
+    reference = reference_output(scenario)
     results = []
 
     def rescale(checkpoint: Path) -> None:

@@ -46,7 +46,7 @@ def _state(spark, checkpoint, join: bool = False) -> list:
 
 @pytest.mark.parametrize("name", ["aggregation-update", "drop-duplicates", "stream-stream-inner-join",
                                   "pandas-with-state-event-time-timeout", "session-window-append"])
-def test_migrate_chain_continues_like_an_uninterrupted_run(spark, tmp_path, name, monkeypatch):
+def test_migrate_chain_continues_like_an_uninterrupted_run(spark, tmp_path, name, monkeypatch, reference_output):
     scenario = _scenario(name)
     if scenario.multi:
         # Spark itself changes a stream-stream join's output when it restarts at most points (it
@@ -54,9 +54,7 @@ def test_migrate_chain_continues_like_an_uninterrupted_run(spark, tmp_path, name
         # where the migrated run does, on HDFS, without migrating.
         reference = _segments(spark, scenario, HDFS_PROVIDER, tmp_path / "reference")
     else:
-        reference = run_query(spark, HDFS_PROVIDER, scenario.build, scenario.schema, scenario.steps,
-                              tmp_path / "reference" / "checkpoint", _inputs(scenario, tmp_path / "reference"),
-                              scenario.mode)
+        reference = reference_output(scenario)
     root = tmp_path / "migrated"
     checkpoint = root / "checkpoint"
     output = []
@@ -124,10 +122,9 @@ def _interrupted_then_rerun(spark, checkpoint: Path, target: str, monkeypatch, d
     assert again["alreadyMigrated"]
 
 
-def test_migrate_on_objtest_then_rescale(spark, tmp_path):
+def test_migrate_on_objtest_then_rescale(spark, tmp_path, reference_output):
     scenario = _scenario("aggregation-update")
-    reference = run_query(spark, HDFS_PROVIDER, scenario.build, scenario.schema, scenario.steps,
-                          tmp_path / "reference" / "checkpoint", tmp_path / "reference" / "input", scenario.mode)
+    reference = reference_output(scenario)
     root = tmp_path / "moved"
     local = root / "checkpoint"
     first = run_query(spark, ROCKSDB_PROVIDER, scenario.build, scenario.schema, scenario.steps[:3], local,
