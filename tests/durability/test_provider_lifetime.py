@@ -229,19 +229,30 @@ def test_a_store_used_after_spark_closed_its_provider_fails_clearly(spark, tmp_p
         layer.get(v1, 2)  # not in the near cache: a read from the state server
 
 
-def test_a_due_snapshot_is_uploaded_without_waiting_for_maintenance(tmp_path):
+@pytest.fixture(scope="module")
+def unmaintained(tmp_path_factory):
+    """A session whose maintenance never comes (its interval is longer than these tests)."""
+    from support.sessions import SessionProcess
+
+    session = SessionProcess(tmp_path_factory.mktemp("unmaintained"), confs={f"{STATE_PREFIX}maintenanceInterval": "600s"})
+    try:
+        yield session
+        session.exit()
+    finally:
+        session.kill()
+
+
+def test_a_due_snapshot_is_uploaded_without_waiting_for_maintenance(tmp_path, unmaintained):
     """Version 2's snapshot is due (snapshotInterval=2) and maintenance does not run (its interval
     is longer than the query): the snapshot still reaches the checkpoint while the query runs,
     so a stop at any later point restarts from it instead of replaying every changelog since the
     beginning (measured before: 2-3 of W1's 4 partitions replayed 11 changelogs at a restart)."""
-    from support.sessions import SessionProcess
-
     checkpoint, source = tmp_path / "checkpoint", tmp_path / "input"
-    session = SessionProcess(tmp_path / "session", confs={f"{STATE_PREFIX}maintenanceInterval": "600s"})
+    session = unmaintained
+    session.start_query("due", checkpoint, source, confs={PFX + "snapshotInterval": "2"})
     try:
-        session.start_query("q", checkpoint, source, confs={PFX + "snapshotInterval": "2"})
         for b in range(3):
-            assert session.feed("q", [f"k{i}" for i in range(b * 50, b * 50 + 200)])["ok"]
+            assert session.feed("due", [f"k{i}" for i in range(b * 50, b * 50 + 200)])["ok"]
         partitions = sorted((checkpoint / "state" / "0").glob("[0-9]*"))
         assert len(partitions) == 2
         deadline = time.monotonic() + 60
@@ -249,10 +260,8 @@ def test_a_due_snapshot_is_uploaded_without_waiting_for_maintenance(tmp_path):
             assert time.monotonic() < deadline, [sorted(f.name for f in p.iterdir()) for p in partitions]
             time.sleep(0.2)
         assert all((p / "3.ks-changelog").is_file() for p in partitions)
-        assert session.call({"op": "stop", "name": "q"})["ok"]
-        session.exit()
     finally:
-        session.kill()
+        assert session.call({"op": "stop", "name": "due"})["ok"]
 
 
 def test_a_snapshot_due_just_before_the_application_stops_reaches_the_checkpoint(tmp_path):
@@ -281,25 +290,19 @@ def test_a_snapshot_due_just_before_the_application_stops_reaches_the_checkpoint
         [sorted(f.name for f in p.iterdir()) for p in partitions]
 
 
-def test_short_runs_without_maintenance_get_snapshots_and_cleanup(tmp_path):
+def test_short_runs_without_maintenance_get_snapshots_and_cleanup(tmp_path, unmaintained):
     """Issue 12's finding: runs shorter than the maintenance interval (scheduled availableNow
     jobs) left every changelog and no snapshot, so the checkpoint grew without bound and every
     load replayed from version 1. Eight one-batch runs, maintenance never due: the snapshots are
     there, and what no retained version needs is gone."""
-    from support.sessions import SessionProcess
-
     checkpoint, source = tmp_path / "checkpoint", tmp_path / "input"
     runs, interval, retain = 8, 2, 2
     confs = {PFX + "snapshotInterval": str(interval), "spark.sql.streaming.minBatchesToRetain": str(retain)}
-    session = SessionProcess(tmp_path / "session", confs={f"{STATE_PREFIX}maintenanceInterval": "600s"})
-    try:
-        for run in range(runs):
-            reply = session.run(checkpoint, source, [f"k{i}" for i in range(run * 50, run * 50 + 200)], confs=confs)
-            assert reply["ok"], reply
-        assert reply["counts"]["k399"] == 4 and reply["counts"]["k549"] == 1  # exact, through every load
-        session.exit()
-    finally:
-        session.kill()
+    for run in range(runs):
+        reply = unmaintained.run(checkpoint, source, [f"k{i}" for i in range(run * 50, run * 50 + 200)], confs=confs)
+        assert reply["ok"], reply
+    assert reply["counts"]["k399"] == 4 and reply["counts"]["k549"] == 1  # exact, through every load
+    wait_until_unchanged(checkpoint / "state")  # the last run's uploads and cleanup, in the background
     partitions = sorted((checkpoint / "state" / "0").glob("[0-9]*"))
     assert len(partitions) == 2
     for p in partitions:
