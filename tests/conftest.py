@@ -102,9 +102,8 @@ def reference_output(spark, tmp_path_factory):
     def get(scenario) -> list:
         if scenario.name not in outputs:
             root = tmp_path_factory.mktemp("reference")
-            inputs = [root / "input-left", root / "input-right"] if scenario.multi else root / "input"
             output = run_query(spark, REFERENCE_PROVIDER, scenario.build, scenario.schema, scenario.steps,
-                               root / "checkpoint", inputs, scenario.mode)
+                               root / "checkpoint", scenario.inputs(root), scenario.mode)
             # the scenario must produce output after the restart point, or it would not test recovery
             assert any(rows for _, rows in output[len(output) // 2:])
             outputs[scenario.name] = output

@@ -26,10 +26,9 @@ def object_store(spark):
 
 def run(spark, scenario: Scenario, provider: str, root, restart_after=None, objtest=None):
     """``objtest``: (objtest:// location, its local directory) to checkpoint on, else in ``root``."""
-    inputs = [root / "input-left", root / "input-right"] if scenario.multi else root / "input"
     location, checkpoint = objtest or (None, root / "checkpoint")
     return run_query(spark, provider, scenario.build, scenario.schema, scenario.steps,
-                     checkpoint, inputs, scenario.mode, restart_after=restart_after, location=location)
+                     checkpoint, scenario.inputs(root), scenario.mode, restart_after=restart_after, location=location)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.name)

@@ -58,10 +58,6 @@ def _scenario(name: str):
     return next(s for s in SCENARIOS if s.name == name)
 
 
-def _inputs(scenario, root: Path):
-    return [root / "input-left", root / "input-right"] if scenario.multi else root / "input"
-
-
 def _shift_after(output, batch: int):
     """The candidate's batch ids without the repartition batch ``batch`` (ids above it - 1)."""
     return [(b - 1 if b > batch else b, rows) for b, rows in output]
@@ -78,7 +74,7 @@ def test_rescaled_query_gives_the_uninterrupted_output(spark, tmp_path, case, re
 
     with session_confs(spark, {"spark.sql.shuffle.partitions": str(case.before)}):
         candidate = run_query(spark, keyedstate.PROVIDER_CLASS, scenario.build, scenario.schema, scenario.steps,
-                              tmp_path / "candidate" / "checkpoint", _inputs(scenario, tmp_path / "candidate"),
+                              tmp_path / "candidate" / "checkpoint", scenario.inputs(tmp_path / "candidate"),
                               scenario.mode, restart_after=RESTART_AFTER, on_restart=rescale)
     (result,) = results
     assert (result.from_partitions, result.to_partitions) == (case.before, case.after)

@@ -27,6 +27,7 @@ from support import testjar
 from support.constants import PFX, STATE_PREFIX
 from support.durability import (OBJECT_STORE_RULES, RUN_ID_KEY, deactivate, disarm, arm, objtest_location,
                                 objtest_root, report_active)
+from support.driver import wait_for
 from support.jvm import LayerStore, scala_iter
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fault_root")]
@@ -165,11 +166,12 @@ def test_the_first_loads_cleanup_keeps_what_rebuilds_the_loaded_version(spark, f
     try:
         for version in range(7):  # versions 1..7, each snapshot uploaded before the next commit
             old.commit(version)
-            deadline = time.monotonic() + 30
-            while not any(re.fullmatch(rf"{version + 1}(_.*)?\.ks-snapshot", p.name) for p in local.rglob("*")):
-                assert time.monotonic() < deadline, sorted(p.name for p in local.rglob("*"))
+
+            def uploaded(version=version + 1) -> bool:
                 old.snapshot()
-                time.sleep(0.1)
+                return any(re.fullmatch(rf"{version}(_.*)?\.ks-snapshot", p.name) for p in local.rglob("*"))
+
+            wait_for(uploaded, timeout=30, what=f"the snapshot of version {version + 1}")
         wait_until_unchanged(local)
         deactivate(spark, old.run_id)  # Spark's commit log ends at version 6
         new = Run(spark, location + "/state", format_version, history, ids, confs)

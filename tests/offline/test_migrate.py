@@ -29,10 +29,6 @@ def _scenario(name):
     return next(s for s in SCENARIOS if s.name == name)
 
 
-def _inputs(scenario, root: Path):
-    return [root / "input-left", root / "input-right"] if scenario.multi else root / "input"
-
-
 def _provider(checkpoint: Path) -> str:
     batch = max(int(p.name) for p in (checkpoint / "offsets").iterdir() if p.name.isdigit())
     return json.loads((checkpoint / "offsets" / str(batch)).read_text().split("\n")[1])["conf"][PROVIDER_CONF]
@@ -60,7 +56,7 @@ def test_migrate_chain_continues_like_an_uninterrupted_run(spark, tmp_path, name
     output = []
     for index, (start, end) in enumerate(SEGMENTS):
         output += run_query(spark, HDFS_PROVIDER, scenario.build, scenario.schema, scenario.steps[start:end],
-                            checkpoint, _inputs(scenario, root), scenario.mode)
+                            checkpoint, scenario.inputs(root), scenario.mode)
         if index == len(CHAIN):
             break
         target = CHAIN[index]
@@ -81,7 +77,7 @@ def _segments(spark, scenario, provider, root: Path) -> list:
     output = []
     for start, end in SEGMENTS:
         output += run_query(spark, provider, scenario.build, scenario.schema, scenario.steps[start:end],
-                            root / "checkpoint", _inputs(scenario, root), scenario.mode)
+                            root / "checkpoint", scenario.inputs(root), scenario.mode)
     return output
 
 

@@ -29,6 +29,10 @@ class Scenario:
     def multi(self) -> bool:
         return isinstance(self.schema, list)
 
+    def inputs(self, root):
+        """The input directory under ``root``, or one per source."""
+        return [root / "input-left", root / "input-right"] if self.multi else root / "input"
+
 
 # --- 1. streaming aggregation, update mode -----------------------------------------------------
 
