@@ -42,7 +42,9 @@ def spark(tmp_path_factory):
                .config("spark.sql.streaming.stateStore.maintenanceInterval", "1s"))
     # objtest:// (an object-store-like Hadoop FileSystem, tests/jvm/src) on the shared session, so
     # that checkpoint code runs on a non-file: scheme without a JVM of its own (support/testjar.py)
-    for key, value in testjar.objtest_conf(tmp_path_factory.mktemp("objtest-root")).items():
+    # and local files without Hadoop's chmod/readlink child processes (testjar.forkless_local_conf)
+    local_files = testjar.forkless_local_conf()
+    for key, value in {**testjar.objtest_conf(tmp_path_factory.mktemp("objtest-root")), **local_files}.items():
         builder = builder.config(key, value)
     # The suite is about keyedstate: if the shim does not build, every test must fail loudly.
     session = keyedstate.configure(builder).getOrCreate()

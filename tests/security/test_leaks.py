@@ -15,7 +15,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -26,6 +25,7 @@ import pytest
 import keyedstate
 from support.constants import KS, PFX, PROVIDER_CONF
 from support.driver import FileStream, collect_into, count_by_key, session_confs
+from support.files import CreatedNames
 from support.processes import alive, children, cmdline, open_files, unix_listening_paths, wait_until
 from support.sessions import SessionProcess
 
@@ -182,40 +182,25 @@ FINAL_FILE = re.compile(r"\.?\d+\.ks-(changelog|snapshot)(\.crc)?")
 
 def test_temp_files_of_a_killed_write_do_not_stay(spark, tmp_path):
     """A write killed mid-way leaves its temp file in the checkpoint. The names the writer
-    really uses are caught in flight (a watcher lists the partition directories while batches
+    really uses are caught in flight (inotify on the partition directories while batches
     commit); a file left under such a name, two days old, must be cleaned up once the query
     runs again."""
     stream = FileStream(spark, tmp_path, "k STRING")
-    parts = [stream.partition_dir(partition=p) for p in (0, 1)]
-    caught: set[Path] = set()
-    stop = threading.Event()
-
-    def watch() -> None:
-        while not stop.is_set():
-            for d in parts:
-                try:
-                    names = os.listdir(d)
-                except FileNotFoundError:
-                    continue
-                caught.update(d / n for n in names if not FINAL_FILE.fullmatch(n) and n != "ks-files")
-
-    watcher = threading.Thread(target=watch, daemon=True)
     confs = {PROVIDER_CONF: KS, PFX + "snapshotInterval": "100"}
     with session_confs(spark, confs):
         query = stream.start(count_by_key, collect_into({}))
-        watcher.start()
         try:
-            for attempt in range(6):
-                stream.step(query, [{"k": f"k-{attempt}-{i}"} for i in range(40_000)])
-                if caught:
-                    break
+            stream.step(query, [{"k": "first"}])  # the partition directories exist from here on
+            created = CreatedNames([stream.partition_dir(partition=p) for p in (0, 1)])
+            try:
+                stream.step(query, [{"k": f"k-{i}"} for i in range(1000)])
+            finally:
+                caught = created.close()
         finally:
-            stop.set()
-            watcher.join()
             query.stop()
-    leftovers = sorted(p for p in caught if not p.exists() or p.is_file())
-    if not leftovers:
-        pytest.skip("could not catch a write in flight")
+    leftovers = sorted(p for p in caught
+                       if not FINAL_FILE.fullmatch(p.name) and p.name != "ks-files" and not p.is_dir())
+    assert leftovers, f"the commit wrote no file under a temporary name: {sorted(caught)}"
     old = time.time() - 2 * 86400
     for p in leftovers:  # what the killed write left: a partial file under its temp name
         if not p.exists():

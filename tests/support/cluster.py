@@ -153,7 +153,7 @@ def _builder(master: str, app_name: str, cores: int, memory_mb: int, conf: Mappi
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.driver.extraJavaOptions", jvmsession.QUICK_JVM_OPTIONS)
                .config("spark.executor.extraJavaOptions", jvmsession.QUICK_JVM_OPTIONS))
-    for key, value in (conf or {}).items():
+    for key, value in {**testjar.forkless_local_conf(), **(conf or {})}.items():
         builder = builder.config(key, value)
     return builder
 

@@ -1,7 +1,10 @@
-"""Snapshots of directory trees, to tell what a run created, changed or deleted."""
+"""Snapshots of directory trees, to tell what a run created, changed or deleted, and the names
+created in directories while something runs (Linux inotify: every name, however short-lived)."""
 from __future__ import annotations
 
+import ctypes
 import os
+import struct
 from pathlib import Path
 
 
@@ -38,3 +41,41 @@ def describe_changes(before: dict, after: dict) -> list[str]:
         elif before[rel] != after[rel]:
             changes.append(f"modified {rel}")
     return changes
+
+
+class CreatedNames:
+    """Every name created or moved into ``dirs`` (not recursive) between construction and
+    :meth:`close`, read from Linux inotify: a temp file that lives for microseconds is seen too,
+    where listing the directory in a loop catches it only by luck."""
+
+    _IN_CREATE, _IN_MOVED_TO, _IN_NONBLOCK = 0x100, 0x80, 0o4000
+    _EVENT = struct.Struct("iIII")
+
+    def __init__(self, dirs: list[Path]) -> None:
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        self._fd = self._libc.inotify_init1(self._IN_NONBLOCK)
+        if self._fd < 0:
+            raise OSError(ctypes.get_errno(), "inotify_init1")
+        self._dirs: dict[int, Path] = {}
+        for d in dirs:
+            wd = self._libc.inotify_add_watch(self._fd, os.fsencode(d), self._IN_CREATE | self._IN_MOVED_TO)
+            if wd < 0:
+                raise OSError(ctypes.get_errno(), f"inotify_add_watch {d}")
+            self._dirs[wd] = Path(d)
+        self.paths: set[Path] = set()
+
+    def close(self) -> set[Path]:
+        """Stop watching; every path created meanwhile."""
+        while True:
+            try:
+                data = os.read(self._fd, 1 << 16)
+            except BlockingIOError:
+                break
+            at = 0
+            while at < len(data):
+                wd, _mask, _cookie, length = self._EVENT.unpack_from(data, at)
+                name = data[at + self._EVENT.size: at + self._EVENT.size + length].rstrip(b"\0")
+                self.paths.add(self._dirs[wd] / os.fsdecode(name))
+                at += self._EVENT.size + length
+        os.close(self._fd)
+        return self.paths

@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+from . import testjar
 from .processes import alive, children, cmdline, descendants, signal_quietly
 
 QUICK_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
@@ -141,7 +142,8 @@ class SessionProcess:
         self.log_path = workdir / f"session-{time.monotonic_ns()}.log"
         script = workdir / "session_main.py"
         script.write_text(SESSION_SCRIPT)
-        spec = {"confs": confs or {}, "master": master, "javaOptions": f"{QUICK_JVM_OPTIONS} {java_options}".strip()}
+        confs = {**testjar.forkless_local_conf(), **(confs or {})}
+        spec = {"confs": confs, "master": master, "javaOptions": f"{QUICK_JVM_OPTIONS} {java_options}".strip()}
         full_env = {**os.environ, **(env or {})}
         full_env.pop("PYSPARK_GATEWAY_PORT", None)
         full_env.pop("PYSPARK_GATEWAY_SECRET", None)
