@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from support import testjar
+from support.durability import arm, disarm, objtest_location
 from support.jvm import LayerStore
 from support.processes import wait_until
 
@@ -108,3 +110,29 @@ def test_without_maintenance_a_commit_snapshots_once_the_changelog_tail_is_long(
         wait_until(lambda: 8 in snapshots(), 30, "the last staged snapshot's upload")
     finally:
         layer.close()
+
+
+def test_a_commit_two_intervals_past_the_last_uploaded_snapshot_uploads_before_it_returns(spark):
+    """The fallback alone: the background upload of version 2's snapshot fails (objtest:// fails
+    its first snapshot-manifest write), so version 4 is two intervals past any uploaded snapshot
+    and its commit uploads its own snapshot before returning (no background upload of version 4
+    is started: it is this commit's)."""
+    location, directory = objtest_location(spark, "overdue")
+    root = arm(spark, create={"nth": 1, "path": ".ks-snapshot"})
+    layer = LayerStore(spark, location, confs={"spark.sql.streaming.stateStore.keyedstate.snapshotInterval": "2"})
+    try:
+        def commit(version: int) -> None:
+            s = layer.store(version)
+            layer.put(s, (version,), (version,))
+            s.commit()
+
+        commit(0)
+        commit(1)
+        wait_until(lambda: testjar.injected_faults(root), 30, "the failed upload of version 2's snapshot")
+        assert not list(directory.rglob("*.ks-snapshot"))
+        commit(2)
+        commit(3)
+        assert "4.ks-snapshot" in [p.name for p in directory.rglob("*.ks-snapshot")]
+    finally:
+        layer.close()
+        disarm(spark)

@@ -12,6 +12,7 @@ import org.apache.hadoop.conf.Configuration;
 import org.apache.hadoop.fs.ChecksumFs;
 import org.apache.hadoop.fs.DelegateToFileSystem;
 import org.apache.hadoop.fs.FileStatus;
+import org.apache.hadoop.fs.FsConstants;
 import org.apache.hadoop.fs.FsServerDefaults;
 import org.apache.hadoop.fs.LocalFileSystem;
 import org.apache.hadoop.fs.Path;
@@ -83,10 +84,10 @@ public class ForklessLocalFileSystem extends LocalFileSystem {
         }
     }
 
-    /** Hadoop's RawLocalFs over {@link Raw}. */
+    /** Hadoop's RawLocalFs over {@link Raw} (which, like it, ignores the URI it is given). */
     public static class RawFs extends DelegateToFileSystem {
         public RawFs(URI uri, Configuration conf) throws IOException, URISyntaxException {
-            super(uri, new Raw(), conf, "file", false);
+            super(FsConstants.LOCAL_FS_URI, new Raw(), conf, FsConstants.LOCAL_FS_URI.getScheme(), false);
         }
 
         @Override
