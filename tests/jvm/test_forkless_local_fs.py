@@ -34,8 +34,8 @@ def _statuses(jvm, conf, root, via_context: bool) -> dict:
     try:
         if via_context:
             flags = jvm.java.util.EnumSet.of(jvm.org.apache.hadoop.fs.CreateFlag.CREATE)
-            opts = _array(jvm.org.apache.hadoop.fs.Options.CreateOpts,
-                               [jvm.org.apache.hadoop.fs.Options.CreateOpts.perms(perm(0o666))])
+            create_opts = jvm.org.apache.hadoop.fs.Options.CreateOpts
+            opts = _array(create_opts, [create_opts.perms(perm(0o666))])
             fc.create(hpath(f"{root}/file"), flags, opts).close()
             fc.mkdir(hpath(f"{root}/dir"), perm(0o777), True)
         else:
