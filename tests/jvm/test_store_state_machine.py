@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from support import testjar
+from support.constants import PFX
 from support.durability import arm, disarm, objtest_location
 from support.jvm import LayerStore
 from support.processes import wait_until
@@ -88,26 +89,31 @@ def test_a_second_attempt_of_a_version_keeps_the_first_ones_commit(spark, tmp_pa
         second.close()
 
 
+def _commit_one_write(layer: LayerStore, version: int) -> None:
+    """Load ``version``, write one key, commit ``version + 1``."""
+    s = layer.store(version)
+    layer.put(s, (version,), (version,))
+    s.commit()
+
+
+def _snapshot_versions(directory) -> list[int]:
+    return sorted(int(p.name.split(".")[0]) for p in directory.rglob("*.ks-snapshot"))
+
+
 def test_without_maintenance_a_commit_snapshots_once_the_changelog_tail_is_long(spark, tmp_path):
     """Short runs (availableNow) may never see Spark's maintenance: a commit that stages a
     snapshot starts its upload, and a commit two snapshot intervals after the newest uploaded
     snapshot uploads one itself before it returns, so loads stay bounded whichever wins."""
     interval = 2
-    layer = LayerStore(spark, tmp_path / "state",
-                       confs={"spark.sql.streaming.stateStore.keyedstate.snapshotInterval": str(interval)})
-
-    def snapshots() -> list[int]:
-        return sorted(int(p.name.split(".")[0]) for p in tmp_path.rglob("*.ks-snapshot"))
-
+    layer = LayerStore(spark, tmp_path / "state", confs={PFX + "snapshotInterval": str(interval)})
     try:
         for version in range(8):
-            s = layer.store(version)
-            layer.put(s, (version,), (version,))
-            s.commit()
-            newest = max(snapshots(), default=0)
+            _commit_one_write(layer, version)
+            newest = max(_snapshot_versions(tmp_path), default=0)
             assert version + 1 - newest < 2 * interval, (f"after committing version {version + 1} the newest "
-                                                         f"snapshot in the checkpoint is {newest}: {snapshots()}")
-        wait_until(lambda: 8 in snapshots(), 30, "the last staged snapshot's upload")
+                                                         f"snapshot in the checkpoint is {newest}: "
+                                                         f"{_snapshot_versions(tmp_path)}")
+        wait_until(lambda: 8 in _snapshot_versions(tmp_path), 30, "the last staged snapshot's upload")
     finally:
         layer.close()
 
@@ -119,20 +125,15 @@ def test_a_commit_two_intervals_past_the_last_uploaded_snapshot_uploads_before_i
     is started: it is this commit's)."""
     location, directory = objtest_location(spark, "overdue")
     root = arm(spark, create={"nth": 1, "path": ".ks-snapshot"})
-    layer = LayerStore(spark, location, confs={"spark.sql.streaming.stateStore.keyedstate.snapshotInterval": "2"})
+    layer = LayerStore(spark, location, confs={PFX + "snapshotInterval": "2"})
     try:
-        def commit(version: int) -> None:
-            s = layer.store(version)
-            layer.put(s, (version,), (version,))
-            s.commit()
-
-        commit(0)
-        commit(1)
+        _commit_one_write(layer, 0)
+        _commit_one_write(layer, 1)
         wait_until(lambda: testjar.injected_faults(root), 30, "the failed upload of version 2's snapshot")
-        assert not list(directory.rglob("*.ks-snapshot"))
-        commit(2)
-        commit(3)
-        assert "4.ks-snapshot" in [p.name for p in directory.rglob("*.ks-snapshot")]
+        assert _snapshot_versions(directory) == []
+        _commit_one_write(layer, 2)
+        _commit_one_write(layer, 3)
+        assert 4 in _snapshot_versions(directory)
     finally:
         layer.close()
         disarm(spark)

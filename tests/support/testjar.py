@@ -115,8 +115,6 @@ def objtest_conf(root: str | os.PathLike, settings: Mapping[str, Any] | None = N
 
 
 FORKLESS_LOCAL_CLASS = "io.keyedstate.testing.ForklessLocalFileSystem"
-
-
 PLAIN_LOCAL_FS_ENV = "KEYEDSTATE_TEST_PLAIN_LOCAL_FS"
 
 
@@ -130,8 +128,9 @@ def forkless_local_conf() -> dict[str, str]:
     ``spark.jars`` is loaded."""
     if os.environ.get(PLAIN_LOCAL_FS_ENV):
         return {}
-    return {"spark.driver.extraClassPath": test_jar_path(),
-            "spark.executor.extraClassPath": test_jar_path(),
+    jar = test_jar_path()
+    return {"spark.driver.extraClassPath": jar,
+            "spark.executor.extraClassPath": jar,
             "spark.hadoop.fs.file.impl": FORKLESS_LOCAL_CLASS,
             "spark.hadoop.fs.AbstractFileSystem.file.impl": FORKLESS_LOCAL_CLASS + "$Fs"}
 
