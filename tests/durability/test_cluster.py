@@ -6,7 +6,9 @@ state is reloaded from the checkpoint in another JVM, and the output is exactly 
 HDFS-backed provider gives (each batch of ``rate-micro-batch`` adds the same rows to every key,
 so that output is known in closed form: the count of key k after batch b is
 ROWS_PER_BATCH // KEYS * (b + 1), whatever the provider; the join matches each value once).
-The killed JVM's state servers exit on their own, and none outlives the cluster.
+The killed JVM's state servers exit on their own, and none outlives the cluster. In both
+checkpoint format versions: under version 2 the reloading JVM finds each version by the unique id
+Spark's commit log recorded (on 932aed2 that run cannot start: version 2 was refused).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import time
 import pytest
 
 from support import cluster, jvmsession, processes
+from support.constants import STATE_PREFIX
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -36,12 +39,14 @@ def _cluster_servers(cl) -> set[int]:
     return {s for pid in cl.executor_pids().values() for s in _servers_of(pid)}
 
 
-def test_keyedstate_on_two_executors_survives_a_killed_executor_exactly(request, tmp_path):
+@pytest.mark.parametrize("format_version", ["1", "2"])
+def test_keyedstate_on_two_executors_survives_a_killed_executor_exactly(request, tmp_path, format_version):
     if not jvmsession.run_here_or_delegate(request, tmp_path):
         return
     from pyspark.sql import functions as F
 
-    with cluster.local_cluster_session(executors=2, conf=cluster.keyedstate_conf(tmp_path / "objtest")) as cl:
+    with cluster.local_cluster_session(executors=2, conf=cluster.keyedstate_conf(
+            tmp_path / "objtest", **{STATE_PREFIX + "checkpointFormatVersion": format_version})) as cl:
         spark = cl.spark
         spark.sparkContext.setLogLevel("ERROR")
         first_pids = cl.executor_pids()
