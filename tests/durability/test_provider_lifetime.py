@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from collections.abc import Callable
 
 import pytest
 
@@ -28,6 +29,7 @@ from support.constants import PFX, STATE_PREFIX
 from support.durability import (OBJECT_STORE_RULES, RUN_ID_KEY, deactivate, disarm, arm, objtest_location,
                                 objtest_root, report_active)
 from support.driver import wait_for
+from keyedstate.formats import manifest
 from support.jvm import LayerStore, scala_iter
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fault_root")]
@@ -51,9 +53,12 @@ class Run:
         self.history, self.ids = history, ids  # version -> {key: value}, version -> unique id
         report_active(spark, self.layer, self.run_id)
 
-    def commit(self, version: int) -> None:
-        """Load ``version`` and commit ``version + 1`` with writes that depend on the version."""
+    def commit(self, version: int, after_load: Callable[[], None] | None = None) -> None:
+        """Load ``version`` and commit ``version + 1`` with writes that depend on the version
+        (``after_load`` runs between the load and the writes)."""
         store = self.layer.store(version, self.ids.get(version))
+        if after_load is not None:
+            after_load()
         state = dict(self.history[version])
         for i in range(6):
             key = (version * 7 + i * 5) % KEYS
@@ -97,17 +102,21 @@ def assert_every_retained_version_loads(spark, location: str, format_version: st
 
 # Interleavings of the stopped run's (A) calls with the restarted run's (B) commits and
 # maintenance, as Spark's snapshot and cleanup pools allow them: "<A until it stops> | <then>".
-# c = commit, s = snapshot maintenance, k = cleanup maintenance; A's commits stage snapshots
-# (snapshotInterval=1) that only its maintenance uploads.
+# c = commit, s = snapshot maintenance, k = cleanup maintenance. Every commit stages a snapshot
+# (snapshotInterval=1). On 932aed2 only maintenance uploaded staged snapshots, so "A.s" after the
+# stop was A's late upload; since then each commit also starts its upload at once, so on main A
+# usually has nothing left to upload then, and the upload side of the finding is tested directly by
+# test_a_snapshot_never_lists_a_file_deleted_after_its_load below.
 ORDERS = {
     "stale-upload-after-new-cleanup": "A.c A.c A.c | c s k c s k A.s A.k c s k",
     "old-cleanup-between-new-snapshot-and-cleanup": "A.c A.c A.c | c A.s s A.k k c s k c s k",
     "old-run-first": "A.c A.c A.c | A.k A.s c s k c s k c s k",
     "no-new-maintenance-until-the-end": "A.c A.c A.c | c c A.s c A.k s k",
-    # Issue 12's finding: B loads version 9 from A's snapshot 5. RocksDB compacts L0 at four
-    # files, so A's snapshot 9 (uploaded late) no longer lists an SST of snapshot 5, and B's
-    # cleanup deletes it; B's database still holds that SST, and on 932aed2 B's next snapshot
-    # listed the deleted path (every later load: "...-000012.sst: it is missing").
+    # Issue 12's finding, as it happened on 932aed2 (format 1; 4 of 4 runs failed there): B loads
+    # version 9 from A's snapshot 5. RocksDB compacts L0 at four files, so A's snapshot 9
+    # (uploaded late) no longer lists snapshot 5's SSTs, and B's cleanup deletes them; B's database
+    # still holds one, and B's next snapshot listed its deleted path (every later load failed:
+    # "cannot read .../ks-files/<uuid>-000012.sst: it is missing").
     "new-snapshot-reuses-a-file-cleanup-deleted":
         "A.c A.c A.c A.c A.c A.s A.c A.c A.c A.c | c A.s k s k c s k",
 }
@@ -141,6 +150,56 @@ def test_an_overlapping_stopped_run_never_breaks_a_later_restart(spark, format_v
     local = objtest_root(spark) / location.removeprefix("objtest://")
     changelogs = sorted(p.name for p in local.rglob("*.ks-changelog"))
     assert len(changelogs) <= RETAIN + 2, changelogs
+
+
+def test_a_snapshot_never_lists_a_file_deleted_after_its_load(spark):
+    """Issue 12.4, the upload side on its own: a run remembers the files of the snapshot it loaded,
+    to list them again instead of copying them. One of them deleted since (by a cleanup that a
+    newer manifest allowed, e.g. after an overlapping run's late upload) must be uploaded again,
+    not listed: on 932aed2 the next snapshot listed the deleted path. Deterministic: the file is
+    deleted between the load and the commit whose snapshot would reuse it."""
+    location, local = objtest_location(spark, "reuse")
+    history, ids = {0: {}}, {}
+    old = Run(spark, location + "/state", "1", history, ids)
+    new = None
+
+    def manifest_of(version: int):
+        found = [p for p in local.rglob(f"{version}.ks-snapshot")]
+        return (manifest.decode(found[0].read_bytes(), str(found[0]), version), found[0].parent) if found else None
+
+    try:
+        for version in range(2):  # two flushes: no compaction yet, so the next run keeps both SSTs
+            old.commit(version)
+        wait_for(lambda: old.snapshot() or manifest_of(2) is not None, timeout=30, what="the snapshot of version 2")
+        wait_until_unchanged(local)
+        deactivate(spark, old.run_id)
+        loaded, partition = manifest_of(2)
+        ssts = [f for f in loaded.files if f.name.endswith(".sst")]
+        assert len(ssts) == 2, loaded.files
+        victim = ssts[0]
+
+        def delete_victim() -> None:  # what a cleanup does, right after the new run's load
+            (partition / victim.path).unlink()
+
+        new = Run(spark, location + "/state", "1", history, ids)
+        new.commit(2, after_load=delete_victim)  # version 3: its snapshot holds the victim's SST
+        wait_for(lambda: new.snapshot() or manifest_of(3) is not None, timeout=30, what="the snapshot of version 3")
+        uploaded, _ = manifest_of(3)
+        assert victim.name in {f.name for f in uploaded.files}, "the new snapshot no longer holds the SST"
+        for f in uploaded.files:
+            assert (partition / f.path).is_file() and (partition / f.path).stat().st_size == f.size, f
+        assert victim.path not in {f.path for f in uploaded.files}
+        fresh = LayerStore(spark, location + "/state", confs=CONFS)
+        try:
+            assert contents(fresh, 3, None) == history[3]
+        finally:
+            fresh.close()
+    finally:
+        old.layer.close()
+        if new is not None:
+            new.layer.close()
+            deactivate(spark, new.run_id)
+        deactivate(spark, old.run_id)
 
 
 def wait_until_unchanged(directory, quiet_s: float = 2.0, limit_s: float = 30.0) -> None:
