@@ -112,6 +112,9 @@ def test_keyedstate_on_two_executors_survives_a_killed_executor_exactly(request,
     batches = len(rows) // KEYS
     assert batches >= BATCHES  # every batch updates every key with its running count:
     assert rows == cluster.closed_form(batches)
+    # the format version reached the stores: under 2 every changelog is named <v>_<unique id>
+    changelogs = [p.name for p in (tmp_path / "objtest" / "bucket" / "agg" / "state").rglob("*.ks-changelog")]
+    assert changelogs and all(("_" in name) == (format_version == "2") for name in changelogs), changelogs
     assert all(executors_ran_tasks.values()), executors_ran_tasks
     assert servers_while_up  # the live executors still had theirs...
     processes.wait_until(lambda: not [p for p in ours if processes.alive(p)], 60,
