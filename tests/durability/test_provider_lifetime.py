@@ -20,7 +20,8 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -89,15 +90,30 @@ def contents(layer: LayerStore, version: int, unique_id: str | None) -> dict:
         store.abort()
 
 
-def assert_every_retained_version_loads(spark, location: str, format_version: str, history: dict, ids: dict) -> None:
-    """A later restart: a fresh provider (no run) loads each retained version exactly."""
-    latest = max(history)
-    fresh = LayerStore(spark, location, confs={**CONFS, STATE_PREFIX + "checkpointFormatVersion": format_version})
+@contextmanager
+def restarted(spark, location: str, confs: dict | None = None) -> Iterator[LayerStore]:
+    """A later restart: a fresh provider of ``location`` that no run owns."""
+    fresh = LayerStore(spark, location, confs={**CONFS, **(confs or {})})
     try:
-        for version in range(max(1, latest - RETAIN + 1), latest + 1):
-            assert contents(fresh, version, ids.get(version)) == history[version], f"version {version}"
+        yield fresh
     finally:
         fresh.close()
+
+
+def close_runs(spark, *runs: Run | None) -> None:
+    """What Spark does at last: closes each run's provider, and no run is active any more."""
+    for run in runs:
+        if run is not None:
+            run.layer.close()
+            deactivate(spark, run.run_id)
+
+
+def assert_every_retained_version_loads(spark, location: str, format_version: str, history: dict, ids: dict) -> None:
+    """A later restart loads each retained version exactly."""
+    latest = max(history)
+    with restarted(spark, location, {STATE_PREFIX + "checkpointFormatVersion": format_version}) as fresh:
+        for version in range(max(1, latest - RETAIN + 1), latest + 1):
+            assert contents(fresh, version, ids.get(version)) == history[version], f"version {version}"
 
 
 # Interleavings of the stopped run's (A) calls with the restarted run's (B) commits and
@@ -142,10 +158,7 @@ def test_an_overlapping_stopped_run_never_breaks_a_later_restart(spark, format_v
                 assert_every_retained_version_loads(spark, location, format_version, history, ids)
         assert_every_retained_version_loads(spark, location, format_version, history, ids)
     finally:
-        old.layer.close()
-        if new is not None:
-            new.layer.close()
-        deactivate(spark, old.run_id)
+        close_runs(spark, old, new)
     # maintenance bounded what a load replays and removed what no retained version needs
     local = objtest_root(spark) / location.removeprefix("objtest://")
     changelogs = sorted(p.name for p in local.rglob("*.ks-changelog"))
@@ -189,17 +202,10 @@ def test_a_snapshot_never_lists_a_file_deleted_after_its_load(spark):
         for f in uploaded.files:
             assert (partition / f.path).is_file() and (partition / f.path).stat().st_size == f.size, f
         assert victim.path not in {f.path for f in uploaded.files}
-        fresh = LayerStore(spark, location + "/state", confs=CONFS)
-        try:
+        with restarted(spark, location + "/state") as fresh:
             assert contents(fresh, 3, None) == history[3]
-        finally:
-            fresh.close()
     finally:
-        old.layer.close()
-        if new is not None:
-            new.layer.close()
-            deactivate(spark, new.run_id)
-        deactivate(spark, old.run_id)
+        close_runs(spark, old, new)
 
 
 def wait_until_unchanged(directory, quiet_s: float = 2.0, limit_s: float = 30.0) -> None:
@@ -243,18 +249,10 @@ def test_the_first_loads_cleanup_keeps_what_rebuilds_the_loaded_version(spark, f
         new = Run(spark, location + "/state", format_version, history, ids, confs)
         new.layer.store(6, ids.get(6)).abort()  # the rerun batch's first load
         wait_until_unchanged(local)  # its cleanup, in the background
-        fresh = LayerStore(spark, location + "/state",
-                           confs={**CONFS, **confs, STATE_PREFIX + "checkpointFormatVersion": format_version})
-        try:
+        with restarted(spark, location + "/state", {**confs, STATE_PREFIX + "checkpointFormatVersion": format_version}) as fresh:
             assert contents(fresh, 6, ids.get(6)) == history[6]
-        finally:
-            fresh.close()
     finally:
-        old.layer.close()
-        if new is not None:
-            new.layer.close()
-            deactivate(spark, new.run_id)
-        deactivate(spark, old.run_id)
+        close_runs(spark, old, new)
 
 
 def test_a_failing_maintenance_call_is_retried_later_not_thrown(spark):
@@ -282,8 +280,7 @@ def test_a_failing_maintenance_call_is_retried_later_not_thrown(spark):
         run.cleanup()
         assert_every_retained_version_loads(spark, location, "1", history, ids)
     finally:
-        run.layer.close()
-        deactivate(spark, run.run_id)
+        close_runs(spark, run)
 
 
 def test_a_store_used_after_spark_closed_its_provider_fails_clearly(spark, tmp_path):
