@@ -25,12 +25,12 @@ from contextlib import contextmanager
 
 import pytest
 
+from keyedstate.offline import checkpoint as ckpt
 from support import testjar
 from support.constants import PFX, STATE_PREFIX
 from support.durability import (OBJECT_STORE_RULES, RUN_ID_KEY, deactivate, disarm, arm, objtest_location,
                                 objtest_root, report_active)
 from support.driver import wait_for
-from keyedstate.formats import manifest
 from support.jvm import LayerStore, scala_iter
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fault_root")]
@@ -177,8 +177,8 @@ def test_a_snapshot_never_lists_a_file_deleted_after_its_load(spark):
     new = None
 
     def manifest_of(version: int):
-        found = [p for p in local.rglob(f"{version}.ks-snapshot")]
-        return (manifest.decode(found[0].read_bytes(), str(found[0]), version), found[0].parent) if found else None
+        found = next(local.rglob(f"{version}.ks-snapshot"), None)
+        return None if found is None else (ckpt.read_manifest(found, version), found.parent)
 
     try:
         for version in range(2):  # two flushes: no compaction yet, so the next run keeps both SSTs
