@@ -103,3 +103,68 @@ def test_aborted_attempt_leaves_no_trace_in_the_cache(spark, tmp_path):
     ours = _run_totals(spark, tmp_path / "ours", KS, str(marker))
     assert marker.exists(), "the injected failure never happened"
     assert ours == reference
+
+
+def _cache_metrics(query) -> list[dict]:
+    """Per batch: the store metrics summed over the operator's partitions."""
+    return [{name: sum(op["customMetrics"][name] for op in p["stateOperators"])
+             for name in ("keyedstateCacheBytes", "keyedstateBloomBytes", "keyedstateCacheHits")}
+            for p in query.recentProgress if p["stateOperators"]]
+
+
+def test_a_cache_whose_writes_are_never_read_back_retires_and_the_state_stays_exact(spark, tmp_path):
+    """Dedup writes every key once and reads it never: after two such versions (4096+ writes a
+    partition each, no hits) the cache lets its entries go at the second one's commit and a Bloom
+    filter answers the absences, where before it grew with the state. Keys sent again later are
+    still dropped, each key is emitted exactly once and counted once in the state, across a
+    restart too. An aggregation that reads its keys back keeps its cache (the policy's other
+    side)."""
+    per_batch = 30000  # ~15k new keys per partition (2 shuffle partitions)
+    seen: list[str] = []
+    dedup = FileStream(spark, tmp_path / "dedup", "k STRING")
+
+    def sink(batch, batch_id):
+        seen.extend(r[0] for r in batch.collect())
+
+    def batch_rows(b: int) -> list[dict]:
+        fresh = [f"key-{b * per_batch + i:07d}" for i in range(per_batch)]
+        again = [f"key-{i * 7:07d}" for i in range(b * 40)]  # earlier keys: hits under 1% of writes
+        return [{"k": k} for k in fresh + again]
+
+    with session_confs(spark, {PROVIDER_CONF: KS}):
+        query = dedup.start(lambda df: df.dropDuplicates(["k"]), sink, mode="append")
+        try:
+            for b in range(4):
+                dedup.step(query, batch_rows(b))
+            metrics = _cache_metrics(query)
+        finally:
+            query.stop()
+        query = dedup.start(lambda df: df.dropDuplicates(["k"]), sink, mode="append")  # a new run
+        try:
+            dedup.step(query, batch_rows(4))
+            rows_total = query.lastProgress["stateOperators"][0]["numRowsTotal"]
+        finally:
+            query.stop()
+    assert len(seen) == len(set(seen)) == 5 * per_batch, (len(seen), len(set(seen)))
+    assert set(seen) == {f"key-{i:07d}" for i in range(5 * per_batch)}
+    assert rows_total == 5 * per_batch
+    peak = metrics[0]["keyedstateCacheBytes"]  # metrics[1] is taken after its commit retired the cache
+    assert peak > 1 << 20, metrics
+    # Retired: what is left are the few keys read back (a page per partition at most).
+    assert all(m["keyedstateCacheBytes"] < peak / 2 for m in metrics[1:]), metrics
+    assert all(m["keyedstateBloomBytes"] > 0 for m in metrics[1:]), metrics
+
+    counts = FileStream(spark, tmp_path / "counts", "k STRING")
+    out: dict = {}
+    keys = [{"k": f"key-{i:07d}"} for i in range(per_batch)]
+    with session_confs(spark, {PROVIDER_CONF: KS}):
+        query = counts.start(count_by_key, collect_into(out))
+        try:
+            for _ in range(4):
+                counts.step(query, keys)
+            metrics = _cache_metrics(query)
+        finally:
+            query.stop()
+    assert out == {r["k"]: (r["k"], 4) for r in keys}
+    assert all(m["keyedstateCacheHits"] == per_batch for m in metrics[1:]), metrics
+    assert all(m["keyedstateCacheBytes"] > 1 << 20 and m["keyedstateBloomBytes"] == 0 for m in metrics), metrics

@@ -116,3 +116,47 @@ def test_committed_deletes_are_logged_by_what_was_known(spark, tmp_path):
 def test_what_a_read_learnt_settles_an_unknown_op(jvm, op, existed, settled):
     known = None if existed is None else jvm.java.lang.Boolean.valueOf(existed)
     assert jvm.io.keyedstate.format.ChangelogFormat.settle(op, known) == settled
+
+
+def test_growing_bloom_never_forgets_a_key_and_keeps_its_rate(engine):
+    """The retired cache's filter grows a generation at a time (200, 400, 800, 1600 keys here)
+    instead of rescanning the store: no key it was given is ever answered absent, and the
+    false-positive rate of all generations together stays near the 1% asked for."""
+    bloom = engine.GrowingBloom(200, 0.01)
+    keys = [b"present-%06d" % i for i in range(3000)]
+    grew = [bloom.put(k) for k in keys]
+    assert bloom.generations() == 4 and sum(1 for g in grew if g > 0) == 3
+    assert sum(grew) + engine.GrowingBloom(200, 0.01).bytes() == bloom.bytes()
+    assert all(bloom.mightContain(k) for k in keys)
+    false_positives = sum(1 for i in range(3000) if bloom.mightContain(b"absent-%06d" % i))
+    assert false_positives <= 60, false_positives  # 2% of 3000: twice the rate asked for
+
+
+def test_a_retired_cache_classifies_writes_by_its_filter_and_readmits_when_reads_hit(engine):
+    """Two versions of 4096+ new keys without a hit retire a complete cache: its entries go, its
+    filter (exact when built from a complete cache) answers for them. A retired cache still
+    logs a new key as new, an existing one as unknown (never as new), never answers "absent"
+    for a key it was written, and admits writes again after a version whose reads hit."""
+    cache = engine.NearCache(0.01)
+    set_complete(cache, True)
+    n = engine.NearCache.ReviewMinWrites()
+    try:
+        for version in range(2):
+            ops = {cache.commitWrite(key(engine, version * n + i), b"\x01v") for i in range(n)}
+            assert ops == {changelog.OP_PUT_NEW}
+            assert cache.review() == (version == 1)
+        assert not cache.admitsWrites() and not cache.complete() and cache.size() == 0
+        assert cache.bloomBytes() > 0
+        assert all(cache.lookup(key(engine, i)) is None for i in range(0, 2 * n, 97))  # unknown, not absent
+        assert cache.commitWrite(key(engine, 5), b"\x01w") == changelog.OP_PUT
+        new = key(engine, 10 ** 6)
+        assert len(cache.lookup(new)) == 0  # absent (the filter's answer, remembered)...
+        assert cache.commitWrite(new, b"\x01w") == changelog.OP_PUT_NEW
+        assert cache.lookup(new) is None  # ...and forgotten once the key is written
+        assert cache.size() == 0  # retired: writes of keys not cached stay out
+        cache.putRead(key(engine, 7), b"\x01r")  # a read found it: cached again
+        assert bytes(cache.lookup(key(engine, 7))) == b"\x01r"
+        cache.review()  # one hit, one write: reads hit
+        assert cache.admitsWrites()
+    finally:
+        cache.clear()
