@@ -75,7 +75,7 @@ final class CachedReads(cache: NearCache, inner: CommittedReads) extends Committ
     else if (cached != null) cached
     else {
       val value = inner.get(key)
-      if (value != null) cache.putRead(key, value)
+      if (value != null) cache.put(key, value)
       learned.put(key, value != null)
       value
     }
@@ -97,7 +97,7 @@ final class CachedReads(cache: NearCache, inner: CommittedReads) extends Committ
       missing.indices.foreach { j =>
         val k = keys(missing(j))
         out(missing(j)) = values(j)
-        if (values(j) != null) cache.putRead(k, values(j))
+        if (values(j) != null) cache.put(k, values(j))
         learned.put(k, values(j) != null)
       }
     }
@@ -109,5 +109,5 @@ final class CachedReads(cache: NearCache, inner: CommittedReads) extends Committ
 
   /** The cache's committed entries, when it holds every key of the version (else None). */
   def completeSnapshot(): Option[Array[(Array[Byte], Array[Byte])]] =
-    if (cache.complete) { cache.servedFullScan(); Some(cache.snapshot()) } else None
+    if (cache.complete) Some(cache.snapshot()) else None
 }

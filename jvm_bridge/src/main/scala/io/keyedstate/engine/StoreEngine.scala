@@ -160,8 +160,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       }
       loaded = version
       loadedId = id
-      if (cache.admitsWrites) CacheWarmer.warm(cache, committedReads, numKeys)
-      else CacheWarmer.indexKeys(cache, committedReads, numKeys) // retired: values are not read back
+      CacheWarmer.warm(cache, committedReads, numKeys)
       if (!cleanupAsked && version > 0) { cleanupAsked = true; SnapshotKick.cleanUp(this, version -> id) }
     } catch { case NonFatal(e) => invalidate(); throw e }
     loadMs.addAndGet((System.nanoTime() - started) / 1000000)
@@ -220,7 +219,6 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       val t3 = System.nanoTime()
       loaded = newVersion
       loadedId = newId
-      reviewCache()
       lineage = ((newVersion -> newId) :: lineage).filter(_._1 >= lastSnapshot)
       lastCommitPhases = CommitPhases((t1 - t0) / 1000000, (t2 - t1) / 1000000, (t3 - t2) / 1000000)
       if (overdue) { uploadSnapshots(); cleanupFiles() }
@@ -230,18 +228,6 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       case NonFatal(e) => invalidate(); throw e
     }
   }
-
-  /** Lets the near cache decide whether it is worth its memory (NearCache.review); the version
-   *  is durable by now, so a failure here only empties the cache (reads then go to RocksDB). */
-  private def reviewCache(): Unit =
-    try {
-      if (cache.review()) log.info(s"keyedstate: the near cache of $describe retired: versions of " +
-        s"${NearCache.ReviewMinWrites}+ writes used it for under 1% of them; a Bloom filter answers absences")
-    } catch {
-      case NonFatal(e) =>
-        log.warn(s"keyedstate: reviewing the near cache of $describe failed; emptied it", e)
-        cache.clear()
-    }
 
   /** The committed value of `key` if this engine holds `version` (Some(null) = absent), for a
    *  sibling store's cleanup; None when it holds another version. */
