@@ -18,6 +18,8 @@ secret reaches it at any level.
 from __future__ import annotations
 
 import copy
+import ctypes
+import ctypes.util
 import hmac
 import json
 import logging
@@ -48,6 +50,7 @@ AUTH_LINE_BYTES = 1024
 """The longest line read before a connection has authenticated."""
 SOCKET_DIR_MARKER = "socket-dir"
 """A file in the work dir naming the data socket's directory when that is outside it."""
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 
 
 class StateServerApi:
@@ -218,8 +221,24 @@ def _socket_path(workdir: Path) -> tuple[Path, Path | None]:
     return short / "data.sock", short
 
 
+def _return_large_buffers_to_the_os() -> None:
+    """Fix glibc's mmap threshold at its default (128 KiB). glibc otherwise raises it to the
+    largest block freed so far, up to 32 MiB, and from then on serves the changelogs, compaction
+    buffers and filter builders of every batch from heaps it keeps after they are freed: measured
+    on the memory-budget test, a server's resident memory settled 17-35 MiB higher (RocksDB's
+    background threads each hold an arena), none of it within the memoryBudget's pool."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc: its allocator has no such threshold
+        return
+    if not mallopt(_M_MMAP_THRESHOLD, 128 << 10):
+        log.warning("could not fix the allocator's mmap threshold; freed buffers may stay resident")
+
+
 def main() -> None:
     os.umask(0o077)  # everything this process creates is its user's alone
+    _return_large_buffers_to_the_os()
     gateway_secret = os.environ.pop("KEYEDSTATE_GATEWAY_SECRET")
     callback_secret = os.environ.pop("KEYEDSTATE_CALLBACK_SECRET")
     data_secret = os.environ.pop("KEYEDSTATE_DATA_SECRET")
