@@ -33,11 +33,6 @@ class MemoryPool:
         Files of half the pool keep that within about half the pool."""
         return min(64 << 20, max(2 << 20, self.capacity // 2))
 
-    compaction_readahead_bytes = 256 << 10
-    """Read-ahead buffer of each input file of a compaction, outside any cache. RocksDB's default
-    is 2 MiB: a compaction of 6 L0 files into 4 files of the last level (seen on the memory-budget
-    test) would hold 20 MiB of them."""
-
     def resize(self, capacity: int) -> None:
         self.capacity = capacity
         self.cache.set_capacity(capacity)
@@ -63,7 +58,6 @@ def _options(bulk_load: bool, pool: MemoryPool | None = None) -> Options:
         table.set_pin_l0_filter_and_index_blocks_in_cache(True)
         options.set_write_buffer_manager(pool.write_buffers)
         options.set_target_file_size_base(pool.sst_file_bytes)
-        options.set_compaction_readahead_size(pool.compaction_readahead_bytes)
     options.set_block_based_table_factory(table)
     if bulk_load:
         # A vector memtable takes a whole changelog at ~0.07 us a key instead of ~1 us for the
