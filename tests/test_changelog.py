@@ -123,12 +123,13 @@ def test_fixed_width_routing_matches_the_record_by_record_one():
 @pytest.mark.parametrize("shape", ["fixed-width puts", "fixed-width deletes", "variable", "mixed ops"])
 def test_codec_2_round_trips_records_of_every_shape(shape):
     """Codec 2 (key groups apart) gives back every record, whichever join reads it back: numpy's
-    for one record layout, the boundary walk for the rest."""
+    for one record layout, the boundary walk for the rest (whose insertion goes a chunk of
+    records at a time: more than two chunks here)."""
     import random
 
     rnd = random.Random(shape)
     records = []
-    for i in range(2000):
+    for i in range(2 * cl._INSERT_CHUNK + 7):
         group = rnd.randrange(1 << 32).to_bytes(4, "big")
         if shape == "fixed-width puts":
             records.append((rnd.choice([cl.OP_PUT_NEW, cl.OP_PUT_EXISTING]), group + b"k%05d" % i, b"v" * 9))

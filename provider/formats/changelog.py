@@ -189,7 +189,10 @@ def _decode_v2(view: memoryview, source: str) -> Changelog:
         if 4 + groups_length > len(body):
             raise CorruptChangelogError(f"{source} is truncated or corrupt (key groups of {groups_length} bytes)")
         groups = _zstd_decompress(body[4:4 + groups_length], source)
-        body = memoryview(_join_key_groups(groups, _zstd_decompress(body[4 + groups_length:], source), source))
+        rest = _zstd_decompress(body[4 + groups_length:], source)
+        joined = _join_key_groups(groups, rest, source)
+        del groups, rest  # the format-1 decode copies the payload out: hold two copies at most, not three
+        body = memoryview(joined)
     elif codec != CODEC_NONE:
         raise CorruptChangelogError(f"{source} uses compression codec {codec}; this keyedstate reads 0 (none), "
                                     "1 (zstd) and 2 (zstd, key groups apart)")
@@ -233,8 +236,11 @@ def _split_key_groups(inner: bytes) -> tuple[bytes, bytes]:
     return b"".join(groups), b"".join(rest)
 
 
-def _join_key_groups(groups: bytes, rest: bytes, source: str) -> bytes:
+def _join_key_groups(groups: bytes, rest: bytes, source: str) -> bytearray:
     """The inverse of :func:`_split_key_groups`; lengths are checked by the format-1 decode after.
+    Written in place into one new buffer: a state server decodes a large changelog at its peak
+    memory, so no intermediate copies (measured on W5's 109 MiB seed changelog: 4.2x its
+    size at peak with them).
 
     Records of one layout (one op class, one key length, one value length: UnsafeRows of
     fixed-width columns) are joined with numpy at C speed once every row's op and length fields
@@ -261,7 +267,7 @@ def _join_key_groups(groups: bytes, rest: bytes, source: str) -> bytes:
     return _insert_groups(groups, rest, starts)
 
 
-def _join_fixed_width(groups: bytes, rest: bytes, end: int) -> bytes | None:
+def _join_fixed_width(groups: bytes, rest: bytes, end: int) -> bytearray | None:
     import numpy as np
 
     count = len(groups) // 4
@@ -288,24 +294,46 @@ def _join_fixed_width(groups: bytes, rest: bytes, end: int) -> bytes | None:
         return None
     if any(not (rows[:, cols] == rows[0, cols]).all() for cols in fields):
         return None
-    out = np.hstack((rows[:, :5], np.frombuffer(groups, dtype=np.uint8).reshape(count, 4), rows[:, 5:]))
-    return b"".join((rest[:HEADER.size], out.tobytes(), rest[end:]))
+    joined = bytearray(len(rest) + len(groups))
+    joined[:HEADER.size] = rest[:HEADER.size]
+    records = np.frombuffer(joined, dtype=np.uint8, count=count * (size + 4), offset=HEADER.size).reshape(count, size + 4)
+    records[:, :5] = rows[:, :5]
+    records[:, 5:9] = np.frombuffer(groups, dtype=np.uint8).reshape(count, 4)
+    records[:, 9:] = rows[:, 5:]
+    del records  # releases its export of joined's buffer
+    joined[HEADER.size + count * (size + 4):] = rest[end:]
+    return joined
 
 
-def _insert_groups(groups: bytes, rest: bytes, starts: list[int]) -> bytes:
+_INSERT_CHUNK = 16_384
+"""Records whose key groups :func:`_insert_groups` inserts at a time: its index arrays take 8
+bytes per byte of the records, so a whole changelog at once would take ~25x its size."""
+
+
+def _insert_groups(groups: bytes, rest: bytes, starts: list[int]) -> bytearray:
     """``rest`` with the 4 bytes of key group i inserted after byte 5 of record i (at ``starts[i]``)."""
     import numpy as np
 
-    at = np.asarray(starts, dtype=np.int64) + 5
+    joined = bytearray(len(rest) + len(groups))
+    out = np.frombuffer(joined, dtype=np.uint8)
     src = np.frombuffer(rest, dtype=np.uint8)
-    out = np.empty(len(rest) + len(groups), dtype=np.uint8)
-    shift = np.zeros(len(rest), dtype=np.int64)
-    shift[at[at < len(rest)]] = 4  # from each insertion point on, rest's bytes move 4 further
-    np.cumsum(shift, out=shift)
-    out[np.arange(len(rest), dtype=np.int64) + shift] = src
-    slots = (at + 4 * np.arange(len(at), dtype=np.int64))[:, None] + np.arange(4, dtype=np.int64)
-    out[slots.ravel()] = np.frombuffer(groups, dtype=np.uint8)
-    return out.tobytes()
+    group_bytes = np.frombuffer(groups, dtype=np.uint8).reshape(-1, 4)
+    head = starts[0] if starts else len(rest)
+    out[:head] = src[:head]
+    for first in range(0, len(starts), _INSERT_CHUNK):
+        stop = min(first + _INSERT_CHUNK, len(starts))
+        lo, hi = starts[first], (starts[stop] if stop < len(starts) else len(rest))
+        part = src[lo:hi]
+        dest = out[lo + 4 * first:hi + 4 * stop]
+        at = np.asarray(starts[first:stop], dtype=np.int64) + (5 - lo)
+        shift = np.zeros(len(part), dtype=np.int64)
+        shift[at[at < len(part)]] = 4  # from each insertion point on, the part's bytes move 4 further
+        np.cumsum(shift, out=shift)
+        dest[np.arange(len(part), dtype=np.int64) + shift] = part
+        slots = (at + 4 * np.arange(stop - first, dtype=np.int64))[:, None] + np.arange(4, dtype=np.int64)
+        dest[slots.ravel()] = group_bytes[first:stop].ravel()
+    del out, src, group_bytes  # release their exports of the buffers
+    return joined
 
 
 def compress(inner: bytes, meta: dict[str, Any], codec: int = CODEC_ZSTD_SPLIT) -> bytes:
