@@ -27,6 +27,21 @@ def test_apply_counts_keys_exactly(store):
     assert store.version == 2
 
 
+def test_unknown_puts_and_deletes_are_counted_exactly_across_multi_get_slices(store, monkeypatch):
+    """Keys whose existence the writer did not know are asked of RocksDB a slice at a time (a
+    multi-get of millions held GiBs); the count stays exact across slices and a missing key in
+    any of them."""
+    from keyedstate.server import store as store_module
+
+    monkeypatch.setattr(store_module, "MULTI_GET_KEYS", 7)
+    present = [key(g % 16, b"p%03d" % g) for g in range(40)]
+    assert store.apply(cl.encode(1, 16, [(cl.OP_PUT_NEW, k, b"1") for k in present]), "v1") == 40
+    absent = [key(g % 16, b"a%03d" % g) for g in range(30)]
+    puts = [(cl.OP_PUT, k, b"2") for k in present[:25] + absent]  # 25 overwrites, 30 new
+    deletes = [(cl.OP_DELETE, k, None) for k in present[25:38] + [key(1, b"gone%d" % i) for i in range(9)]]
+    assert store.apply(cl.encode(2, 16, puts + deletes), "v2") == 40 + 30 - 13
+
+
 def test_versions_must_be_consecutive(store):
     with pytest.raises(StoreStateError, match="consecutive"):
         store.apply(cl.encode(3, 16, []), "v3")

@@ -266,9 +266,9 @@ class VersionedStore:
                 if unknown_puts or unknown_deletes:
                     self._flush_if_dirty()
                 if unknown_puts:
-                    delta += sum(v is None for v in db.get(unknown_puts))
+                    delta += len(unknown_puts) - _count_present(db, unknown_puts)
                 if unknown_deletes:
-                    delta -= sum(v is not None for v in db.get(unknown_deletes))
+                    delta -= _count_present(db, unknown_deletes)
                 if not batch.is_empty():
                     db.write(batch)
                     self._dirty = True
@@ -417,6 +417,19 @@ class VersionedStore:
         if self._dirty and self._db is not None:
             self._db.flush()  # releases the GIL while RocksDB sorts and writes the SST
             self._dirty = False
+
+
+MULTI_GET_KEYS = 16_384
+"""Keys asked of RocksDB in one multi-get. It holds per-key state for every key it is given:
+W5's seed changelogs (2.5M keys whose existence the writer did not know), asked at once, took
+each state server to 1.8 GiB; applying one such changelog peaked at +1,585 MiB in-process, and
+at +527 MiB a slice at a time."""
+
+
+def _count_present(db: Rdict, keys: list[bytes]) -> int:
+    """How many of ``keys`` the database holds, asked a slice at a time."""
+    return sum(sum(v is not None for v in db.get(keys[i:i + MULTI_GET_KEYS]))
+               for i in range(0, len(keys), MULTI_GET_KEYS))
 
 
 def to_write_batch(entries: Iterable[changelog.Entry]) -> tuple[WriteBatch, int, list[bytes], list[bytes], int]:
