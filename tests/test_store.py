@@ -40,6 +40,8 @@ def test_unknown_puts_and_deletes_are_counted_exactly_across_multi_get_slices(st
     puts = [(cl.OP_PUT, k, b"2") for k in present[:25] + absent]  # 25 overwrites, 30 new
     deletes = [(cl.OP_DELETE, k, None) for k in present[25:38] + [key(1, b"gone%d" % i) for i in range(9)]]
     assert store.apply(cl.encode(2, 16, puts + deletes), "v2") == 40 + 30 - 13
+    asked = present + absent + [key(1, b"gone0")]  # reads from the JVM go through the same slices
+    assert store.get_many(asked) == [b"2"] * 25 + [None] * 13 + [b"1"] * 2 + [b"2"] * 30 + [None]
 
 
 def test_versions_must_be_consecutive(store):

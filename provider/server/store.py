@@ -153,7 +153,7 @@ class VersionedStore:
         return self._require_db(wait=True).get(key)
 
     def get_many(self, keys: list[bytes]) -> list[bytes | None]:
-        return self._require_db(wait=True).get(keys) if keys else []
+        return list(_multi_get(self._require_db(wait=True), keys)) if keys else []
 
     def sync(self) -> tuple[int, str]:
         """The version held and the database directory, once every submitted changelog is
@@ -426,10 +426,15 @@ each state server to 1.8 GiB; applying one such changelog peaked at +1,585 MiB i
 at +527 MiB a slice at a time."""
 
 
+def _multi_get(db: Rdict, keys: list[bytes]) -> Iterator[bytes | None]:
+    """The value of each of ``keys`` (None: absent), asked a slice at a time."""
+    for i in range(0, len(keys), MULTI_GET_KEYS):
+        yield from db.get(keys[i:i + MULTI_GET_KEYS])
+
+
 def _count_present(db: Rdict, keys: list[bytes]) -> int:
-    """How many of ``keys`` the database holds, asked a slice at a time."""
-    return sum(sum(v is not None for v in db.get(keys[i:i + MULTI_GET_KEYS]))
-               for i in range(0, len(keys), MULTI_GET_KEYS))
+    """How many of ``keys`` the database holds."""
+    return sum(v is not None for v in _multi_get(db, keys))
 
 
 def to_write_batch(entries: Iterable[changelog.Entry]) -> tuple[WriteBatch, int, list[bytes], list[bytes], int]:
