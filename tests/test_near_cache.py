@@ -103,3 +103,36 @@ def test_aborted_attempt_leaves_no_trace_in_the_cache(spark, tmp_path):
     ours = _run_totals(spark, tmp_path / "ours", KS, str(marker))
     assert marker.exists(), "the injected failure never happened"
     assert ours == reference
+
+
+def test_first_batch_larger_than_the_cache_logs_every_write_as_new(spark, tmp_path):
+    """A new query's first batch writes more keys than the near cache holds. The committed
+    version is empty, so every first write of a key is new: none may be logged of unknown
+    existence (which makes the commit wait for the state server to read each one), and the
+    counts stay exact in the batches after it, on a store that is no longer empty. Four
+    partitions on two cores: the last two start with the shared budget already full."""
+    budget = 256 * 1024
+    stream = FileStream(spark, tmp_path, "k STRING")
+    out: dict = {}
+    expected = Counter()
+    confs = {PROVIDER_CONF: KS, PFX + "nearCacheBytes": str(budget), "spark.sql.shuffle.partitions": "4"}
+    with session_confs(spark, confs):
+        query = stream.start(count_by_key, collect_into(out))
+        try:
+            for batch in range(3):
+                # 12,000 distinct keys of ~60 bytes (4x the budget), then some new, some seen.
+                n = 12_000 if batch == 0 else 3_000
+                rows = [{"k": f"{'x' * 40}-{(batch * 10_000 + i) % 15_000:05d}"} for i in range(n)]
+                expected.update(r["k"] for r in rows)
+                stream.step(query, rows)
+            progress = query.recentProgress
+        finally:
+            query.stop()
+    assert {k: v[1] for k, v in out.items()} == dict(expected)
+    first = [op for p in progress if p["batchId"] == 0 for op in p["stateOperators"]]
+    assert sum(op["customMetrics"]["keyedstateCacheEvictions"] for op in first) > 0  # the cache overflowed
+    assert sum(op["customMetrics"]["keyedstateWritesShipped"] for op in first) == 12_000
+    assert sum(op["customMetrics"]["keyedstateWritesUnknown"] for op in first) == 0
+    assert sum(op["numRowsTotal"] for op in first) == 12_000
+    last = [op for op in progress[-1]["stateOperators"]]
+    assert sum(op["numRowsTotal"] for op in last) == len(expected)

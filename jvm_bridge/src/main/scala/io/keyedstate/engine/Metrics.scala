@@ -9,6 +9,8 @@ object Metrics {
   val loadLatency = StateStoreCustomTimingMetric("keyedstateLoadLatencyMs", "keyedstate: version load time")
   val changelogBytes = StateStoreCustomSizeMetric("keyedstateChangelogBytes", "keyedstate: changelog bytes committed")
   val writesShipped = StateStoreCustomSumMetric("keyedstateWritesShipped", "keyedstate: keys written per commit")
+  val writesUnknown = StateStoreCustomSumMetric("keyedstateWritesUnknown",
+    "keyedstate: writes of keys whose previous existence was unknown (the state server reads them before the commit returns)")
   val bridgeGets = StateStoreCustomSumMetric("keyedstateBridgeGets", "keyedstate: reads that crossed to Python")
   val nativeGets = StateStoreCustomSumMetric("keyedstateNativeGets", "keyedstate: near-cache misses read from RocksDB's files in the JVM")
   val snapshotBytes = StateStoreCustomSizeMetric("keyedstateSnapshotBytesUploaded", "keyedstate: snapshot bytes uploaded")
@@ -31,7 +33,7 @@ object Metrics {
   val ttlCleanupMs = StateStoreCustomTimingMetric("keyedstateTtlCleanupMs", "keyedstate: commit, TTL cleanup time")
 
   val all: Seq[StateStoreCustomMetric] =
-    Seq(commitLatency, loadLatency, changelogBytes, writesShipped, bridgeGets, nativeGets, snapshotBytes, filesUploaded,
+    Seq(commitLatency, loadLatency, changelogBytes, writesShipped, writesUnknown, bridgeGets, nativeGets, snapshotBytes, filesUploaded,
       filesReused, snapshotsSkipped, cacheHits, cacheAbsent, cacheEvictions, cacheBytes, bloomBytes, memoryBytes, commitEncode, commitWrite,
       commitShip, ttlExpired, ttlCleanedUp, ttlCleanupMs)
 }

@@ -134,7 +134,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     load(version, id, loadEmpty)
     val nowMs = if (policy.enabled) clock.now(version) else 0L
     val buffered = new BufferedVersion(version, session.settings.keyGroups, new CachedReads(cache, committedReads),
-      () => holds(version), claimCache, expected)
+      () => holds(version), claimCache, expected, committedEmpty = numKeys == 0)
     new StoreVersion(version, id, buffered, new TtlView(buffered, policy, nowMs, writable), nowMs)
   }
 

@@ -21,16 +21,27 @@ trait KeyValueView {
  * ([[CachedReads]]): reads see the version's own writes first. Scans read a point-in-time copy of
  * the buffer, taken when the scan is first read, so callers may remove keys while iterating
  * (watermark eviction does).
+ *
+ * `committedEmpty`: the committed version holds no key (a new query's first batch, or all state
+ * expired or removed). Every key the version has not written yet is then surely absent: reads of
+ * it need no lookup, and its first write is logged as new whatever the near cache knows. A new
+ * query's first batch can write far more keys than the cache holds, and a Bloom filter started
+ * mid-batch is sized for the keys seen by then; without this, most of such a batch's writes
+ * would be logged of unknown existence, and the commit would wait for the state server to read
+ * every one of them.
  */
 final class BufferedVersion(val version: Long, keyGroups: Int, val committed: CachedReads, holdsVersion: () => Boolean,
-    claimCache: BufferedVersion => Unit, expected: WriteBuffer.Expected = WriteBuffer.Expected.None) extends KeyValueView {
+    claimCache: BufferedVersion => Unit, expected: WriteBuffer.Expected = WriteBuffer.Expected.None,
+    committedEmpty: Boolean = false) extends KeyValueView {
   val buffer = new WriteBuffer(version + 1, keyGroups, expected)
   /** Whether a write reached the near cache (which then runs ahead of the committed version). */
   @volatile var touchedCache = false
 
   override def get(key: Bytes): Array[Byte] = {
     val pending = buffer.lookup(key)
-    if (pending == null) committed.get(key) else if (pending eq WriteBuffer.Tombstone) null else pending
+    if (pending == null) { if (committedEmpty) null else committed.get(key) }
+    else if (pending eq WriteBuffer.Tombstone) null
+    else pending
   }
 
   override def put(key: Bytes, value: Array[Byte]): Unit = {
@@ -39,7 +50,7 @@ final class BufferedVersion(val version: Long, keyGroups: Int, val committed: Ca
     buffer.put(key, value, written(key) match {
       case Some(true) => ChangelogFormat.OpPutExisting
       case Some(false) => ChangelogFormat.OpPutNew
-      case None => op
+      case None => if (committedEmpty) ChangelogFormat.OpPutNew else op
     })
   }
 
@@ -49,7 +60,7 @@ final class BufferedVersion(val version: Long, keyGroups: Int, val committed: Ca
     buffer.delete(key, written(key) match {
       case Some(true) => ChangelogFormat.OpDeleteExisting
       case Some(false) => 0.toByte // deleted already in this version: nothing to log
-      case None => op
+      case None => if (committedEmpty) 0.toByte else op
     })
   }
 

@@ -25,6 +25,7 @@ final class KeyedStateStore private[spark] (engine: StoreEngine, override val ve
   private var commitResult = CommitResult(0, 0, 0, 0)
   private var commitMs = 0L
   private var writesShipped = 0L
+  private var writesUnknown = 0L
 
   override def id: StateStoreId = engine.id
   private[spark] def isUpdating: Boolean = state == Updating
@@ -74,6 +75,7 @@ final class KeyedStateStore private[spark] (engine: StoreEngine, override val ve
     verify(state == Updating, "Cannot commit after already committed or aborted")
     val started = System.nanoTime()
     writesShipped = current.buffered.buffer.size
+    writesUnknown = current.buffered.buffer.unknownOps
     commitResult = engine.commit(current, forceSnapshot)
     current.buffered.buffer.clear()
     current.buffered.committed.learned.clear()
@@ -107,6 +109,7 @@ final class KeyedStateStore private[spark] (engine: StoreEngine, override val ve
       Metrics.loadLatency -> engine.loadMs.getAndSet(0),
       Metrics.changelogBytes -> commitResult.changelogBytes,
       Metrics.writesShipped -> writesShipped,
+      Metrics.writesUnknown -> writesUnknown,
       Metrics.bridgeGets -> math.max(0L, counters.misses - nativeGets),
       Metrics.nativeGets -> nativeGets,
       Metrics.cacheHits -> counters.hits,
