@@ -1,4 +1,6 @@
 """VersionedStore on real RocksDB: versions, exact key counts, scans, snapshots, restore."""
+import zlib
+
 import pytest
 
 from keyedstate.formats import changelog as cl
@@ -42,6 +44,36 @@ def test_unknown_puts_and_deletes_are_counted_exactly_across_multi_get_slices(st
     assert store.apply(cl.encode(2, 16, puts + deletes), "v2") == 40 + 30 - 13
     asked = present + absent + [key(1, b"gone0")]  # reads from the JVM go through the same slices
     assert store.get_many(asked) == [b"2"] * 25 + [None] * 13 + [b"1"] * 2 + [b"2"] * 30 + [None]
+
+
+def test_a_large_changelog_is_written_in_chunks_with_exact_counts(store, monkeypatch):
+    """A changelog larger than APPLY_CHUNK_BYTES goes to RocksDB in several write batches (one
+    batch of a seed held a copy of all of it); every record lands once, the count stays exact
+    with known and unknown ops in every chunk, and a trailer that disagrees still fails."""
+    from keyedstate.server import store as store_module
+
+    writes = []
+    real = store_module.to_write_batch
+    monkeypatch.setattr(store_module, "to_write_batch", lambda entries: writes.append(1) or real(entries))
+    monkeypatch.setattr(store_module, "APPLY_CHUNK_BYTES", 1)  # chunks of the floor, 10,000 records
+    first = [key(g % 16, b"k%05d" % g) for g in range(20_000)]
+    assert store.apply(cl.encode(1, 16, [(cl.OP_PUT_NEW, k, b"1") for k in first]), "v1") == 20_000
+    assert len(writes) == 2
+    writes.clear()
+    records = [(cl.OP_PUT, k, b"2") for k in first[:6_000]]  # existing, of unknown existence
+    records += [(cl.OP_PUT, key(3, b"n%05d" % i), b"2") for i in range(6_000)]  # new, unknown
+    records += [(cl.OP_PUT_NEW, key(4, b"m%05d" % i), b"2") for i in range(6_000)]
+    records += [(cl.OP_DELETE, k, None) for k in first[6_000:9_000]]  # existing, unknown
+    records += [(cl.OP_DELETE_EXISTING, k, None) for k in first[9_000:12_000]]
+    records += [(cl.OP_DELETE, key(5, b"gone%05d" % i), None) for i in range(3_000)]  # absent
+    assert store.apply(cl.encode(2, 16, records), "v2") == 20_000 + 6_000 + 6_000 - 3_000 - 3_000
+    assert len(writes) == 3
+    assert store.get_many([first[0], first[7_000], first[15_000], key(3, b"n00001"), key(4, b"m05999")]) == \
+        [b"2", None, b"1", b"2", b"2"]
+    body = cl.encode(3, 16, [(cl.OP_PUT_NEW, key(6, b"x%05d" % i), b"3") for i in range(25_000)])
+    lying = body[:-cl.TRAILER.size] + cl.TRAILER.pack(cl.END, 24_999, zlib.crc32(body[:-cl.TRAILER.size]))
+    with pytest.raises(cl.CorruptChangelogError, match="trailer says 24999"):
+        store.apply(lying, "v3")
 
 
 def test_versions_must_be_consecutive(store):
