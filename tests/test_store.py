@@ -74,6 +74,13 @@ def test_a_large_changelog_is_written_in_chunks_with_exact_counts(store, monkeyp
     lying = body[:-cl.TRAILER.size] + cl.TRAILER.pack(cl.END, 24_999, zlib.crc32(body[:-cl.TRAILER.size]))
     with pytest.raises(cl.CorruptChangelogError, match="trailer says 24999"):
         store.apply(lying, "v3")
+    # Its first chunks are in RocksDB: nothing is served or applied on top until a restore.
+    with pytest.raises(StoreStateError, match="failed after part of it was written"):
+        store.get(first[0])
+    with pytest.raises(StoreStateError, match="failed after part of it was written"):
+        store.apply(cl.encode(3, 16, []), "v3 again")
+    store.restore(0, None, "lineage-2", 0)
+    assert store.get(first[0]) is None and store.apply(cl.encode(1, 16, []), "v1") == 0
 
 
 def test_versions_must_be_consecutive(store):

@@ -264,21 +264,31 @@ class VersionedStore:
                     f"{source} was written with {log_.key_groups} key groups but the store uses "
                     f"{self.key_groups}; the keyGroups conf cannot change for an existing checkpoint")
             total = 0
-            for entries in self._chunks(log_):
-                batch, delta, unknown_puts, unknown_deletes, deletes = to_write_batch(entries)
-                self._deletes_since_compaction += deletes
-                # Only keys whose previous existence the writer did not know cost a read here
-                # (a key occurs once in a changelog, so chunk by chunk is the same).
-                if unknown_puts or unknown_deletes:
-                    self._flush_if_dirty()
-                if unknown_puts:
-                    delta += len(unknown_puts) - _count_present(db, unknown_puts)
-                if unknown_deletes:
-                    delta -= _count_present(db, unknown_deletes)
-                if not batch.is_empty():
-                    db.write(batch)
-                    self._dirty = True
-                total += delta
+            written = False
+            try:
+                for entries in self._chunks(log_):
+                    batch, delta, unknown_puts, unknown_deletes, deletes = to_write_batch(entries)
+                    self._deletes_since_compaction += deletes
+                    # Only keys whose previous existence the writer did not know cost a read here
+                    # (a key occurs once in a changelog, so chunk by chunk is the same).
+                    if unknown_puts or unknown_deletes:
+                        self._flush_if_dirty()
+                    if unknown_puts:
+                        delta += len(unknown_puts) - _count_present(db, unknown_puts)
+                    if unknown_deletes:
+                        delta -= _count_present(db, unknown_deletes)
+                    if not batch.is_empty():
+                        written = True
+                        db.write(batch)
+                        self._dirty = True
+                    total += delta
+            except BaseException as exc:
+                if written:  # some chunks are in: the database holds no version now
+                    with self._state:
+                        if self._failure is None:
+                            self._failure = (f"{self.name}: applying {source} failed after part of it was written "
+                                             f"({type(exc).__name__}); the store must be restored")
+                raise
             self.version = log_.version
             self.num_keys += total
             if stage_snapshot and self.version % self.snapshot_interval == 0:

@@ -149,7 +149,7 @@ final class VersionLoader(files: CheckpointFiles, uploader: SnapshotUploader, de
         installed(session.control(s"restoring snapshot $source")((api, h) => api.restore(h, s, snapDir.toString, lineage, manifest.numKeys, manifest.rescale.isDefined)))
       case Some(r) => // the files as version s - 1, then the version itself as a changelog
         val dir = if (manifest.files.isEmpty) null else snapDir.toString
-        installed(session.control(s"restoring snapshot $source")((api, h) => api.restore(h, s - 1, dir, lineage, 0, manifest.rescale.isDefined)))
+        installed(session.control(s"restoring snapshot $source")((api, h) => api.restore(h, s - 1, dir, lineage, 0, manifest.rescale.isDefined && dir != null)))
         val local = download(r, localRoot, source)
         installed(replay(session, Seq((s, local, files.resolve(r.path).toString)), s"replaying ${files.resolve(r.path)}"))
         Files.deleteIfExists(local)
