@@ -25,11 +25,14 @@ import logging
 import os
 import secrets
 import shutil
+import re
 import signal
 import socket
+import stat
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -214,10 +217,62 @@ def _socket_path(workdir: Path) -> tuple[Path, Path | None]:
     base = Path(tempfile.gettempdir())
     if len(str(base).encode()) > 70:
         base = Path("/tmp")
+    _remove_abandoned_socket_dirs(base)
     short = base / f"ks-{secrets.token_hex(8)}"
     (workdir / SOCKET_DIR_MARKER).write_text(str(short))
     short.mkdir(mode=0o700)  # never an existing entry (a planted one fails here)
     return short / "data.sock", short
+
+
+_SOCKET_DIR_NAME = re.compile(r"ks-[0-9a-f]{16}")
+_SOCKET_DIR_GRACE_S = 60.0
+"""A socket directory this young may be a starting server's that has not bound its socket yet."""
+
+
+def _remove_abandoned_socket_dirs(base: Path) -> None:
+    """Remove the ``ks-<16 hex>`` socket directories under ``base`` whose server is gone. The JVM
+    removes a dead server's directory through the marker in its work dir; when the work dir went
+    first (an executor killed, its local dirs deleted by the cluster manager) nobody would, and
+    each such server left one in /tmp for good. Only this user's directories, never through a
+    link, holding nothing but a ``data.sock`` nobody listens on (connecting is refused) and older
+    than a minute are removed; anything else is left alone."""
+    uid = os.getuid()
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return
+    for entry in entries:
+        if not _SOCKET_DIR_NAME.fullmatch(entry.name):
+            continue
+        try:
+            info = entry.stat(follow_symlinks=False)
+            if (not stat.S_ISDIR(info.st_mode) or info.st_uid != uid
+                    or time.time() - info.st_mtime < _SOCKET_DIR_GRACE_S or os.listdir(entry.path) != ["data.sock"]):
+                continue
+            sock = Path(entry.path, "data.sock")
+            if not stat.S_ISSOCK(sock.lstat().st_mode) or _listening(sock):
+                continue
+            sock.unlink()
+            os.rmdir(entry.path)
+            log.info("removed the data socket directory %s of a state server that is gone", entry.path)
+        except OSError:  # raced with its owner or another sweeper: leave it
+            continue
+
+
+def _listening(path: Path) -> bool:
+    """Whether a process accepts connections on the Unix socket ``path`` (a live state server
+    takes a connection that sends nothing as a peer that went away)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(str(path))
+        return True
+    except ConnectionRefusedError:
+        return False
+    except OSError:  # a timeout or anything unexpected: assume it lives
+        return True
+    finally:
+        probe.close()
 
 
 def _return_large_buffers_to_the_os() -> None:

@@ -6,13 +6,16 @@
 * a dead state server's local files are cleaned when it is replaced;
 * a rescale that fails and rolls back leaves no new partition directories and no staging;
 * temp files of a write killed mid-way do not stay in the checkpoint for ever;
-* two executors with equal pids (containers) sharing a localDir do not collide.
+* two executors with equal pids (containers) sharing a localDir do not collide;
+* a killed state server's data socket directory outside its work dir (removed with it) does not
+  stay in the temp dir for ever.
 """
 from __future__ import annotations
 
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -250,3 +253,38 @@ def test_executors_with_equal_pids_sharing_a_local_dir_do_not_collide(tmp_path):
     shared = sorted(str(p) for p in dirs["a"] & dirs["b"])
     assert not shared and not wrong, (f"JVM pid {a.jvm_pid_in_ns} in both containers; directories used by both: "
                                       f"{shared}; results: {wrong or 'exact'}")
+
+
+def test_socket_dirs_of_servers_that_are_gone_are_removed_by_the_next_server(tmp_path):
+    """Only this user's ``ks-<16 hex>`` directories, older than a minute, holding just a
+    ``data.sock`` that refuses connections: a live server's (listening), a starting one's
+    (young), a link and anything else stay."""
+    from keyedstate.server import api
+
+    def socket_dir(name: str, listen: bool, age: float = 3600) -> tuple[Path, socket.socket]:
+        d = tmp_path / name
+        d.mkdir(mode=0o700)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(str(d / "data.sock"))
+        if listen:
+            s.listen(1)
+        else:
+            s.close()  # the file stays, nobody listens: a killed server's
+        os.utime(d, (time.time() - age, time.time() - age))
+        return d, s
+
+    dead, _ = socket_dir("ks-00000000000000aa", listen=False)
+    live, server = socket_dir("ks-00000000000000bb", listen=True)
+    young, _ = socket_dir("ks-00000000000000cc", listen=False, age=5)
+    other, _ = socket_dir("ks-not-hex-at-all", listen=False)
+    crowded, _ = socket_dir("ks-00000000000000dd", listen=False)
+    (crowded / "keep").write_text("not a server's")
+    os.utime(crowded, (time.time() - 3600, time.time() - 3600))
+    (tmp_path / "ks-00000000000000ee").symlink_to(dead)
+    try:
+        api._remove_abandoned_socket_dirs(tmp_path)
+    finally:
+        server.close()
+    assert not dead.exists()
+    assert all(d.exists() for d in (live, young, other, crowded))
+    assert (tmp_path / "ks-00000000000000ee").is_symlink()
