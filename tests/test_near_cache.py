@@ -22,22 +22,10 @@ from support.driver import FileStream, collect_into, count_by_key, run_query, se
 def test_state_larger_than_the_cache_budget_stays_exact_and_within_budget(spark, tmp_path, native_reads):
     """Misses are read from RocksDB's files in the JVM (default), or by round trips to Python."""
     budget = 256 * 1024
-    stream = FileStream(spark, tmp_path, "k STRING")
-    out: dict = {}
-    expected = Counter()
     confs = {PROVIDER_CONF: KS, PFX + "nearCacheBytes": str(budget), PFX + "nativeReads": str(native_reads).lower()}
-    with session_confs(spark, confs):
-        query = stream.start(count_by_key, collect_into(out))
-        try:
-            for batch in range(6):
-                # ~2000 distinct keys of ~60 bytes: far more than the budget holds.
-                rows = [{"k": f"{'x' * 40}-{(batch * 700 + i) % 2500:05d}"} for i in range(1500)]
-                expected.update(r["k"] for r in rows)
-                stream.step(query, rows)
-            progress = query.recentProgress
-        finally:
-            query.stop()
-    assert {k: v[1] for k, v in out.items()} == dict(expected)
+    # ~2000 distinct keys of ~60 bytes: far more than the budget holds.
+    batches = [[f"{'x' * 40}-{(batch * 700 + i) % 2500:05d}" for i in range(1500)] for batch in range(6)]
+    progress, _ = _count_keys(spark, tmp_path, confs, batches)
     metrics = [op["customMetrics"] for p in progress for op in p["stateOperators"]]
     assert all(m["keyedstateCacheBytes"] <= budget for m in metrics)
     assert sum(m["keyedstateCacheEvictions"] for m in metrics) > 0
@@ -112,23 +100,11 @@ def test_first_batch_larger_than_the_cache_logs_every_write_as_new(spark, tmp_pa
     counts stay exact in the batches after it, on a store that is no longer empty. Four
     partitions on two cores: the last two start with the shared budget already full."""
     budget = 256 * 1024
-    stream = FileStream(spark, tmp_path, "k STRING")
-    out: dict = {}
-    expected = Counter()
     confs = {PROVIDER_CONF: KS, PFX + "nearCacheBytes": str(budget), "spark.sql.shuffle.partitions": "4"}
-    with session_confs(spark, confs):
-        query = stream.start(count_by_key, collect_into(out))
-        try:
-            for batch in range(3):
-                # 12,000 distinct keys of ~60 bytes (4x the budget), then some new, some seen.
-                n = 12_000 if batch == 0 else 3_000
-                rows = [{"k": f"{'x' * 40}-{(batch * 10_000 + i) % 15_000:05d}"} for i in range(n)]
-                expected.update(r["k"] for r in rows)
-                stream.step(query, rows)
-            progress = query.recentProgress
-        finally:
-            query.stop()
-    assert {k: v[1] for k, v in out.items()} == dict(expected)
+    # 12,000 distinct keys of ~60 bytes (4x the budget), then some new, some seen.
+    batches = [[f"{'x' * 40}-{(batch * 10_000 + i) % 15_000:05d}" for i in range(12_000 if batch == 0 else 3_000)]
+               for batch in range(3)]
+    progress, expected = _count_keys(spark, tmp_path, confs, batches)
     first = [op for p in progress if p["batchId"] == 0 for op in p["stateOperators"]]
     assert sum(op["customMetrics"]["keyedstateCacheEvictions"] for op in first) > 0  # the cache overflowed
     assert sum(op["customMetrics"]["keyedstateWritesShipped"] for op in first) == 12_000
@@ -136,3 +112,22 @@ def test_first_batch_larger_than_the_cache_logs_every_write_as_new(spark, tmp_pa
     assert sum(op["numRowsTotal"] for op in first) == 12_000
     last = [op for op in progress[-1]["stateOperators"]]
     assert sum(op["numRowsTotal"] for op in last) == len(expected)
+
+
+def _count_keys(spark, tmp_path, confs: dict, batches: list[list[str]]) -> tuple[list, Counter]:
+    """Counts keys over one batch of rows per list under ``confs``; asserts the output exact and
+    returns the query's progress and the expected counts."""
+    stream = FileStream(spark, tmp_path, "k STRING")
+    out: dict = {}
+    expected = Counter()
+    with session_confs(spark, confs):
+        query = stream.start(count_by_key, collect_into(out))
+        try:
+            for keys in batches:
+                expected.update(keys)
+                stream.step(query, [{"k": k} for k in keys])
+            progress = query.recentProgress
+        finally:
+            query.stop()
+    assert {k: v[1] for k, v in out.items()} == dict(expected)
+    return progress, expected
