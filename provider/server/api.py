@@ -235,7 +235,10 @@ def _remove_abandoned_socket_dirs(base: Path) -> None:
     first (an executor killed, its local dirs deleted by the cluster manager) nobody would, and
     each such server left one in /tmp for good. Only this user's directories, never through a
     link, holding nothing but a ``data.sock`` nobody listens on (connecting is refused) and older
-    than a minute are removed; anything else is left alone."""
+    than a minute are removed, and only on a local file system (a socket of another host refuses
+    connections too); anything else is left alone."""
+    if not _on_local_file_system(base):
+        return  # a temp dir shared between hosts: another host's live socket refuses us too
     uid = os.getuid()
     try:
         entries = list(os.scandir(base))
@@ -257,6 +260,27 @@ def _remove_abandoned_socket_dirs(base: Path) -> None:
             log.info("removed the data socket directory %s of a state server that is gone", entry.path)
         except OSError:  # raced with its owner or another sweeper: leave it
             continue
+
+
+_LOCAL_FILE_SYSTEMS = frozenset({"tmpfs", "ext2", "ext3", "ext4", "xfs", "btrfs", "overlay", "f2fs", "zfs"})
+
+
+def _on_local_file_system(path: Path) -> bool:
+    """Whether ``path`` is on a file system of this host alone (its mount's type, from
+    /proc/self/mountinfo; False when that cannot be told, e.g. not Linux)."""
+    try:
+        target = os.path.realpath(path)
+        best, kind = "", None
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as mounts:
+            for line in mounts:
+                fields, _, rest = line.partition(" - ")
+                point = fields.split()[4].replace("\\040", " ")
+                inside = target == point or target.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best):
+                    best, kind = point, rest.split()[0]
+        return kind in _LOCAL_FILE_SYSTEMS
+    except (OSError, IndexError):
+        return False
 
 
 def _listening(path: Path) -> bool:

@@ -255,10 +255,11 @@ def test_executors_with_equal_pids_sharing_a_local_dir_do_not_collide(tmp_path):
                                       f"{shared}; results: {wrong or 'exact'}")
 
 
-def test_socket_dirs_of_servers_that_are_gone_are_removed_by_the_next_server(tmp_path):
+def test_socket_dirs_of_servers_that_are_gone_are_removed_by_the_next_server(tmp_path, monkeypatch):
     """Only this user's ``ks-<16 hex>`` directories, older than a minute, holding just a
     ``data.sock`` that refuses connections: a live server's (listening), a starting one's
-    (young), a link and anything else stay."""
+    (young), a link and anything else stay. Nothing goes on a file system that is not known to
+    be this host's alone (another host's live socket refuses connections too)."""
     from keyedstate.server import api
 
     def socket_dir(name: str, listen: bool, age: float = 3600) -> tuple[Path, socket.socket]:
@@ -282,6 +283,10 @@ def test_socket_dirs_of_servers_that_are_gone_are_removed_by_the_next_server(tmp
     os.utime(crowded, (time.time() - 3600, time.time() - 3600))
     (tmp_path / "ks-00000000000000ee").symlink_to(dead)
     try:
+        with monkeypatch.context() as shared:
+            shared.setattr(api, "_LOCAL_FILE_SYSTEMS", frozenset())
+            api._remove_abandoned_socket_dirs(tmp_path)
+        assert dead.exists()
         api._remove_abandoned_socket_dirs(tmp_path)
     finally:
         server.close()
