@@ -23,9 +23,9 @@ import hmac
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
-import re
 import signal
 import socket
 import stat
