@@ -131,3 +131,44 @@ def _count_keys(spark, tmp_path, confs: dict, batches: list[list[str]]) -> tuple
             query.stop()
     assert {k: v[1] for k, v in out.items()} == dict(expected)
     return progress, expected
+
+
+
+def test_large_version_loads_cold_and_is_scanned_in_once_its_misses_cost_as_much(spark, tmp_path):
+    """After a restart, a version with more keys than nearCacheWarmKeys is not scanned into the
+    near cache: a batch that touches a few keys reads just those. A batch that touches most
+    keys scans the version in once its misses reach numKeys / 5, in the middle of the batch:
+    the keys it wrote before the scan must stay known, or the next batch would emit them again
+    as new (dropDuplicates reads each key, then writes it if new, row by row)."""
+    confs = {PROVIDER_CONF: KS, PFX + "nearCacheWarmKeys": "100", "spark.sql.shuffle.partitions": "2"}
+    old, new, newer = ([f"{p}{i:04d}" for i in range(n)] for p, n in (("k", 1200), ("n", 1200), ("m", 100)))
+    batches = [old, old[:10], [k for pair in zip(old, new) for k in pair], new + newer]
+    stream = FileStream(spark, tmp_path, "k STRING")
+    seen: dict[int, list] = {}
+
+    def sink(batch, batch_id):
+        seen[int(batch_id)] = sorted(row.k for row in batch.collect())
+
+    with session_confs(spark, confs):
+        first = stream.start(lambda df: df.dropDuplicates(["k"]), sink, "append")
+        try:
+            stream.step(first, [{"k": k} for k in batches[0]])
+        finally:
+            first.stop()
+        second = stream.start(lambda df: df.dropDuplicates(["k"]), sink, "append")  # loads version 1
+        try:
+            for rows in batches[1:]:
+                stream.step(second, [{"k": k} for k in rows])
+            progress = second.recentProgress
+        finally:
+            second.stop()
+
+    assert [seen.get(b, []) for b in range(4)] == [old, [], new, newer]
+    metrics = {p["batchId"]: [op["customMetrics"] for op in p["stateOperators"]] for p in progress}
+    assert sum(m["keyedstateNativeGets"] for m in metrics[1]) == 10  # just its keys (a warm cache: 0)
+    # Scanned in once the misses since the load reach ~600 / 5 per partition (the sparse
+    # batch's count too), instead of 2,390 misses in all.
+    assert 200 <= sum(m["keyedstateNativeGets"] for m in metrics[2]) <= 480
+    # The cache, complete since the scan, answers for the new keys without a read.
+    assert sum(m["keyedstateCacheAbsent"] for m in metrics[3]) == 100
+    assert sum(m["keyedstateNativeGets"] for m in metrics[3]) == 0

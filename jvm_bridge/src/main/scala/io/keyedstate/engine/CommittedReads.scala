@@ -52,16 +52,17 @@ final class NativeReads(ready: () => NativeReader, fallback: CommittedReads, chu
 }
 
 /**
- * The near cache over `inner`: a hit or a known absence costs no call; a miss reads `inner` and
- * caches the value. One instance per store version: `learned` records what misses found out
- * about keys' existence (key -> existed), so that each write can be logged as new or existing
- * even after the LRU evicted the key, and the changelog applied behind without a read.
+ * The near cache over `inner`: a hit or a known absence costs no call; a miss reads `inner`,
+ * caches the value and reports itself (`onMisses`: the engine may then scan the version in).
+ * One instance per store version: `learned` records what misses found out about keys'
+ * existence (key -> existed), so that each write can be logged as new or existing even after
+ * the LRU evicted the key, and the changelog applied behind without a read.
  *
  * The version's writes go into the cache as they happen ([[write]]): the commit then has no
  * per-key work left. Until the version commits the cache is ahead of the committed state, so a
  * version that does not commit must be invalidated by the engine (an abort reloads).
  */
-final class CachedReads(cache: NearCache, inner: CommittedReads) extends CommittedReads {
+final class CachedReads(cache: NearCache, inner: CommittedReads, onMisses: Int => Unit = _ => ()) extends CommittedReads {
   val learned = new java.util.HashMap[Bytes, java.lang.Boolean]()
 
   /** Takes a write (value, or [[WriteBuffer.Tombstone]]) into the cache; returns its changelog
@@ -77,6 +78,7 @@ final class CachedReads(cache: NearCache, inner: CommittedReads) extends Committ
       val value = inner.get(key)
       if (value != null) cache.put(key, value)
       learned.put(key, value != null)
+      onMisses(1) // last: it may refill the cache
       value
     }
   }
@@ -100,6 +102,7 @@ final class CachedReads(cache: NearCache, inner: CommittedReads) extends Committ
         if (values(j) != null) cache.put(k, values(j))
         learned.put(k, values(j) != null)
       }
+      onMisses(missing.length)
     }
     out
   }

@@ -7,6 +7,8 @@ import org.apache.spark.sql.execution.streaming.state.{StateStoreCustomMetric, S
 object Metrics {
   val commitLatency = StateStoreCustomTimingMetric("keyedstateCommitLatencyMs", "keyedstate: commit time")
   val loadLatency = StateStoreCustomTimingMetric("keyedstateLoadLatencyMs", "keyedstate: version load time")
+  val cacheWarm = StateStoreCustomTimingMetric("keyedstateCacheWarmMs",
+    "keyedstate: scanning the loaded version into the near cache (at load, or once a cold cache's misses cost as much)")
   val changelogBytes = StateStoreCustomSizeMetric("keyedstateChangelogBytes", "keyedstate: changelog bytes committed")
   val writesShipped = StateStoreCustomSumMetric("keyedstateWritesShipped", "keyedstate: keys written per commit")
   val writesUnknown = StateStoreCustomSumMetric("keyedstateWritesUnknown",
@@ -33,7 +35,7 @@ object Metrics {
   val ttlCleanupMs = StateStoreCustomTimingMetric("keyedstateTtlCleanupMs", "keyedstate: commit, TTL cleanup time")
 
   val all: Seq[StateStoreCustomMetric] =
-    Seq(commitLatency, loadLatency, changelogBytes, writesShipped, writesUnknown, bridgeGets, nativeGets, snapshotBytes, filesUploaded,
+    Seq(commitLatency, loadLatency, cacheWarm, changelogBytes, writesShipped, writesUnknown, bridgeGets, nativeGets, snapshotBytes, filesUploaded,
       filesReused, snapshotsSkipped, cacheHits, cacheAbsent, cacheEvictions, cacheBytes, bloomBytes, memoryBytes, commitEncode, commitWrite,
       commitShip, ttlExpired, ttlCleanedUp, ttlCleanupMs)
 }

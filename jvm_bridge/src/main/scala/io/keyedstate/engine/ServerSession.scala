@@ -13,6 +13,7 @@ final case class StoreSettings(json: JsonNode) {
   def scanChunkBytes: Int = json.get("scanChunkBytes").asInt()
   def writeBehind: Boolean = json.get("writeBehind").asBoolean()
   def nearCacheBytes: Long = json.get("nearCacheBytes").asLong()
+  def nearCacheWarmKeys: Long = json.get("nearCacheWarmKeys").asLong()
   def bloomFpp: Double = json.get("bloomFpp").asDouble()
   def nativeReads: Boolean = json.get("nativeReads").asBoolean()
   def nativeBlockCacheBytes: Long = json.get("nativeBlockCacheBytes").asLong()

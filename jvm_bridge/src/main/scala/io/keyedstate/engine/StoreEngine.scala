@@ -86,7 +86,11 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   @volatile private var expected = WriteBuffer.Expected.None
 
   val loadMs = new AtomicLong
+  val warmMs = new AtomicLong
   val nativeGets = new AtomicLong
+  // Reads of the held version the cache may still miss before the engine scans the version in
+  // (see CacheWarmer); -1: the cache was warmed (or the version is not held).
+  @volatile private var coldReadsLeft = -1L
   @volatile var lastCommitPhases: CommitPhases = CommitPhases(0, 0, 0)
 
   /** Opens the store now, so that a bad conf fails the first task. */
@@ -133,7 +137,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     val id = if (uniqueIds) uniqueId else None
     load(version, id, loadEmpty)
     val nowMs = if (policy.enabled) clock.now(version) else 0L
-    val buffered = new BufferedVersion(version, session.settings.keyGroups, new CachedReads(cache, committedReads),
+    val buffered = new BufferedVersion(version, session.settings.keyGroups, cachedReads(),
       () => holds(version), claimCache, expected, committedEmpty = numKeys == 0)
     new StoreVersion(version, id, buffered, new TtlView(buffered, policy, nowMs, writable), nowMs)
   }
@@ -144,6 +148,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       if (cache.bloomSaturated) CacheWarmer.indexKeys(cache, committedReads, numKeys)
       return
     }
+    coldReadsLeft = -1
     val started = System.nanoTime()
     invalidate() // until the load completes
     try {
@@ -160,7 +165,8 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       }
       loaded = version
       loadedId = id
-      CacheWarmer.warm(cache, committedReads, numKeys)
+      if (numKeys <= session.settings.nearCacheWarmKeys) warm(None)
+      else { cache.clear(); coldReadsLeft = numKeys / CacheWarmer.ScanKeysPerRead }
       if (!cleanupAsked && version > 0) { cleanupAsked = true; SnapshotKick.cleanUp(this, version -> id) }
     } catch { case NonFatal(e) => invalidate(); throw e }
     loadMs.addAndGet((System.nanoTime() - started) / 1000000)
@@ -232,7 +238,24 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   /** The committed value of `key` if this engine holds `version` (Some(null) = absent), for a
    *  sibling store's cleanup; None when it holds another version. */
   def committedValue(key: Bytes, version: Long): Option[Array[Byte]] = synchronized {
-    if (closed || loaded != version) None else Some(new CachedReads(cache, committedReads).get(key))
+    if (closed || loaded != version) None else Some(cachedReads().get(key))
+  }
+
+  private def cachedReads() = new CachedReads(cache, committedReads, coldMisses)
+
+  /** Counts reads the cache missed since a load left it cold; once they have cost about what a
+   *  scan of the version costs, scans it in (mid-version if need be: see [[warm]]). */
+  private def coldMisses(n: Int): Unit = if (coldReadsLeft >= 0) {
+    coldReadsLeft -= n
+    if (coldReadsLeft < 0 && loaded >= 0) warm(Option(writer).map(_.buffer))
+  }
+
+  /** Fills the cache with the held version and, if a version is open (`writes`), its writes. */
+  private def warm(writes: Option[WriteBuffer]): Unit = {
+    val started = System.nanoTime()
+    coldReadsLeft = -1
+    CacheWarmer.warmUnder(cache, committedReads, numKeys, writes)
+    warmMs.addAndGet((System.nanoTime() - started) / 1000000)
   }
 
   /** The native reader showing `version`, synced once per version (Python finishes its pending
@@ -292,6 +315,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   def invalidate(): Unit = synchronized {
     writer = null
     loaded = -1
+    coldReadsLeft = -1
     nativeShows = -1
     if (cache != null) cache.clear()
     if (native != null) native.reset()

@@ -60,6 +60,9 @@ final class WriteBuffer(version: Long, keyGroups: Int, expected: WriteBuffer.Exp
   /** The version's changelog (format 1), finished; the buffer takes no writes after this. */
   def finish(): ByteBuffer = log.finish()
 
+  /** Every key written in this version with its last value ([[Tombstone]] for a delete). */
+  def foreachWrite(f: (Bytes, Array[Byte]) => Unit): Unit = entries.foreach((k, v) => f(new Bytes(k), v))
+
   /** A point-in-time copy of the last values, so iterators tolerate removes made while they run. */
   def snapshot(): Array[(Bytes, Array[Byte])] = {
     entries.toArray.map { case (k, v) => (new Bytes(k), v) }

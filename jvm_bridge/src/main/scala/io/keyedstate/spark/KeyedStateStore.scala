@@ -107,6 +107,7 @@ final class KeyedStateStore private[spark] (engine: StoreEngine, override val ve
       Metrics.commitShip -> phases.shipMs,
       Metrics.commitLatency -> commitMs,
       Metrics.loadLatency -> engine.loadMs.getAndSet(0),
+      Metrics.cacheWarm -> engine.warmMs.getAndSet(0),
       Metrics.changelogBytes -> commitResult.changelogBytes,
       Metrics.writesShipped -> writesShipped,
       Metrics.writesUnknown -> writesUnknown,
