@@ -151,30 +151,8 @@ def test_scale_up_by_a_multiple_moves_whole_key_groups(spark, tmp_path, snapshot
         files = ckpt.list_store(Path(p["path"]), p["partitionId"])
         version = result.batch + 1
         assert ckpt.read_manifest(files.manifest_path(version), version).num_keys == p["keys"] > 0
-    if snapshots:  # cut by range deletes, not rewritten: the files still hold the other half
-        assert all(_entries_in_files(Path(p["path"]), p["partitionId"], result.batch + 1) > p["keys"]
-                   for p in store["partitions"])
-    with session_confs(spark, interval):
-        _run(spark, stream, range(3, 4), out)
-    if snapshots:  # the server that loaded it compacted before its next snapshot
-        version = result.batch + 2
-        deadline = time.monotonic() + 60
-        while not all(version in s.snapshots for s in ckpt.discover_stores(Path(stream.checkpoint) / "state" / "0")["default"]):
-            assert time.monotonic() < deadline, f"no snapshot of version {version} uploaded"
-            time.sleep(0.5)
-        report = keyedstate.inspect(stream.checkpoint)
-        for p in report["operators"][0]["stores"][0]["partitions"]:
-            assert _entries_in_files(Path(p["path"]), p["partitionId"], version) == p["keys"]
-    _run(spark, stream, range(4, 5), out)
+    _run(spark, stream, range(3, 5), out)
     assert out == _expected(5)
-
-
-def _entries_in_files(path: Path, partition: int, version: int) -> int:
-    """Entries the RocksDB files of a snapshot hold, deleted ones included."""
-    files = ckpt.list_store(path, partition)
-    with ckpt.rebuild(files, version) as rebuilt:
-        assert rebuilt.base_snapshot == version and rebuilt.changelogs_applied == 0  # the snapshot itself
-        return sum(f["num_entries"] for f in rebuilt.db.live_files())
 
 
 def test_a_rescaled_checkpoint_rescales_again(spark, tmp_path):

@@ -23,11 +23,6 @@ interrupted attempt) exactly as it treats its own:
    a failed job that is still running (an executor that never got the kill) cannot publish.
 4. ``commits/B``: a copy of the last commit; from now on the query runs with N partitions.
 
-A scale-up by a multiple (N = k x the old count, both dividing the key-group count) needs no
-merge: new partition q's keys all sit in old partition q mod old count, so each split task cuts
-its k heirs from the version it rebuilt -- a hard-linked copy with the key groups the heir does
-not own range-deleted -- and stages them itself, one Spark job in all (see :func:`_cut`).
-
 Everything before the commit only adds files, so an interrupted rescale can be rerun (finished
 splits are reused) or rolled back (:func:`rescale` with ``rollback=True``); the old state is
 never modified. Old partitions beyond N are left on disk, as Spark's repartition leaves them.
@@ -252,8 +247,7 @@ class _Rescale:
             whole = keygroups.divides(self.n, key_groups)
             # Scale-up by a multiple from a key-group-aligned layout: new partition q's keys all
             # sit in old partition q mod old_n, so it is that partition minus the key groups it
-            # does not own -- range deletes (compacted away by the state server that loads it,
-            # before its next snapshot), cut by the split task itself (_cut): no merge job.
+            # does not own -- range deletes and one RocksDB compaction, no key through Python.
             direct = whole and keygroups.divides(old_n, key_groups) and self.n % old_n == 0
             read_version, write_version = read_batch + 1, batch + 1
             origin = {"batch": batch, "fromPartitions": old_n, "toPartitions": self.n}
@@ -285,7 +279,8 @@ class _Rescale:
                     ttl[(task.operator, task.store)] = result["ttl"]
             merges = [_MergeTask(str(work / str(op) / name), q, str(ckpt.store_dir(outbox / str(op), q, name)),
                                  write_version, key_groups, counts.get((op, name, q), 0), ttl.get((op, name)),
-                                 origin, self.n, _json_or_none(layouts[(op, name)]))
+                                 origin, str(work / str(op) / name / f"from-{q % old_n}" / "db") if direct else None,
+                                 self.n, _json_or_none(layouts[(op, name)]))
                       for op, name, _ in stores for q in range(self.n) if (op, name, q) not in published]
             keys = sum(counts[p] for p in published) + sum(r["keys"] for r in self._run_tasks(_merge, merges, "merge"))
             for op, name, _ in stores:
@@ -566,7 +561,7 @@ class _SplitTask:
     partitions: int
     key_groups: int
     hash_spec: dict | None  # None: route by key group
-    direct: bool  # cut the new partitions from the rebuilt old one, no merge task (see run)
+    direct: bool  # only rebuild the version, for the merge tasks to filter (see run)
     from_partitions: int
     target_version: int  # the version the new partitions get
     targets: str  # the operator's state directory, holding the new partitions
@@ -584,6 +579,7 @@ class _MergeTask:
     num_keys: int
     ttl: dict | None
     origin: dict
+    direct_source: str | None  # the rebuilt old partition to filter, instead of SST files
     partitions: int
     key_layout: dict | None
 
@@ -607,10 +603,7 @@ def _split(task: _SplitTask) -> dict:
         with ckpt.rebuild(files, task.version, keep=temp / "db") as rebuilt:
             _check_key_groups(rebuilt, task)
             ttl = rebuilt.manifest.ttl if rebuilt.manifest else None
-        heirs = range(task.partition, task.partitions, task.from_partitions)
-        counts = {str(q): _cut(temp / "db", temp / f"to-{q}", task, q, ttl) for q in heirs}
-        shutil.rmtree(temp / "db")  # the heirs' snapshots hold hard links to what they need
-        return _finish_split(temp, out, {"keys": counts, "ttl": ttl, "published": list(heirs)})
+        return _finish_split(temp, out, {"keys": {}, "ttl": ttl})
     route = _router(task)
     writers: dict[int, Any] = {}
     counts: dict[int, int] = {}
@@ -710,6 +703,8 @@ def _merge(task: _MergeTask) -> dict:
     sources = sorted(Path(task.staging).glob(f"from-*/to-{task.partition}.sst"))
     target = Path(task.target)  # made by the driver (see _Rescale.run)
     with tempfile.TemporaryDirectory(prefix="keyedstate-merge-", dir=task.staging) as tmp:
+        if task.direct_source:
+            return _filter_merge(task, Path(tmp), target)
         db = rocksdb.open_db(Path(tmp) / "db", bulk_load=False)
         try:
             if sources:
@@ -725,32 +720,31 @@ def _merge(task: _MergeTask) -> dict:
     return {"partition": task.partition, "keys": task.num_keys}
 
 
-def _cut(source: Path, scratch: Path, task: _SplitTask, q: int, ttl: dict | None) -> int:
-    """Publishes new partition ``q`` as a private copy of the rebuilt old partition ``source``
-    with every key group it does not own range-deleted; returns its key count. Not compacted
-    here: a forced full compaction rewrote every file of the old partition to drop the part
-    the new one does not own (~1.6-2.9 s for each 1.25M-key partition of W5's shape, against
-    ~0.8 s for counting the keys it keeps). The snapshot says it is a rescale's, so the state
-    server that loads it compacts before it stages its next snapshot, off the rescale's path;
-    until then its files also hold the range-deleted entries."""
-    from rocksdict import Checkpoint
+def _filter_merge(task: _MergeTask, tmp: Path, target: Path) -> dict:
+    """The new partition as a private copy of its one old partition with every key group it
+    does not own range-deleted, compacted so that the snapshot holds only its own keys."""
+    from rocksdict import BottommostLevelCompaction, Checkpoint, CompactOptions
 
-    scratch.mkdir()
-    ckpt.link_tree(source, scratch / "db")
-    db = ckpt.open_copy(scratch / "db", read_only=False)
+    ckpt.link_tree(Path(task.direct_source), tmp / "db")
+    db = ckpt.open_copy(tmp / "db", read_only=False)
     try:
-        prefix, n = keygroups.prefix, task.partitions
+        prefix = keygroups.prefix
+        q, n = task.partition, task.partitions
         db.delete_range(b"", prefix(q))
         for group in keygroups.key_groups_of_partition(q, n, task.key_groups):  # drop what lies between
             db.delete_range(prefix(group + 1), prefix(group + n) if group + n < task.key_groups else b"\xff" * 5)
-        db.flush()  # a vector memtable is not read while mutable
-        num_keys = sum(1 for _ in db.keys())  # the files still count the deleted entries
-        snapshot = scratch / "snapshot"
+        compact = CompactOptions()
+        compact.set_bottommost_level_compaction(BottommostLevelCompaction.force())
+        db.compact_range(None, None, compact)
+        files = db.live_files()
+        if any(f["num_deletions"] for f in files):  # not expected after a forced full compaction
+            num_keys = sum(1 for _ in db.keys())
+        else:
+            num_keys = sum(f["num_entries"] for f in files)
+        snapshot = tmp / "snapshot"
         Checkpoint(db).create_checkpoint(str(snapshot))
     finally:
         db.close()
-    ckpt.write_snapshot(snapshot, ckpt.store_dir(Path(task.targets), q, task.store), task.target_version,
-                        task.key_groups, num_keys, ttl, rescale=task.origin,
-                        key_layout=_layout_or_none(task.key_layout))
-    shutil.rmtree(scratch)
-    return num_keys
+    ckpt.write_snapshot(snapshot, target, task.version, task.key_groups, num_keys, task.ttl,
+                        rescale=task.origin, key_layout=_layout_or_none(task.key_layout))
+    return {"partition": task.partition, "keys": num_keys}

@@ -75,8 +75,8 @@ class StateServerApi:
         return json.dumps({"handle": handle, **{k: v for k, v in settings.items()}})
 
     def restore(self, handle: int, version: int, snapshot_dir: str | None, lineage: str,
-                num_keys: int, range_deleted: bool = False) -> None:
-        self.registry.get(handle).restore(version, snapshot_dir, lineage, num_keys, range_deleted=range_deleted)
+                num_keys: int) -> None:
+        self.registry.get(handle).restore(version, snapshot_dir, lineage, num_keys)
 
     def replay(self, handle: int, changelogs_json: str) -> None:
         self.registry.get(handle).replay(

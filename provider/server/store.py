@@ -93,7 +93,6 @@ class VersionedStore:
         self._failure: str | None = None
         self._dirty = False  # the mutable memtable holds writes (vector memtables are unreadable)
         self._deletes_since_compaction = 0
-        self._compact_before_snapshot = False  # the files hold range-deleted entries (a rescale's cut)
         # Incremental TTL cleanup: where the next scan resumes, and what the last one found
         # (the version it scanned, ms, keys) for the JVM to delete through its next changelog.
         self._ttl_cursor: bytes | None = None
@@ -106,12 +105,8 @@ class VersionedStore:
         return self.workdir / "db"
 
     # -- loading -------------------------------------------------------------------------------
-    def restore(self, version: int, snapshot_dir: str | None, lineage: str, num_keys: int,
-                range_deleted: bool = False) -> None:
-        """Reset to ``version``: the downloaded snapshot in ``snapshot_dir``, or empty (v0).
-        ``range_deleted``: its files also hold entries it range-deleted (a partition the rescale
-        cut from an old one without rewriting it); they are compacted away before the next
-        snapshot is staged, off the rescale's path."""
+    def restore(self, version: int, snapshot_dir: str | None, lineage: str, num_keys: int) -> None:
+        """Reset to ``version``: the downloaded snapshot in ``snapshot_dir``, or empty (v0)."""
         with self._local_disk(f"installing version {version}"), self._settled(raise_failure=False):
             with self._state:
                 self._failure = None
@@ -123,7 +118,6 @@ class VersionedStore:
                 shutil.rmtree(self._db_dir)
             self._db = rocksdb.open_db(self._db_dir, pool=self._pool)
             self.version, self.num_keys, self.lineage = version, num_keys, lineage
-            self._compact_before_snapshot = range_deleted
             self._ttl_cursor = None
             with self._ttl_lock:
                 self._ttl_found = (-1, 0, [])
@@ -344,13 +338,11 @@ class VersionedStore:
 
     def _stage_now(self) -> None:
         self._flush_if_dirty()  # the checkpoint must hold every write of the version
-        # After mass deletes (TTL cleanup, watermark eviction, or a rescale's range deletes) the
-        # SSTs still hold the deleted entries and their tombstones; compact first so the
-        # snapshot, and the disk, shrink.
-        if self._compact_before_snapshot or self._deletes_since_compaction > max(COMPACT_AFTER_DELETES, self.num_keys // 4):
+        # After mass deletes (TTL cleanup, watermark eviction) the SSTs still hold the deleted
+        # entries and their tombstones; compact first so the snapshot, and the disk, shrink.
+        if self._deletes_since_compaction > max(COMPACT_AFTER_DELETES, self.num_keys // 4):
             self._require_db().compact_range(None, None)
             self._deletes_since_compaction = 0
-            self._compact_before_snapshot = False
         directory = self.workdir / "staged" / str(self.version)
         with self._staged_lock:
             self._staged[self.version] = snapshots.stage(

@@ -9,10 +9,8 @@ package io.keyedstate.bridge
 trait PythonStateServer {
   /** Validates the keyedstate confs (JSON object) and opens a store; returns JSON settings. */
   def openStore(name: String, confsJson: String): String
-  /** Resets a store to `version`, from a downloaded snapshot dir or empty (dir = null).
-   *  `rangeDeleted`: the snapshot's files also hold entries it range-deleted (a partition cut
-   *  by a rescale); the store compacts them away before it stages its next snapshot. */
-  def restore(handle: Int, version: Long, snapshotDir: String, lineage: String, numKeys: Long, rangeDeleted: Boolean): Unit
+  /** Resets a store to `version`, from a downloaded snapshot dir or empty (dir = null). */
+  def restore(handle: Int, version: Long, snapshotDir: String, lineage: String, numKeys: Long): Unit
   /** Replays downloaded changelogs, a JSON list of [version, localPath, checkpointPath], in order. */
   def replay(handle: Int, changelogsJson: String): Unit
   def stageSnapshot(handle: Int): Unit

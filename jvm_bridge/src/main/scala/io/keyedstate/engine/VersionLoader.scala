@@ -123,7 +123,7 @@ final class VersionLoader(files: CheckpointFiles, uploader: SnapshotUploader, de
   /** Makes the store hold an empty `version` (Spark loads version 0 empty, or asks for `loadEmpty`). */
   def restoreEmpty(session: ServerSession, version: Long): Unit = {
     val lineage = uploader.newLineage(Nil)
-    session.control(s"loading version $version of $describe")((api, h) => api.restore(h, version, null, lineage, 0, false))
+    session.control(s"loading version $version of $describe")((api, h) => api.restore(h, version, null, lineage, 0))
   }
 
   private def restoreSnapshot(session: ServerSession, base: (Long, Option[String]), keyGroups: Int, localRoot: Path): Unit = {
@@ -146,10 +146,10 @@ final class VersionLoader(files: CheckpointFiles, uploader: SnapshotUploader, de
       }
     manifest.replay match {
       case None =>
-        installed(session.control(s"restoring snapshot $source")((api, h) => api.restore(h, s, snapDir.toString, lineage, manifest.numKeys, manifest.rescale.isDefined)))
+        installed(session.control(s"restoring snapshot $source")((api, h) => api.restore(h, s, snapDir.toString, lineage, manifest.numKeys)))
       case Some(r) => // the files as version s - 1, then the version itself as a changelog
         val dir = if (manifest.files.isEmpty) null else snapDir.toString
-        installed(session.control(s"restoring snapshot $source")((api, h) => api.restore(h, s - 1, dir, lineage, 0, manifest.rescale.isDefined && dir != null)))
+        installed(session.control(s"restoring snapshot $source")((api, h) => api.restore(h, s - 1, dir, lineage, 0)))
         val local = download(r, localRoot, source)
         installed(replay(session, Seq((s, local, files.resolve(r.path).toString)), s"replaying ${files.resolve(r.path)}"))
         Files.deleteIfExists(local)
