@@ -100,6 +100,26 @@ def test_dropDuplicates_passes_a_key_again_after_its_ttl_across_a_restart(
         run.stop()
 
 
+def test_a_batch_whose_only_writes_are_ttl_deletes_leaves_the_next_batch_free_to_write(spark, tmp_path, ttl_clock):
+    """At t=13 the batch's one row is a duplicate, so the only writes of its version are the
+    cleanup's deletes of a and b, made while it commits. The next batch writes a new key: it
+    failed with "two stores ... write at once" when those deletes kept the committed version
+    registered as the near cache's writer."""
+    confs = {**EVERY_VERSION, PFX + "ttl": "10s", "spark.sql.shuffle.partitions": "1"}
+    run = Steps(spark, tmp_path, "id STRING", lambda df: df.dropDuplicates(["id"]), "append", confs, ttl_clock)
+    run.start()
+    try:
+        run.step(0, [{"id": "a"}, {"id": "b"}])
+        run.step(5, [{"id": "c"}])
+        run.step(12, [{"id": "c"}])  # the cleanup scan after this commit finds a and b expired
+        out, progress = run.step(13, [{"id": "c"}])
+        assert out == [] and metric(progress, "keyedstateTtlCleanedUp") == 2
+        out, progress = run.step(14, [{"id": "d"}])
+        assert out == [("d",)] and state_rows(progress) == 2  # c and d
+    finally:
+        run.stop()
+
+
 def test_aggregation_restarts_an_idle_group_and_state_shrinks_on_disk(spark, tmp_path, ttl_clock):
     confs = {**EVERY_VERSION, PFX + "ttl": "10s", PFX + "snapshotInterval": "1"}
     run = Steps(spark, tmp_path, "k STRING",

@@ -191,11 +191,13 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       throw new IllegalStateException(s"keyedstate: $describe holds version $loaded, cannot commit on top of " +
         s"version ${v.version} (two stores of one partition were open at once)")
     }
-    release(v.buffered)
     val newVersion = v.version + 1
     val newId = if (uniqueIds) Some(UUID.randomUUID().toString) else None
     try {
+      // Still the cache's writer while the cleanup reads (a cold cache may scan the version in
+      // and must take these writes in again) and deletes (which write into the cache too).
       val (cleaned, cleanupMs) = cleanup.collect(session, v.buffered, newVersion, v.nowMs)
+      release(v.buffered)
       val t0 = System.nanoTime()
       val changelog = v.buffered.buffer.finish() // encoded as the writes happened
       if (v.buffered.buffer.size > 0) expected = v.buffered.buffer.observed.grown
@@ -247,7 +249,10 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
    *  scan of the version costs, scans it in (mid-version if need be: see [[warm]]). */
   private def coldMisses(n: Int): Unit = if (coldReadsLeft >= 0) {
     coldReadsLeft -= n
-    if (coldReadsLeft < 0 && loaded >= 0) warm(Option(writer).map(_.buffer))
+    // A scan that fails halfway leaves the cache partial but marked complete: forget it all.
+    if (coldReadsLeft < 0 && loaded >= 0) {
+      try warm(Option(writer).map(_.buffer)) catch { case NonFatal(e) => invalidate(); throw e }
+    }
   }
 
   /** Fills the cache with the held version and, if a version is open (`writes`), its writes. */
