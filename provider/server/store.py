@@ -285,7 +285,7 @@ class VersionedStore:
                 raise
             self.version = log_.version
             self.num_keys += total
-            if stage_snapshot and (self.version % self.snapshot_interval == 0 or _bulk(log_.record_count, self.num_keys)):
+            if stage_snapshot and self.version % self.snapshot_interval == 0:
                 self._stage()
 
     # -- TTL cleanup ---------------------------------------------------------------------------
@@ -432,17 +432,6 @@ class VersionedStore:
         if self._dirty and self._db is not None:
             self._db.flush()  # releases the GIL while RocksDB sorts and writes the SST
             self._dirty = False
-
-
-BULK_RECORDS = 1_000_000
-"""A changelog of at least this many records, and of at least half the store's keys, is a bulk
-load (a query's first batch over a backlog, a catch-up after downtime): its version is
-snapshotted at once instead of at the next snapshotInterval, so that no later load replays it
-(W5: a restart before the tenth version replayed the seed's 2.5M records per partition)."""
-
-
-def _bulk(records: int, num_keys: int) -> bool:
-    return records >= max(BULK_RECORDS, num_keys // 2)
 
 
 APPLY_CHUNK_BYTES = 16 << 20
