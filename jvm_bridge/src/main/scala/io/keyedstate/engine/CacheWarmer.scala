@@ -10,7 +10,8 @@ package io.keyedstate.engine
  */
 object CacheWarmer {
   /** A native point read of a key (~5-6 us) over a key's share of a scan into the cache (~1.2 us),
-   *  measured with Spark's rocksdbjni on W5-shaped state (benchmarks/RESULTS-warm.md). */
+   *  measured with Spark's rocksdbjni on W5-shaped state (benchmarks/read_cost.py,
+   *  benchmarks/RESULTS-warm.md). */
   val ScanKeysPerRead = 5
 
   /**
