@@ -148,9 +148,8 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       if (cache.bloomSaturated) CacheWarmer.indexKeys(cache, committedReads, numKeys)
       return
     }
-    coldReadsLeft = -1
     val started = System.nanoTime()
-    invalidate() // until the load completes
+    invalidate() // until the load completes (the cache empty, not cold)
     try {
       if (loadEmpty || version == 0) {
         loader.restoreEmpty(session, version)
@@ -166,7 +165,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       loaded = version
       loadedId = id
       if (numKeys <= session.settings.nearCacheWarmKeys) warm(None)
-      else { cache.clear(); coldReadsLeft = numKeys / CacheWarmer.ScanKeysPerRead }
+      else coldReadsLeft = numKeys / CacheWarmer.ScanKeysPerRead // the cache stays empty until then
       if (!cleanupAsked && version > 0) { cleanupAsked = true; SnapshotKick.cleanUp(this, version -> id) }
     } catch { case NonFatal(e) => invalidate(); throw e }
     loadMs.addAndGet((System.nanoTime() - started) / 1000000)
