@@ -126,7 +126,7 @@ def _run(spark, stream: FileStream, batches: range, out: dict, partitions: int =
 @pytest.mark.parametrize("snapshots", [False, True], ids=["changelogs-only", "from-snapshots"])
 def test_scale_up_by_a_multiple_moves_whole_key_groups(spark, tmp_path, snapshots):
     """4 -> 8 takes each new partition from one old one: changelogs are routed by key group
-    straight into the new partitions; a snapshot is filtered by range deletes instead."""
+    straight into the new partitions; a snapshot is scanned once into each heir's SST files."""
     stream = FileStream(spark, tmp_path, "k LONG")
     out: dict = {}
     interval = {"spark.sql.streaming.stateStore.keyedstate.snapshotInterval": "1" if snapshots else "100"}
@@ -431,3 +431,63 @@ def test_a_task_of_a_failed_rescale_that_runs_late_publishes_nothing(spark, tmp_
     _run(spark, stream, range(2, 3), out, partitions=2)  # restarts as it was, on 2 partitions
     expected = _expected(3)
     assert out == {row["k"]: expected[row["k"]] for row in _batch_rows(2)}
+
+
+def _split_task(tmp_path: Path, partition: int, from_partitions: int, partitions: int) -> rescaling._SplitTask:
+    return rescaling._SplitTask(0, "default", str(tmp_path / "old"), partition, 1, str(tmp_path / "staging"),
+                                partitions, KEY_GROUPS, None, True, from_partitions, 2, str(tmp_path / "new"),
+                                {"batch": 1, "fromPartitions": from_partitions, "toPartitions": partitions}, None)
+
+
+def _old_partition(path: Path, groups) -> dict[bytes, bytes]:
+    """A RocksDB holding 40 keys in each of ``groups``, as a rebuilt old partition does."""
+    from keyedstate.formats import keygroups, rocksdb
+
+    data = {keygroups.prefix(g) + b"key-%04d" % i: b"value-%d-%d" % (g, i) * 3 for g in groups for i in range(40)}
+    db = rocksdb.open_db(path, bulk_load=False)
+    for k, v in data.items():
+        db[k] = v
+    db.flush()
+    db.close()
+    return data
+
+
+def test_a_direct_split_writes_each_heir_in_bounded_files_and_refuses_a_foreign_key_group(tmp_path, monkeypatch):
+    """Old partition 1 of 2 splits into new partitions 1 and 3 of 4 in one scan: each heir gets
+    exactly its key groups' keys, in files that stop at SST_FILE_BYTES (a later compaction then
+    rewrites a file, not the partition), and ingested they read back whole. A key of a key group
+    the old partition does not own is refused with a message naming it, not routed or dropped."""
+    from keyedstate.formats import keygroups, rocksdb
+
+    monkeypatch.setattr(rocksdb, "SST_FILE_BYTES", 8 << 10)
+    groups = range(1, 2000, 2)  # owned by partition 1 of 2
+    data = _old_partition(tmp_path / "db", groups)
+    task = _split_task(tmp_path, 1, 2, 4)
+    (tmp_path / "work").mkdir()
+    db = ckpt.open_copy(tmp_path / "db", read_only=True)
+    try:
+        files, counts = rescaling._write_by_key_group(db, task, tmp_path / "work", range(1, 4, 2))
+    finally:
+        db.close()
+    assert set(files) == {1, 3} and all(len(paths) > 3 for paths in files.values())
+    for q in (1, 3):
+        expected = {k: v for k, v in data.items() if keygroups.key_group_of_stored_key(k) % 4 == q}
+        assert counts[q] == len(expected)
+        target = ckpt.store_dir(tmp_path / "new", q, "default")
+        target.mkdir(parents=True)
+        rescaling._stage_ingested(files[q], tmp_path / f"scratch-{q}", target, 2, KEY_GROUPS, counts[q], None,
+                                  {}, None, move=True)
+        staged = ckpt.list_store(target, q)
+        assert ckpt.read_manifest(staged.manifest_path(2), 2).num_keys == len(expected)
+        with ckpt.rebuild(staged, 2) as rebuilt:
+            assert dict(rebuilt.db.items()) == expected
+    # a key of key group 2 (partition 0's) in partition 1's database
+    foreign = tmp_path / "foreign"
+    _old_partition(foreign, [1, 2, 3])
+    (tmp_path / "work2").mkdir()
+    db = ckpt.open_copy(foreign, read_only=True)
+    try:
+        with pytest.raises(ckpt.CheckpointError, match=r"partition 1 of .*old holds a key of key group 2 "):
+            rescaling._write_by_key_group(db, task, tmp_path / "work2", range(1, 4, 2))
+    finally:
+        db.close()

@@ -68,6 +68,18 @@ def _options(bulk_load: bool, pool: MemoryPool | None = None) -> Options:
     return options
 
 
+SST_FILE_BYTES = 64 << 20
+"""Size of the SST files written outside a database (a rescale's): RocksDB's default target
+for compaction output, so that a later compaction into their level rewrites a file at a time."""
+
+
+def sst_options() -> Options:
+    """Options for SST files written outside a database and ingested later (a rescale's): the
+    same table format as the databases' own files (LZ4, Bloom filters), so that a partition
+    built from them reads as fast as one that was compacted."""
+    return _options(bulk_load=False)
+
+
 def open_db(path: Path, *, bulk_load: bool = True, pool: MemoryPool | None = None) -> Rdict:
     """Open (creating) a database for writing whole changelogs at a time; the WAL is off
     because durability comes from the changelogs in the checkpoint. ``pool``: the process's
