@@ -4,6 +4,7 @@ import java.nio.file.Paths;
 import java.util.Arrays;
 
 import org.rocksdb.BlockBasedTableConfig;
+import org.rocksdb.BloomFilter;
 import org.rocksdb.LRUCache;
 import org.rocksdb.Options;
 import org.rocksdb.RocksDB;
@@ -12,7 +13,8 @@ import org.rocksdb.RocksIterator;
 /**
  * What the near cache's warm-up trades: a sequential scan of every entry against point reads of
  * some keys, through Spark's rocksdbjni, opened the way keyedstate's NativeReader opens a state
- * server's files (secondary instance, every file open, a 64 MiB LRU block cache). Run by
+ * server's files (secondary instance, every file open, a 64 MiB LRU block cache, the files' Bloom
+ * filter policy). Run by
  * benchmarks/read_cost.py: args = db dir, file of present keys, file of absent keys, key length.
  * Prints one JSON line per round.
  */
@@ -24,7 +26,8 @@ public final class NativeReadCost {
     byte[] absent = Files.readAllBytes(Paths.get(args[2]));
     Path secondary = Files.createTempDirectory("native-read-cost");
     Options options = new Options().setMaxOpenFiles(-1)
-        .setTableFormatConfig(new BlockBasedTableConfig().setBlockCache(new LRUCache(64L << 20)));
+        .setTableFormatConfig(new BlockBasedTableConfig().setBlockCache(new LRUCache(64L << 20))
+            .setFilterPolicy(new BloomFilter(10, false)));
     try (RocksDB db = RocksDB.openAsSecondary(options, args[0], secondary.toString())) {
       for (int round = 0; round < 3; round++) {
         long t0 = System.nanoTime();

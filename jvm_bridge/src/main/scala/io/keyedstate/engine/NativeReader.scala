@@ -3,7 +3,7 @@ package io.keyedstate.engine
 import java.nio.file.{Files, Path}
 import java.util.concurrent.locks.ReentrantReadWriteLock
 
-import org.rocksdb.{BlockBasedTableConfig, InfoLogLevel, LRUCache, Options, RocksDB}
+import org.rocksdb.{BlockBasedTableConfig, BloomFilter, InfoLogLevel, LRUCache, Options, RocksDB}
 
 import io.keyedstate.bridge.LocalFiles
 import io.keyedstate.format.ScanChunk
@@ -142,8 +142,14 @@ object NativeReader {
   }
   private val log = org.slf4j.LoggerFactory.getLogger(classOf[NativeReader])
 
+  /** The filter policy Python's files are written with (formats/rocksdb.py: 10 bits a key, full
+   *  filters). A reader without one ignores the files' filters: every read of an absent key
+   *  then searches a data block in each file that may hold it (measured on 1.25M keys: 6.7-7.5
+   *  us a read, 3.3-3.8 us with it). Shared: the policy holds no state of its own. */
+  private lazy val bloomFilter = new BloomFilter(10, false)
+
   private def newOptions(): Options = {
-    val table = new BlockBasedTableConfig().setBlockCache(blockCache)
+    val table = new BlockBasedTableConfig().setBlockCache(blockCache).setFilterPolicy(bloomFilter)
     if (bounded) table.setCacheIndexAndFilterBlocks(true).setPinL0FilterAndIndexBlocksInCache(true)
     new Options()
       .setMaxOpenFiles(-1) // required for a secondary: files stay readable after Python deletes them
