@@ -127,6 +127,25 @@ def test_snapshot_is_staged_every_interval_and_restores(store, tmp_path):
     assert store.staged_snapshots() == []
 
 
+def test_a_bulk_changelog_is_snapshotted_at_once_so_no_load_replays_it(tmp_path):
+    """A version whose changelog holds at least half the keys of the version it makes (and
+    snapshotBulkRecords) is staged right after its apply, not at the next interval."""
+    s = VersionedStore("test", tmp_path / "store", key_groups=16, snapshot_interval=10, bulk_records=40)
+    s.restore(0, None, "lineage-1", 0)
+    try:
+        bulk = [(cl.OP_PUT_NEW, key(i % 16, b"k%03d" % i), b"v") for i in range(100)]
+        s.apply(cl.encode(1, 16, bulk), "v1")
+        assert [snap["version"] for snap in s.staged_snapshots()] == [1]
+        s.drop_staged(1)
+        # 45 records: over BULK_RECORDS but under half the keys (100): ordinary
+        s.apply(cl.encode(2, 16, [(cl.OP_PUT_EXISTING, key(i % 16, b"k%03d" % i), b"w") for i in range(45)]), "v2")
+        # 120 new ones: at least half of the 220 keys the version holds
+        s.apply(cl.encode(3, 16, [(cl.OP_PUT_NEW, key(i % 16, b"n%03d" % i), b"x") for i in range(120)]), "v3")
+        assert [snap["version"] for snap in s.staged_snapshots()] == [3] and s.num_keys == 220
+    finally:
+        s.close()
+
+
 def test_a_staged_snapshot_is_listed_without_waiting_for_the_applies_queued_after_it(tmp_path):
     """The commit of a snapshot version asks for its upload; in a running query the next
     version's apply is already queued. Neither that upload's listing nor maintenance's may wait

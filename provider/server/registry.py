@@ -50,7 +50,8 @@ class StoreRegistry:
             self._next += 1
             pool = self._pool_for(settings)
         store = VersionedStore(name, self.workdir / "stores" / str(handle),
-                               settings["keyGroups"], settings["snapshotInterval"], self.applier, pool)
+                               settings["keyGroups"], settings["snapshotInterval"], self.applier, pool,
+                               settings["snapshotBulkRecords"])
         with self._lock:
             self._stores[handle] = store
         return handle, store

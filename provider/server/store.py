@@ -70,11 +70,14 @@ class VersionedStore:
     """A RocksDB database plus the version it holds and an exact key count."""
 
     def __init__(self, name: str, workdir: Path, key_groups: int, snapshot_interval: int,
-                 applier: Applier | None = None, pool: rocksdb.MemoryPool | None = None) -> None:
+                 applier: Applier | None = None, pool: rocksdb.MemoryPool | None = None,
+                 bulk_records: int = 1_000_000) -> None:
+        """``bulk_records``: the snapshotBulkRecords conf (0: off), see :meth:`_bulk`."""
         self.name = name
         self.workdir = workdir
         self.key_groups = key_groups
         self.snapshot_interval = snapshot_interval
+        self.bulk_records = bulk_records
         self.version = -1  # nothing loaded
         self.num_keys = 0
         self.lineage = ""
@@ -285,8 +288,17 @@ class VersionedStore:
                 raise
             self.version = log_.version
             self.num_keys += total
-            if stage_snapshot and self.version % self.snapshot_interval == 0:
+            if stage_snapshot and (self.version % self.snapshot_interval == 0 or self._bulk(log_.record_count)):
                 self._stage()
+
+    def _bulk(self, records: int) -> bool:
+        """Whether the version just applied is a bulk load (a first batch over a backlog, a
+        catch-up after downtime): at least ``bulk_records`` records and half the keys of the
+        version. Its snapshot is staged at once instead of at the next snapshotInterval, and the
+        JVM's commit, which applies the same rule (``StoreEngine.bulk``), asks for its upload,
+        so that no later load replays it (W5 restarts right after its seed, version 1: the
+        restart replayed the seed's 2.5M records per partition)."""
+        return 0 < self.bulk_records <= records and records >= self.num_keys // 2
 
     # -- TTL cleanup ---------------------------------------------------------------------------
     def _scan_expired(self, ttl: TtlScan) -> None:

@@ -198,6 +198,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       val (cleaned, cleanupMs) = cleanup.collect(session, v.buffered, newVersion, v.nowMs)
       release(v.buffered)
       val t0 = System.nanoTime()
+      val records = v.buffered.buffer.recordCount
       val changelog = v.buffered.buffer.finish() // encoded as the writes happened
       if (v.buffered.buffer.size > 0) expected = v.buffered.buffer.observed.grown
       val delta = v.buffered.buffer.keyDelta
@@ -229,11 +230,22 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       lineage = ((newVersion -> newId) :: lineage).filter(_._1 >= lastSnapshot)
       lastCommitPhases = CommitPhases((t1 - t0) / 1000000, (t2 - t1) / 1000000, (t3 - t2) / 1000000)
       if (overdue) { uploadSnapshots(); cleanupFiles() }
-      else if (forceSnapshot || newVersion % session.settings.snapshotInterval == 0) SnapshotKick.request(this, newVersion)
+      else if (forceSnapshot || newVersion % session.settings.snapshotInterval == 0 || bulk(records))
+        SnapshotKick.request(this, newVersion)
       CommitResult(newVersion, bytes, cleaned, cleanupMs, newId, v.uniqueId)
     } catch {
       case NonFatal(e) => invalidate(); throw e
     }
+  }
+
+  /** A bulk load (a first batch over a backlog, a catch-up): at least snapshotBulkRecords
+   *  records and half the keys of the version they make. The server stages such a version's
+   *  snapshot right after its apply (server/store.py's `_bulk`, the same rule) and the commit
+   *  asks for its upload at once, so that a load after a stop does not replay it (W5 restarts
+   *  right after its seed). */
+  private def bulk(records: Long): Boolean = {
+    val least = session.settings.snapshotBulkRecords
+    least > 0 && records >= least && records >= numKeys / 2
   }
 
   /** The committed value of `key` if this engine holds `version` (Some(null) = absent), for a
