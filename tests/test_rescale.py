@@ -454,7 +454,7 @@ def _old_partition(path: Path, groups) -> dict[bytes, bytes]:
 
 def test_a_direct_split_writes_each_heir_in_bounded_files_and_refuses_a_foreign_key_group(tmp_path, monkeypatch):
     """Old partition 1 of 2 splits into new partitions 1 and 3 of 4 in one scan: each heir gets
-    exactly its key groups' keys, in files that stop at SST_FILE_BYTES (a later compaction then
+    exactly its key groups' keys, in files that stop at about SST_FILE_BYTES (a later compaction then
     rewrites a file, not the partition), and ingested they read back whole. A key of a key group
     the old partition does not own is refused with a message naming it, not routed or dropped."""
     from keyedstate.formats import keygroups, rocksdb
@@ -466,10 +466,13 @@ def test_a_direct_split_writes_each_heir_in_bounded_files_and_refuses_a_foreign_
     (tmp_path / "work").mkdir()
     db = ckpt.open_copy(tmp_path / "db", read_only=True)
     try:
-        files, counts = rescaling._write_by_key_group(db, task, tmp_path / "work", range(1, 4, 2))
+        out = rescaling._HeirFiles(tmp_path / "work", 2)
+        counts = rescaling._write_by_key_group(db, task, out, range(1, 4, 2))
+        files = out.finish()
     finally:
         db.close()
     assert set(files) == {1, 3} and all(len(paths) > 3 for paths in files.values())
+    assert all(p.stat().st_size < 2 * (8 << 10) for paths in files.values() for p in paths[:-1])
     for q in (1, 3):
         expected = {k: v for k, v in data.items() if keygroups.key_group_of_stored_key(k) % 4 == q}
         assert counts[q] == len(expected)
@@ -488,6 +491,6 @@ def test_a_direct_split_writes_each_heir_in_bounded_files_and_refuses_a_foreign_
     db = ckpt.open_copy(foreign, read_only=True)
     try:
         with pytest.raises(ckpt.CheckpointError, match=r"partition 1 of .*old holds a key of key group 2 "):
-            rescaling._write_by_key_group(db, task, tmp_path / "work2", range(1, 4, 2))
+            rescaling._write_by_key_group(db, task, rescaling._HeirFiles(tmp_path / "work2", 2), range(1, 4, 2))
     finally:
         db.close()

@@ -164,6 +164,11 @@ def read_manifest(path: Path, version: int) -> mf.Manifest:
         data = path.read_bytes()
     except OSError as exc:
         raise CheckpointError(f"cannot read snapshot manifest {path}: {exc.strerror or exc}") from exc
+    return decode_manifest(data, path, version)
+
+
+def decode_manifest(data: bytes, path: Path, version: int) -> mf.Manifest:
+    """Check the snapshot manifest ``data``, read from ``path`` (see :func:`read_manifest`)."""
     try:
         return mf.decode(data, str(path), version)
     except (mf.CorruptManifestError, layout.UnsafePathError) as exc:
@@ -246,10 +251,9 @@ class RebuiltVersion:
 
 @contextlib.contextmanager
 def rebuild(store: StoreFiles, version: int, manifests: dict[int, "mf.Manifest | CheckpointError"] | None = None,
-            workdir: str | os.PathLike | None = None,
-            keep: Path | None = None) -> Iterator[RebuiltVersion]:
-    """Rebuild ``version`` of one store partition in a RocksDB directory: a temporary one
-    (deleted on exit), or ``keep`` (left in place, closed, for another process to open).
+            workdir: str | os.PathLike | None = None) -> Iterator[RebuiltVersion]:
+    """Rebuild ``version`` of one store partition in a temporary RocksDB directory (deleted on
+    exit).
 
     Like a load (and Spark's auto snapshot repair), the base is the newest snapshot at or below
     ``version`` that is usable; a snapshot whose manifest is corrupt, truncated, foreign or
@@ -260,11 +264,8 @@ def rebuild(store: StoreFiles, version: int, manifests: dict[int, "mf.Manifest |
 
     Snapshot files are hard-linked when the checkpoint is on the same file system (they are
     immutable) and copied otherwise."""
-    with contextlib.ExitStack() as stack:
-        if keep is None:
-            db_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="keyedstate-rebuild-", dir=workdir))) / "db"
-        else:
-            db_dir = keep
+    with tempfile.TemporaryDirectory(prefix="keyedstate-rebuild-", dir=workdir) as tmp:
+        db_dir = Path(tmp) / "db"
         db, base, manifest, key_groups, skipped = _rebuild_base(store, version, manifests or {}, db_dir)
         needed = range((base or 0) + 1, version + 1)
         try:
@@ -333,14 +334,6 @@ def _check_size(source: Path, size: int, manifest_path: Path) -> None:
     if found != size:
         raise CheckpointError(f"{source} has {found} bytes but snapshot manifest {manifest_path} says {size}: "
                               "truncated or corrupt")
-
-
-def link_tree(source: Path, dest: Path) -> None:
-    """A private copy of a closed RocksDB directory (see :func:`_link_or_copy`)."""
-    dest.mkdir(parents=True)
-    for f in source.iterdir():
-        if f.is_file():
-            _link_or_copy(f, dest / f.name)
 
 
 def open_copy(db_dir: Path, read_only: bool) -> Rdict:

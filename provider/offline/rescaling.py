@@ -514,14 +514,18 @@ def _publish(staged: Path, target: Path, version: int) -> None:
         if (target / name).is_file():
             return  # published by the run this one resumes
         raise RescaleError(f"{staged / name} is missing: no task staged snapshot {version} of {target}")
-    manifest = ckpt.read_manifest(staged / name, version)
+    # The manifest published is the one read here, whose files were moved: a late attempt of
+    # the same task (speculation, a kill not yet delivered) may restage the partition meanwhile.
+    data = (staged / name).read_bytes()
+    manifest = ckpt.decode_manifest(data, staged / name, version)
     (target / FILES_DIR).mkdir(parents=True, exist_ok=True)
     for f in (*manifest.files, *([manifest.replay] if manifest.replay else [])):
         if (staged / f.path).is_file():
             os.replace(staged / f.path, target / f.path)
         elif not (target / f.path).is_file():
             raise RescaleError(f"{staged / f.path} is missing: snapshot {version} of {target} is incomplete")
-    os.replace(staged / name, target / name)
+    ckpt.write_atomically(target / name, data)
+    (staged / name).unlink(missing_ok=True)
 
 
 def _hash_spec(op: int, store: str, path: Path, key_layout: KeyLayout | None) -> dict:
@@ -596,8 +600,6 @@ class _MergeTask:
 def _split(task: _SplitTask) -> dict:
     """Cut one old store partition into per-new-partition SST files (reused if already done);
     a direct split stages its new partitions itself."""
-    from rocksdict import SstFileWriter
-
     out = Path(task.staging)
     done = out / "done.json"
     if done.is_file():
@@ -609,106 +611,136 @@ def _split(task: _SplitTask) -> dict:
         shutil.rmtree(out)
     temp = out.with_name(f"{out.name}.{uuid.uuid4().hex}.tmp")  # one per attempt (speculation)
     temp.mkdir()  # not its parents: see _Rescale.run
+    try:
+        return _finish_split(temp, out, _split_into(task, temp))
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)  # a copy of the partition's data: never leave it
+        raise
+
+
+def _split_into(task: _SplitTask, temp: Path) -> dict:
     files = ckpt.list_store(Path(task.store_path), task.partition)
     if files is None:
         raise ckpt.CheckpointError(f"{task.store_path} holds no keyedstate files")
     if task.direct and not any(v <= task.version for v in files.snapshots):
-        return _finish_split(temp, out, _replay_split(files, task, temp))
+        return _replay_split(files, task, temp)
     started = time.monotonic()
-    if task.hash_spec is None:
-        heirs = range(task.partition, task.partitions, task.from_partitions) if task.direct else None
-        with ckpt.rebuild(files, task.version, workdir=temp) as rebuilt:
-            _check_key_groups(rebuilt, task)
-            ttl = rebuilt.manifest.ttl if rebuilt.manifest else None
-            rebuilt_at = time.monotonic()
-            written, counts = _write_by_key_group(rebuilt.db, task, temp, heirs)
-        if heirs is None:
-            return _finish_split(temp, out, {"keys": {str(q): c for q, c in counts.items()}, "ttl": ttl})
-        written_at = time.monotonic()
-        for q in heirs:
-            _stage_ingested(written.get(q, []), temp / f"to-{q}", ckpt.store_dir(Path(task.targets), q, task.store),
-                            task.target_version, task.key_groups, counts.get(q, 0), ttl, task.origin,
-                            _layout_or_none(task.key_layout), move=True)
-        return _finish_split(temp, out, {
-            "keys": {str(q): counts.get(q, 0) for q in heirs}, "ttl": ttl, "published": list(heirs),
-            "seconds": {"rebuild": rebuilt_at - started, "split": written_at - rebuilt_at,
-                        "stage": time.monotonic() - written_at}})
-    route = _router(task)
-    writers: dict[int, Any] = {}
-    counts = {}
-    options = rocksdb.sst_options()
+    heirs = range(task.partition, task.partitions, task.from_partitions) if task.direct else None
     with ckpt.rebuild(files, task.version, workdir=temp) as rebuilt:
         _check_key_groups(rebuilt, task)
-        for key, value in rebuilt.db.items():  # ~3 us a key with the hash and the SST write
-            q = route(key)
-            writer = writers.get(q)
-            if writer is None:
-                writer = writers[q] = SstFileWriter(options=options)
-                writer.open(str(temp / f"to-{q}.sst"))
-                counts[q] = 0
-            writer[key] = value
-            counts[q] += 1
         ttl = rebuilt.manifest.ttl if rebuilt.manifest else None
-    for writer in writers.values():
-        writer.finish()
-    return _finish_split(temp, out, {"keys": {str(q): c for q, c in counts.items()}, "ttl": ttl})
+        rebuilt_at = time.monotonic()
+        out = _HeirFiles(temp, len(heirs) if heirs is not None else task.partitions)
+        if task.hash_spec is None:
+            counts = _write_by_key_group(rebuilt.db, task, out, heirs)
+        else:
+            counts = _write_by_hash(rebuilt.db, task, out)
+        written = out.finish()
+    if heirs is None:
+        return {"keys": {str(q): c for q, c in counts.items()}, "ttl": ttl}
+    written_at = time.monotonic()
+    for q in heirs:
+        _stage_ingested(written.get(q, []), temp / f"to-{q}", ckpt.store_dir(Path(task.targets), q, task.store),
+                        task.target_version, task.key_groups, counts.get(q, 0), ttl, task.origin,
+                        _layout_or_none(task.key_layout), move=True)
+    return {"keys": {str(q): counts.get(q, 0) for q in heirs}, "ttl": ttl, "published": list(heirs),
+            "seconds": {"rebuild": rebuilt_at - started, "split": written_at - rebuilt_at,
+                        "stage": time.monotonic() - written_at}}
 
 
-def _write_by_key_group(db: Any, task: _SplitTask, temp: Path,
-                        heirs: range | None) -> tuple[dict[int, list[Path]], dict[int, int]]:
-    """Scan a rebuilt old partition once, in key order, into SST files per new partition (the
-    owner of each key's key group). Keys come in runs of one key group (W5's 10M keys: ~50 a
-    run), routed once per run, which keeps the loop near the scan's and the SST write's own cost:
-    1.25M keys split in two in 1.4-1.9 s here, where a RocksDB compaction cut each half out in
-    1.2 s (so 2.3 s for both, and k x for k heirs). ``heirs``: a direct split's new partitions;
-    a key of any other is refused (the old partition holds a key group it does not own), and
-    each one's files stop at ``rocksdb.SST_FILE_BYTES`` so that a later compaction rewrites a
-    file, not the partition. Else one file per new partition (named ``to-<q>.sst``, which the
-    merge tasks ingest)."""
-    from rocksdict import ReadOptions, SstFileWriter
+class _HeirFiles:
+    """The SST files a split writes for each new partition, in key order (non-overlapping),
+    named ``to-<q>-<n>.sst``. A file stops at about SST_FILE_BYTES / ``open_writers`` (at least
+    2 MiB): an SST writer holds its file's Bloom-filter input, 8 bytes a key, until it finishes,
+    so the writers open at once stay within about one RocksDB file's worth; and a later
+    compaction into the bottom level then rewrites a file, not a partition."""
 
-    n, key_groups, options = task.partitions, task.key_groups, rocksdb.sst_options()
-    max_bytes = rocksdb.SST_FILE_BYTES if heirs is not None else None
-    files: dict[int, list[Path]] = {}
+    def __init__(self, directory: Path, open_writers: int) -> None:
+        self._directory = directory
+        self._limit = max(min(2 << 20, rocksdb.SST_FILE_BYTES), rocksdb.SST_FILE_BYTES // max(1, open_writers))
+        self._options = rocksdb.sst_options()
+        self._writers: dict[int, Any] = {}
+        self._files: dict[int, list[Path]] = {}
+
+    def writer(self, q: int) -> Any:
+        """New partition ``q``'s current writer (a new file once the current one is full)."""
+        from rocksdict import SstFileWriter
+
+        writer = self._writers.get(q)
+        if writer is None or writer.file_size() >= self._limit:
+            if writer is not None:
+                writer.finish()
+            names = self._files.setdefault(q, [])
+            path = self._directory / f"to-{q}-{len(names):05d}.sst"
+            writer = self._writers[q] = SstFileWriter(options=self._options)
+            writer.open(str(path))
+            names.append(path)
+        return writer
+
+    def finish(self) -> dict[int, list[Path]]:
+        """Finish every open file; the files by new partition."""
+        writers, self._writers = self._writers, {}
+        for writer in writers.values():
+            writer.finish()
+        return self._files
+
+
+def _write_by_key_group(db: Any, task: _SplitTask, out: _HeirFiles, heirs: range | None) -> dict[int, int]:
+    """Scan a rebuilt old partition once, in key order, into each key's new partition (the
+    owner of its key group); returns the keys written per new partition. Keys come in runs of
+    one key group (W5's 10M keys: ~50 a run), routed once per run, which keeps the loop near the
+    scan's and the SST write's own cost: 1.25M keys split in two in 1.2-1.6 s here, where a
+    RocksDB compaction cut each half out in 1.2 s (so 2.3 s for both, and k x for k heirs).
+    ``heirs``: a direct split's new partitions; a key of any other is refused (the old
+    partition holds a key group it does not own), as is a run that starts with a key too short
+    to name its key group. (Such a key sorting inside a run, which only a forged file that
+    passed the checksums can hold, goes with that run, as any load of the partition keeps it.)"""
+    from rocksdict import ReadOptions
+
+    n, key_groups, prefix_bytes = task.partitions, task.key_groups, keygroups.PREFIX_BYTES
     counts: dict[int, int] = {}
-    writers: dict[int, Any] = {}
 
-    def writer_for(prefix: bytes) -> tuple[int, Any]:
-        group = keygroups.key_group_of_stored_key(prefix) if len(prefix) == keygroups.PREFIX_BYTES else -1
+    def writer_for(prefix: bytes) -> tuple[int, Any, bytes]:
+        group = keygroups.key_group_of_stored_key(prefix) if len(prefix) == prefix_bytes else -1
         if not 0 <= group < key_groups or (heirs is not None and group % n not in heirs):
             raise ckpt.CheckpointError(
                 f"partition {task.partition} of {task.store_path} holds a key of key group {group} "
                 f"(key prefix {prefix.hex()}), which it does not own among {key_groups} key groups "
                 f"and {task.from_partitions} partitions: corrupt or misplaced")
-        q = group % n
-        writer = writers.get(q)
-        if writer is None or (max_bytes is not None and writer.file_size() >= max_bytes):
-            if writer is not None:
-                writer.finish()
-            names = files.setdefault(q, [])
-            path = temp / (f"to-{q}.sst" if max_bytes is None else f"to-{q}-{len(names):05d}.sst")
-            writer = writers[q] = SstFileWriter(options=options)
-            writer.open(str(path))
-            names.append(path)
-        return q, writer
+        return group % n, out.writer(group % n), keygroups.prefix(group + 1)
 
     read = ReadOptions()
     read.fill_cache(False)  # each block is read once
-    q, writer, prefix, run, seen = -1, None, b"", 0, 0
+    # Keys come sorted (RocksDB's bytewise order is Python's), so a run ends at the first key at
+    # or past the next key group's prefix: one comparison a key.
+    q, writer, bound, run, seen = -1, None, b"", 0, 0
     for key, value in db.items(read_opt=read):
-        if writer is None or not key.startswith(prefix):
+        if key >= bound:
             if writer is not None:
                 counts[q] = counts.get(q, 0) + seen - run
                 run = seen
-            prefix = key[:keygroups.PREFIX_BYTES]
-            q, writer = writer_for(prefix)
+            q, writer, bound = writer_for(key[:prefix_bytes])
         writer[key] = value
         seen += 1
     if writer is not None:
         counts[q] = counts.get(q, 0) + seen - run
-    for writer in writers.values():
-        writer.finish()
-    return files, counts
+    return counts
+
+
+def _write_by_hash(db: Any, task: _SplitTask, out: _HeirFiles) -> dict[int, int]:
+    """Like :func:`_write_by_key_group` when N does not divide the key-group count: each key
+    goes to Spark's own partition hash of its partition columns (~3 us a key with the hash)."""
+    from .sparkhash import RowHasher, read_key_schema
+
+    layout = KeyLayout.from_json(task.hash_spec["keyLayout"])
+    hasher = RowHasher(read_key_schema(task.hash_spec["schemaFile"]), layout.partition_key_columns)
+    row_offset, n = layout.row_offset, task.partitions
+    counts: dict[int, int] = {}
+    for key, value in db.items():
+        q = hasher.hash(key, row_offset(key)) % n
+        out.writer(q)[key] = value
+        counts[q] = counts.get(q, 0) + 1
+    return counts
 
 
 def _stage_ingested(sources: list[Path], scratch: Path, target: Path, version: int, key_groups: int,
@@ -790,24 +822,10 @@ def _finish_split(temp: Path, out: Path, result: dict) -> dict:
     return json.loads((out / "done.json").read_text())
 
 
-def _router(task: _SplitTask):
-    """Key -> new partition: by key group when N divides the key-group count (whole key groups
-    move, no rehash), else by Spark's own partition hash of the key's partition columns."""
-    n, key_groups = task.partitions, task.key_groups
-    if task.hash_spec is None:
-        group_of, owner = keygroups.key_group_of_stored_key, keygroups.partition_of_key_group
-        return lambda key: owner(group_of(key), key_groups, n)
-    from .sparkhash import RowHasher, read_key_schema
-
-    layout = KeyLayout.from_json(task.hash_spec["keyLayout"])
-    hasher = RowHasher(read_key_schema(task.hash_spec["schemaFile"]), layout.partition_key_columns)
-    row_offset = layout.row_offset
-    return lambda key: hasher.hash(key, row_offset(key)) % n
-
-
 def _merge(task: _MergeTask) -> dict:
     """Build one new store partition from its SST files and publish it as a snapshot."""
-    sources = sorted(Path(task.staging).glob(f"from-*/to-{task.partition}.sst"))
+    staging = Path(task.staging)  # to-<q>.sst: a split finished by an older keyedstate
+    sources = sorted([*staging.glob(f"from-*/to-{task.partition}.sst"), *staging.glob(f"from-*/to-{task.partition}-*.sst")])
     with tempfile.TemporaryDirectory(prefix="keyedstate-merge-", dir=task.staging) as tmp:
         # the staging copy stays until the commit, for reruns; the target is made by the driver
         _stage_ingested(sources, Path(tmp) / "new", Path(task.target), task.version, task.key_groups,
