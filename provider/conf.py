@@ -183,9 +183,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("snapshotInterval", "10", _parse_int(1, 1_000_000),
          "Create an incremental RocksDB snapshot every this many committed versions. Loading a "
          "version replays at most this many changelogs on top of the nearest snapshot."),
-    Knob("snapshotBulkRecords", "1000000", _parse_int(0, 1 << 62),
-         "A version whose changelog holds at least this many records and half the keys of the "
-         "version it makes (a first batch over a backlog, a catch-up after downtime) is "
+    Knob("snapshotBulkKeys", "1000000", _parse_int(0, 1 << 62),
+         "A version that adds at least this many keys (net), at least as many as the state held "
+         "before it (a first batch over a backlog, a catch-up that brings new keys), is "
          "snapshotted and uploaded at once instead of at the next snapshotInterval, so that a "
          "restart does not replay it. 0 = only every snapshotInterval."),
     Knob("scanChunkBytes", "4m", parse_bytes,

@@ -127,21 +127,25 @@ def test_snapshot_is_staged_every_interval_and_restores(store, tmp_path):
     assert store.staged_snapshots() == []
 
 
-def test_a_bulk_changelog_is_snapshotted_at_once_so_no_load_replays_it(tmp_path):
-    """A version whose changelog holds at least half the keys of the version it makes (and
-    snapshotBulkRecords) is staged right after its apply, not at the next interval."""
-    s = VersionedStore("test", tmp_path / "store", key_groups=16, snapshot_interval=10, bulk_records=40)
+def test_a_bulk_load_is_snapshotted_at_once_so_no_load_replays_it(tmp_path):
+    """A version that adds at least snapshotBulkKeys keys, at least as many as the store held
+    before it, is staged right after its apply, not at the next interval; a rewrite of every
+    key (many records, no new keys) or a smaller growth is not."""
+    s = VersionedStore("test", tmp_path / "store", key_groups=16, snapshot_interval=10, bulk_keys=40)
     s.restore(0, None, "lineage-1", 0)
     try:
         bulk = [(cl.OP_PUT_NEW, key(i % 16, b"k%03d" % i), b"v") for i in range(100)]
         s.apply(cl.encode(1, 16, bulk), "v1")
         assert [snap["version"] for snap in s.staged_snapshots()] == [1]
         s.drop_staged(1)
-        # 45 records: over BULK_RECORDS but under half the keys (100): ordinary
-        s.apply(cl.encode(2, 16, [(cl.OP_PUT_EXISTING, key(i % 16, b"k%03d" % i), b"w") for i in range(45)]), "v2")
-        # 120 new ones: at least half of the 220 keys the version holds
-        s.apply(cl.encode(3, 16, [(cl.OP_PUT_NEW, key(i % 16, b"n%03d" % i), b"x") for i in range(120)]), "v3")
-        assert [snap["version"] for snap in s.staged_snapshots()] == [3] and s.num_keys == 220
+        # 100 records, no new key: a steady query's batch, not a bulk load
+        s.apply(cl.encode(2, 16, [(cl.OP_PUT_EXISTING, key(i % 16, b"k%03d" % i), b"w") for i in range(100)]), "v2")
+        # 99 new keys over 100: less than the store held
+        s.apply(cl.encode(3, 16, [(cl.OP_PUT_NEW, key(i % 16, b"m%03d" % i), b"x") for i in range(99)]), "v3")
+        assert s.staged_snapshots() == [] and s.num_keys == 199
+        # 200 new keys (unknown to the writer, counted here) over 199: at least as many
+        s.apply(cl.encode(4, 16, [(cl.OP_PUT, key(i % 16, b"n%03d" % i), b"y") for i in range(200)]), "v4")
+        assert [snap["version"] for snap in s.staged_snapshots()] == [4] and s.num_keys == 399
     finally:
         s.close()
 
@@ -177,6 +181,17 @@ def test_a_staged_snapshot_is_listed_without_waiting_for_the_applies_queued_afte
             assert [x["version"] for x in everything[0]] == [2]
         s.drop_staged(2)
         assert s.staged_snapshots(2) == []
+        # An upload asked for version 3, which staged nothing (or whose snapshot went already),
+        # while version 4's apply is held: the listing must not wait for 4.
+        s._wait_applied()
+        with s._lock:
+            s.submit(cl.encode(4, 16, [(cl.OP_PUT, key(1, b"d"), b"4")]), "v4")
+            listed = []
+            lister = threading.Thread(target=lambda: listed.append(s.staged_snapshots(3)))
+            lister.start()
+            lister.join(timeout=10)
+            assert not lister.is_alive(), "listing for an applied version waited for the next apply"
+            assert listed == [[]]
     finally:
         s.close()
 

@@ -51,7 +51,7 @@ class StoreRegistry:
             pool = self._pool_for(settings)
         store = VersionedStore(name, self.workdir / "stores" / str(handle),
                                settings["keyGroups"], settings["snapshotInterval"], self.applier, pool,
-                               settings["snapshotBulkRecords"])
+                               settings["snapshotBulkKeys"])
         with self._lock:
             self._stores[handle] = store
         return handle, store

@@ -71,13 +71,13 @@ class VersionedStore:
 
     def __init__(self, name: str, workdir: Path, key_groups: int, snapshot_interval: int,
                  applier: Applier | None = None, pool: rocksdb.MemoryPool | None = None,
-                 bulk_records: int = 1_000_000) -> None:
-        """``bulk_records``: the snapshotBulkRecords conf (0: off), see :meth:`_bulk`."""
+                 bulk_keys: int = 1_000_000) -> None:
+        """``bulk_keys``: the snapshotBulkKeys conf (0: off), see :meth:`_bulk`."""
         self.name = name
         self.workdir = workdir
         self.key_groups = key_groups
         self.snapshot_interval = snapshot_interval
-        self.bulk_records = bulk_records
+        self.bulk_keys = bulk_keys
         self.version = -1  # nothing loaded
         self.num_keys = 0
         self.lineage = ""
@@ -93,6 +93,7 @@ class VersionedStore:
         # the applier (which holds _lock while it applies, snapshots or scans).
         self._state = threading.Condition()
         self._pending = 0  # submitted changelogs not yet applied
+        self._applied = -1  # the version the last finished background apply left (staged if due)
         self._failure: str | None = None
         self._dirty = False  # the mutable memtable holds writes (vector memtables are unreadable)
         self._deletes_since_compaction = 0
@@ -113,6 +114,7 @@ class VersionedStore:
         with self._local_disk(f"installing version {version}"), self._settled(raise_failure=False):
             with self._state:
                 self._failure = None
+                self._applied = version
             self._close_db()
             self._drop_all_staged()
             if snapshot_dir:
@@ -223,6 +225,7 @@ class VersionedStore:
             finally:
                 with self._state:
                     self._pending -= 1
+                    self._applied = self.version
                     self._state.notify_all()
 
     def _wait_applied(self, raise_failure: bool = True) -> None:
@@ -288,17 +291,18 @@ class VersionedStore:
                 raise
             self.version = log_.version
             self.num_keys += total
-            if stage_snapshot and (self.version % self.snapshot_interval == 0 or self._bulk(log_.record_count)):
+            if stage_snapshot and (self.version % self.snapshot_interval == 0 or self._bulk(total)):
                 self._stage()
 
-    def _bulk(self, records: int) -> bool:
+    def _bulk(self, added: int) -> bool:
         """Whether the version just applied is a bulk load (a first batch over a backlog, a
-        catch-up after downtime): at least ``bulk_records`` records and half the keys of the
-        version. Its snapshot is staged at once instead of at the next snapshotInterval, and the
-        JVM's commit, which applies the same rule (``StoreEngine.bulk``), asks for its upload,
-        so that no later load replays it (W5 restarts right after its seed, version 1: the
-        restart replayed the seed's 2.5M records per partition)."""
-        return 0 < self.bulk_records <= records and records >= self.num_keys // 2
+        catch-up that brings new keys): it added at least ``bulk_keys`` keys (net), at least half
+        of those it holds. Its snapshot is staged at once instead of at the next
+        snapshotInterval, and the JVM's commit, which applies the same rule (``StoreEngine.bulk``),
+        asks for its upload, so that no later load replays it (W5 restarts right after its seed,
+        version 1: the restart replayed the seed's 2.5M records per partition). Net growth, not
+        records: a steady query that rewrites most of its keys every batch is not a bulk load."""
+        return 0 < self.bulk_keys <= added and added >= self.num_keys - added
 
     # -- TTL cleanup ---------------------------------------------------------------------------
     def _scan_expired(self, ttl: TtlScan) -> None:
@@ -362,12 +366,15 @@ class VersionedStore:
 
     def staged_snapshots(self, through: int = -1) -> list[dict]:
         """The snapshots staged so far. With ``through`` >= 0 (an upload asked for by the commit
-        of that version) first wait until that version's snapshot is staged, or nothing is
-        pending. Never for every pending apply: in a running query the next one is always
+        of that version) first wait until that version's snapshot is staged, or its apply is
+        done without one (the JVM's rule for a bulk version is the server's, but a snapshot
+        already uploaded and dropped is not there either), or nothing is pending. Never for
+        every pending apply: in a running query the next one is always
         queued, so such a wait (maintenance's, until this changed) held the store's uploads until
         the query paused, and a query stopped first restarted without its last snapshot."""
         with self._state:
-            while through >= 0 and self._pending and through not in self._staged and self._failure is None:
+            while (through >= 0 and self._pending and through not in self._staged and self._applied < through
+                   and self._failure is None):
                 self._state.wait()
         with self._staged_lock:  # not _lock: waiting for a running apply would hold up the uploader
             return [s.describe() for _, s in sorted(self._staged.items())]

@@ -142,24 +142,26 @@ def test_a_commit_two_intervals_past_the_last_uploaded_snapshot_uploads_before_i
 
 
 def test_a_bulk_version_is_snapshotted_and_uploaded_at_once(spark, tmp_path):
-    """A first batch over a backlog (at least snapshotBulkRecords records and half the keys of
-    the version) gets its snapshot in the checkpoint right after its commit, without
+    """A first batch over a backlog (at least snapshotBulkKeys new keys, at least as many as
+    the state held) gets its snapshot in the checkpoint right after its commit, without
     maintenance and long before the next snapshotInterval, so a stop then a restart loads it
-    instead of replaying it; a small version after it does not."""
+    instead of replaying it; later versions that rewrite every key or add fewer do not."""
     layer = LayerStore(spark, tmp_path / "state", confs={PFX + "snapshotInterval": "100",
-                                                         PFX + "snapshotBulkRecords": "50"})
+                                                         PFX + "snapshotBulkKeys": "50"})
     try:
         s = layer.store(0)
         for k in range(60):
             layer.put(s, (k,), (k,))
         assert s.commit() == 1
         wait_until(lambda: 1 in _snapshot_versions(tmp_path), 30, "the upload of the bulk version's snapshot")
-        for version in (1, 2):  # 1 and 2 records: not bulk
-            _commit_one_write(layer, version)
-        s = layer.store(3)
-        for k in range(100, 140):  # 40 records, under snapshotBulkRecords
+        s = layer.store(1)
+        for k in range(60):  # 60 records, no new key
+            layer.put(s, (k,), (k + 1,))
+        assert s.commit() == 2
+        s = layer.store(2)
+        for k in range(100, 155):  # 55 new keys over 60
             layer.put(s, (k,), (k,))
-        assert s.commit() == 4
+        assert s.commit() == 3
         time.sleep(2)
         assert _snapshot_versions(tmp_path) == [1]
     finally:

@@ -10,7 +10,7 @@ import io.keyedstate.bridge.{DataChannel, PythonStateServer, ServerLaunch, State
 final case class StoreSettings(json: JsonNode) {
   def keyGroups: Int = json.get("keyGroups").asInt()
   def snapshotInterval: Int = json.get("snapshotInterval").asInt()
-  def snapshotBulkRecords: Long = json.get("snapshotBulkRecords").asLong()
+  def snapshotBulkKeys: Long = json.get("snapshotBulkKeys").asLong()
   def scanChunkBytes: Int = json.get("scanChunkBytes").asInt()
   def writeBehind: Boolean = json.get("writeBehind").asBoolean()
   def nearCacheBytes: Long = json.get("nearCacheBytes").asLong()

@@ -178,7 +178,9 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
    * behind when every write's previous existence was known (so the key count is exact without
    * waiting), else applied before the reply. No per-key work is left for the commit.
    *
-   * Snapshots are staged every `snapshotInterval` versions and uploaded by Spark's maintenance.
+   * Snapshots are staged every `snapshotInterval` versions and after a bulk load ([[bulk]]); the
+   * commit of such a version starts their upload in the background, and Spark's maintenance
+   * uploads whatever that missed.
    * When maintenance has not uploaded one for two intervals (runs shorter than its interval,
    * e.g. scheduled availableNow jobs), the commit snapshots, uploads and cleans up itself, so
    * that a load never replays more than that many changelogs and old files still go.
@@ -198,7 +200,6 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       val (cleaned, cleanupMs) = cleanup.collect(session, v.buffered, newVersion, v.nowMs)
       release(v.buffered)
       val t0 = System.nanoTime()
-      val records = v.buffered.buffer.recordCount
       val changelog = v.buffered.buffer.finish() // encoded as the writes happened
       if (v.buffered.buffer.size > 0) expected = v.buffered.buffer.observed.grown
       val delta = v.buffered.buffer.keyDelta
@@ -222,7 +223,8 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       val behind = session.settings.writeBehind && unknown == 0 && !forceSnapshot && !overdue
       val counted = session.data(s"committing version $newVersion of $describe")(
         (c, h) => c.apply(h, changelog, behind, cleanup.scanRequest(v.nowMs)))
-      numKeys = if (behind) numKeys + delta else counted
+      val added = (if (behind) numKeys + delta else counted) - numKeys
+      numKeys += added
       if (forceSnapshot || overdue) session.control("staging a snapshot")((api, h) => api.stageSnapshot(h))
       val t3 = System.nanoTime()
       loaded = newVersion
@@ -230,7 +232,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       lineage = ((newVersion -> newId) :: lineage).filter(_._1 >= lastSnapshot)
       lastCommitPhases = CommitPhases((t1 - t0) / 1000000, (t2 - t1) / 1000000, (t3 - t2) / 1000000)
       if (overdue) { uploadSnapshots(); cleanupFiles() }
-      else if (forceSnapshot || newVersion % session.settings.snapshotInterval == 0 || bulk(records))
+      else if (forceSnapshot || newVersion % session.settings.snapshotInterval == 0 || bulk(added))
         SnapshotKick.request(this, newVersion)
       CommitResult(newVersion, bytes, cleaned, cleanupMs, newId, v.uniqueId)
     } catch {
@@ -238,14 +240,14 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     }
   }
 
-  /** A bulk load (a first batch over a backlog, a catch-up): at least snapshotBulkRecords
-   *  records and half the keys of the version they make. The server stages such a version's
-   *  snapshot right after its apply (server/store.py's `_bulk`, the same rule) and the commit
-   *  asks for its upload at once, so that a load after a stop does not replay it (W5 restarts
-   *  right after its seed). */
-  private def bulk(records: Long): Boolean = {
-    val least = session.settings.snapshotBulkRecords
-    least > 0 && records >= least && records >= numKeys / 2
+  /** A bulk load (a first batch over a backlog, a catch-up that brings new keys): the version
+   *  added at least snapshotBulkKeys keys, at least as many as were there before. The server
+   *  stages such a version's snapshot right after its apply (server/store.py's `_bulk`, the same
+   *  rule, on the same exact counts) and the commit asks for its upload at once, so that a load
+   *  after a stop does not replay it (W5 restarts right after its seed). */
+  private def bulk(added: Long): Boolean = {
+    val least = session.settings.snapshotBulkKeys
+    least > 0 && added >= least && added >= numKeys - added
   }
 
   /** The committed value of `key` if this engine holds `version` (Some(null) = absent), for a
