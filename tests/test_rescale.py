@@ -434,8 +434,9 @@ def test_a_task_of_a_failed_rescale_that_runs_late_publishes_nothing(spark, tmp_
 
 
 def _split_task(tmp_path: Path, partition: int, from_partitions: int, partitions: int) -> rescaling._SplitTask:
+    direct = partitions % from_partitions == 0
     return rescaling._SplitTask(0, "default", str(tmp_path / "old"), partition, 1, str(tmp_path / "staging"),
-                                partitions, KEY_GROUPS, None, True, from_partitions, 2, str(tmp_path / "new"),
+                                partitions, KEY_GROUPS, None, direct, from_partitions, 2, str(tmp_path / "new"),
                                 {"batch": 1, "fromPartitions": from_partitions, "toPartitions": partitions}, None)
 
 
@@ -467,7 +468,7 @@ def test_a_direct_split_writes_each_heir_in_bounded_files_and_refuses_a_foreign_
     db = ckpt.open_copy(tmp_path / "db", read_only=True)
     try:
         out = rescaling._HeirFiles(tmp_path / "work", 2)
-        counts = rescaling._write_by_key_group(db, task, out, range(1, 4, 2))
+        counts = rescaling._write_by_key_group(db, task, out)
         files = out.finish()
     finally:
         db.close()
@@ -484,13 +485,65 @@ def test_a_direct_split_writes_each_heir_in_bounded_files_and_refuses_a_foreign_
         assert ckpt.read_manifest(staged.manifest_path(2), 2).num_keys == len(expected)
         with ckpt.rebuild(staged, 2) as rebuilt:
             assert dict(rebuilt.db.items()) == expected
-    # a key of key group 2 (partition 0's) in partition 1's database
+    # a key of key group 2 (partition 0's) in partition 1's database: refused by a direct
+    # split (to 4) and by a merge split (to 3), which would have merged it beside the real one
     foreign = tmp_path / "foreign"
     _old_partition(foreign, [1, 2, 3])
-    (tmp_path / "work2").mkdir()
-    db = ckpt.open_copy(foreign, read_only=True)
+    for n in (4, 3):
+        (tmp_path / f"work-{n}").mkdir()
+        db = ckpt.open_copy(foreign, read_only=True)
+        try:
+            with pytest.raises(ckpt.CheckpointError, match=r"partition 1 of .*old holds a key of key group 2 "):
+                rescaling._write_by_key_group(db, _split_task(tmp_path, 1, 2, n),
+                                              rescaling._HeirFiles(tmp_path / f"work-{n}", 2))
+        finally:
+            db.close()
+
+
+def test_a_split_refuses_a_partition_rocksdb_cannot_read_whole(tmp_path):
+    """rocksdict's scan ends quietly where RocksDB meets a corrupt block: without a check the
+    split published the keys before it as the whole partition (found by the helper attack: a
+    bit-flipped snapshot file rescaled to half its keys, exit status 0)."""
+    from keyedstate.formats import rocksdb
+
+    _old_partition(tmp_path / "db", range(1, 4000, 2))
+    sst = max((tmp_path / "db").glob("*.sst"), key=lambda f: f.stat().st_size)
+    data = bytearray(sst.read_bytes())
+    for offset in range(len(data) // 4, len(data) // 2, 4096):
+        data[offset] ^= 0xFF
+    sst.write_bytes(bytes(data))
+    db = rocksdb.open_read_only(tmp_path / "db")
     try:
-        with pytest.raises(ckpt.CheckpointError, match=r"partition 1 of .*old holds a key of key group 2 "):
-            rescaling._write_by_key_group(db, task, rescaling._HeirFiles(tmp_path / "work2", 2), range(1, 4, 2))
+        assert 0 < sum(1 for _ in db.items()) < 80_000  # what the split used to take for the whole
+        for n in (4, 3):
+            (tmp_path / f"work-{n}").mkdir()
+            with pytest.raises(ckpt.CheckpointError, match=r"partition 1 .* cannot be read whole, a corrupt file: .*Corruption"):
+                rescaling._write_by_key_group(db, _split_task(tmp_path, 1, 2, n), rescaling._HeirFiles(tmp_path / f"work-{n}", 2))
     finally:
         db.close()
+
+
+def test_a_merge_takes_finished_splits_only(tmp_path):
+    """A split attempt killed midway leaves from-<p>.<id>.tmp with partial files; the merge of a
+    rerun took them too (found by the helper attack: every rerun failed on an empty SST)."""
+    from keyedstate.formats import keygroups, rocksdb
+
+    data = _old_partition(tmp_path / "db", range(0, 300, 3))  # key groups of new partition 0 of 3
+    staging = tmp_path / "staging"
+    db = ckpt.open_copy(tmp_path / "db", read_only=True)
+    try:
+        for name in ("from-0", "from-0.0123abcd.tmp"):
+            (staging / name).mkdir(parents=True)
+            out = rescaling._HeirFiles(staging / name, 1)
+            for k, v in db.items():
+                out.writer(0)[k] = v
+            out.finish()
+    finally:
+        db.close()
+    (staging / "from-0.0123abcd.tmp" / "to-0-00001.sst").write_bytes(b"")  # cut short by the kill
+    target = ckpt.store_dir(tmp_path / "new", 0, "default")
+    target.mkdir(parents=True)
+    task = rescaling._MergeTask(str(staging), 0, str(target), 2, KEY_GROUPS, len(data), None, {}, 3, None)
+    assert rescaling._merge(task) == {"partition": 0, "keys": len(data)}
+    with ckpt.rebuild(ckpt.list_store(target, 0), 2) as rebuilt:
+        assert dict(rebuilt.db.items()) == data

@@ -6,11 +6,11 @@ choices that decide what the files contain live here once.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from rocksdict import (AccessType, BlockBasedOptions, Cache, DBCompressionType, MemtableFactory, Options, Rdict,
-                       WriteBatch, WriteBufferManager, WriteOptions)
+                       ReadOptions, WriteBatch, WriteBufferManager, WriteOptions)
 
 
 class MemoryPool:
@@ -99,6 +99,44 @@ def open_read_only(path: Path) -> Rdict:
     options = Options(raw_mode=True)
     return Rdict(str(path), options=options, column_families={"default": Options(raw_mode=True)},
                  access_type=AccessType.read_only())
+
+
+class ScanError(RuntimeError):
+    """A scan of a database stopped before its end: RocksDB's message (a corrupt file) or what
+    is known of where."""
+
+
+def scan(db: Rdict, from_key: bytes | None = None, read_opt: ReadOptions | None = None) -> Iterator[tuple[bytes, bytes]]:
+    """Every entry of ``db`` (from ``from_key``), in key order, or :class:`ScanError`. rocksdict's
+    ``items()`` ends quietly where RocksDB's iterator stops on an error (a block whose checksum
+    does not match), so a scan of a corrupt file would look like the end of the data; this
+    looks past the last entry given (:func:`check_scan_end`). Loops that cannot afford a
+    generator per entry call ``items()`` and then :func:`check_scan_end` themselves."""
+    last = None
+    for last, value in db.items(from_key=from_key, read_opt=read_opt or ReadOptions()):
+        yield last, value
+    check_scan_end(db, last, from_key)
+
+
+def check_scan_end(db: Rdict, last: bytes | None, from_key: bytes | None = None) -> None:
+    """Raise :class:`ScanError` unless ``last`` (None: nothing was given from ``from_key`` on)
+    is really the last entry of ``db``: a fresh iterator past it must end without an error."""
+    it = db.iter()
+    if last is not None:
+        it.seek(last)
+        if it.valid():
+            it.next()
+    elif from_key is not None:
+        it.seek(from_key)
+    else:
+        it.seek_to_first()
+    try:
+        it.status()
+    except Exception as exc:  # rocksdict raises plain Exceptions with RocksDB's message
+        raise ScanError(f"reading {db.path()} failed after {'key ' + last.hex() if last else 'its start'}: {exc}") from exc
+    if it.valid():
+        raise ScanError(f"a scan of {db.path()} ended after {'key ' + last.hex() if last else 'its start'} "
+                        f"though key {it.key().hex()} follows")
 
 
 def write_records(db: Rdict, records: Iterable[tuple[int, bytes, bytes | None]]) -> None:

@@ -21,7 +21,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from ..formats import keygroups
+from ..formats import keygroups, rocksdb
 from ..formats.layout import CHANGELOG_SUFFIX, MANIFEST_SUFFIX
 from ..formats.manifest import Manifest
 from .checkpoint import (CheckpointError, StoreFiles, bytes_on_disk, discover_stores, latest_committed_batch,
@@ -82,8 +82,13 @@ def _count_version(store: StoreFiles, version: int,
     with rebuild(store, version, manifests) as rebuilt:
         counts: Counter = Counter()
         group_of = keygroups.key_group_of_stored_key
+        key = None
         for key in rebuilt.db.keys():
             counts[group_of(key)] += 1
+        try:
+            rocksdb.check_scan_end(rebuilt.db, key)
+        except rocksdb.ScanError as exc:
+            raise CheckpointError(f"version {version} of {store.path}: {exc}") from exc
     log.debug("counted version %d of %s: snapshot %s + %d changelogs",
               version, store.path, rebuilt.base_snapshot, rebuilt.changelogs_applied)
     return counts, rebuilt.base_snapshot, rebuilt.changelogs_applied, rebuilt.key_groups, rebuilt.skipped

@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -632,7 +633,7 @@ def _split_into(task: _SplitTask, temp: Path) -> dict:
         rebuilt_at = time.monotonic()
         out = _HeirFiles(temp, len(heirs) if heirs is not None else task.partitions)
         if task.hash_spec is None:
-            counts = _write_by_key_group(rebuilt.db, task, out, heirs)
+            counts = _write_by_key_group(rebuilt.db, task, out)
         else:
             counts = _write_by_hash(rebuilt.db, task, out)
         written = out.finish()
@@ -685,24 +686,26 @@ class _HeirFiles:
         return self._files
 
 
-def _write_by_key_group(db: Any, task: _SplitTask, out: _HeirFiles, heirs: range | None) -> dict[int, int]:
+def _write_by_key_group(db: Any, task: _SplitTask, out: _HeirFiles) -> dict[int, int]:
     """Scan a rebuilt old partition once, in key order, into each key's new partition (the
     owner of its key group); returns the keys written per new partition. Keys come in runs of
     one key group (W5's 10M keys: ~50 a run), routed once per run, which keeps the loop near the
     scan's and the SST write's own cost: 1.25M keys split in two in 1.2-1.6 s here, where a
     RocksDB compaction cut each half out in 1.2 s (so 2.3 s for both, and k x for k heirs).
-    ``heirs``: a direct split's new partitions; a key of any other is refused (the old
-    partition holds a key group it does not own), as is a run that starts with a key too short
-    to name its key group. (Such a key sorting inside a run, which only a forged file that
+    A key of a key group the old partition does not own is refused (when the old count
+    divides the key-group count, as Spark's routing then makes it), as is a run that starts
+    with a key too short to name its key group; so is a scan that RocksDB stops on an error (a
+    corrupt file), which rocksdict's ``items()`` would end quietly. (Such a key sorting inside a run, which only a forged file that
     passed the checksums can hold, goes with that run, as any load of the partition keeps it.)"""
     from rocksdict import ReadOptions
 
     n, key_groups, prefix_bytes = task.partitions, task.key_groups, keygroups.PREFIX_BYTES
+    old_n = task.from_partitions if keygroups.divides(task.from_partitions, key_groups) else 0
     counts: dict[int, int] = {}
 
     def writer_for(prefix: bytes) -> tuple[int, Any, bytes]:
         group = keygroups.key_group_of_stored_key(prefix) if len(prefix) == prefix_bytes else -1
-        if not 0 <= group < key_groups or (heirs is not None and group % n not in heirs):
+        if not 0 <= group < key_groups or (old_n and group % old_n != task.partition):
             raise ckpt.CheckpointError(
                 f"partition {task.partition} of {task.store_path} holds a key of key group {group} "
                 f"(key prefix {prefix.hex()}), which it does not own among {key_groups} key groups "
@@ -713,7 +716,7 @@ def _write_by_key_group(db: Any, task: _SplitTask, out: _HeirFiles, heirs: range
     read.fill_cache(False)  # each block is read once
     # Keys come sorted (RocksDB's bytewise order is Python's), so a run ends at the first key at
     # or past the next key group's prefix: one comparison a key.
-    q, writer, bound, run, seen = -1, None, b"", 0, 0
+    q, writer, bound, run, seen, key = -1, None, b"", 0, 0, None
     for key, value in db.items(read_opt=read):
         if key >= bound:
             if writer is not None:
@@ -724,7 +727,16 @@ def _write_by_key_group(db: Any, task: _SplitTask, out: _HeirFiles, heirs: range
         seen += 1
     if writer is not None:
         counts[q] = counts.get(q, 0) + seen - run
+    _check_scanned(db, key, task)
     return counts
+
+
+def _check_scanned(db: Any, last: bytes | None, task: _SplitTask) -> None:
+    try:
+        rocksdb.check_scan_end(db, last)
+    except rocksdb.ScanError as exc:
+        raise ckpt.CheckpointError(f"version {task.version} of partition {task.partition} ({task.store_path}) "
+                                   f"cannot be read whole, a corrupt file: {exc}") from exc
 
 
 def _write_by_hash(db: Any, task: _SplitTask, out: _HeirFiles) -> dict[int, int]:
@@ -736,10 +748,12 @@ def _write_by_hash(db: Any, task: _SplitTask, out: _HeirFiles) -> dict[int, int]
     hasher = RowHasher(read_key_schema(task.hash_spec["schemaFile"]), layout.partition_key_columns)
     row_offset, n = layout.row_offset, task.partitions
     counts: dict[int, int] = {}
+    key = None
     for key, value in db.items():
         q = hasher.hash(key, row_offset(key)) % n
         out.writer(q)[key] = value
         counts[q] = counts.get(q, 0) + 1
+    _check_scanned(db, key, task)
     return counts
 
 
@@ -824,8 +838,10 @@ def _finish_split(temp: Path, out: Path, result: dict) -> dict:
 
 def _merge(task: _MergeTask) -> dict:
     """Build one new store partition from its SST files and publish it as a snapshot."""
-    staging = Path(task.staging)  # to-<q>.sst: a split finished by an older keyedstate
-    sources = sorted([*staging.glob(f"from-*/to-{task.partition}.sst"), *staging.glob(f"from-*/to-{task.partition}-*.sst")])
+    # Finished splits only (from-<p>): an attempt killed midway leaves from-<p>.<id>.tmp behind,
+    # with partial files. to-<q>.sst: a split finished by an older keyedstate.
+    splits = [d for d in Path(task.staging).iterdir() if re.fullmatch(r"from-\d+", d.name)]
+    sources = sorted(f for d in splits for f in (*d.glob(f"to-{task.partition}.sst"), *d.glob(f"to-{task.partition}-*.sst")))
     with tempfile.TemporaryDirectory(prefix="keyedstate-merge-", dir=task.staging) as tmp:
         # the staging copy stays until the commit, for reruns; the target is made by the driver
         _stage_ingested(sources, Path(tmp) / "new", Path(task.target), task.version, task.key_groups,

@@ -218,6 +218,7 @@ def _verify_store_partition(ck: Checkpoint, op, sp: StorePartition, key_schema, 
                     keys.check(it.key(), it.value(), m.key_groups, partitions, path)
                     n += 1
                     it.next()
+                it.status()  # a corrupt block stops the iterator: reported below, not counted as the end
                 del it
             if n != m.num_keys:
                 report.problem(path, f"says the snapshot holds {m.num_keys} keys, its files hold {n}", RESTORE)

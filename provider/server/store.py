@@ -190,6 +190,7 @@ class VersionedStore:
             it.next()
             if size >= max_bytes:
                 return out, it.valid() and it.key().startswith(prefix)
+        it.status()  # the iterator stops on an error (a corrupt block) too: raise it, not "the end"
         return out, False
 
     def apply(self, data: bytes, source: str, ttl: TtlScan | None = None) -> int:
@@ -319,15 +320,19 @@ class VersionedStore:
         if budget > 0 and ttl.expire_before >= 0:
             self._flush_if_dirty()  # free when a snapshot was just staged
             db = self._require_db()
-            entries = db.items() if self._ttl_cursor is None else db.items(from_key=self._ttl_cursor)
+            start = self._ttl_cursor
+            entries = db.items() if start is None else db.items(from_key=start)
             expired = stored.expired_before(ttl.expire_before)
             cursor = None  # None: the scan reached the end, the next one wraps around
+            key = None
             for examined, (key, value) in enumerate(entries):
                 if examined == budget:
                     cursor = key
                     break
                 if expired(value):
                     found.append(key)
+            if cursor is None:  # a corrupt block ends items() quietly: not the end of the store
+                rocksdb.check_scan_end(db, key, start)
             self._ttl_cursor = cursor
         with self._ttl_lock:
             self._ttl_found = (self.version, int((time.perf_counter() - started) * 1000), found)
