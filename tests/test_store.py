@@ -4,6 +4,7 @@ import zlib
 import pytest
 
 from keyedstate.formats import changelog as cl
+from keyedstate.formats.frames import TtlScan
 from keyedstate.server.store import StoreStateError, VersionedStore
 
 
@@ -236,7 +237,8 @@ def test_listing_staged_snapshots_while_they_are_dropped_or_restaged_sees_whole_
 
 def test_a_scan_that_meets_a_corrupt_block_fails_instead_of_ending(tmp_path):
     """RocksDB's iterator stops on a block whose checksum does not match; read as the end, the
-    JVM's iterator (a watermark eviction, a timeout scan) would silently miss the rest."""
+    JVM's iterator (a watermark eviction, a timeout scan) and the TTL cleanup would silently
+    miss the rest."""
     s = VersionedStore("test", tmp_path / "store", key_groups=16, snapshot_interval=100)
     s.restore(0, None, "lineage-1", 0)
     try:
@@ -249,5 +251,8 @@ def test_a_scan_that_meets_a_corrupt_block_fails_instead_of_ending(tmp_path):
         sst.write_bytes(bytes(data))
         with pytest.raises(Exception, match="Corruption"):
             s.scan(b"", None, 1 << 30)
+        # The TTL cleanup's scan too: read as the end, it would wrap around and never see the rest.
+        with pytest.raises(Exception, match="Corruption"):
+            s._scan_expired(TtlScan(expire_before=0, interval=1, budget=1_000_000))
     finally:
         s.close()

@@ -695,8 +695,9 @@ def _write_by_key_group(db: Any, task: _SplitTask, out: _HeirFiles) -> dict[int,
     A key of a key group the old partition does not own is refused (when the old count
     divides the key-group count, as Spark's routing then makes it), as is a run that starts
     with a key too short to name its key group; so is a scan that RocksDB stops on an error (a
-    corrupt file), which rocksdict's ``items()`` would end quietly. (Such a key sorting inside a run, which only a forged file that
-    passed the checksums can hold, goes with that run, as any load of the partition keeps it.)"""
+    corrupt file), which rocksdict's ``items()`` would end quietly. (A short key sorting inside
+    a run, which only a forged file that passed the checksums can hold, goes with that run, as
+    any load of the partition keeps it.)"""
     from rocksdict import ReadOptions
 
     n, key_groups, prefix_bytes = task.partitions, task.key_groups, keygroups.PREFIX_BYTES
