@@ -6,11 +6,11 @@ choices that decide what the files contain live here once.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 from rocksdict import (AccessType, BlockBasedOptions, Cache, DBCompressionType, MemtableFactory, Options, Rdict,
-                       ReadOptions, WriteBatch, WriteBufferManager, WriteOptions)
+                       WriteBatch, WriteBufferManager, WriteOptions)
 
 
 class MemoryPool:
@@ -106,21 +106,12 @@ class ScanError(RuntimeError):
     is known of where."""
 
 
-def scan(db: Rdict, from_key: bytes | None = None, read_opt: ReadOptions | None = None) -> Iterator[tuple[bytes, bytes]]:
-    """Every entry of ``db`` (from ``from_key``), in key order, or :class:`ScanError`. rocksdict's
-    ``items()`` ends quietly where RocksDB's iterator stops on an error (a block whose checksum
-    does not match), so a scan of a corrupt file would look like the end of the data; this
-    looks past the last entry given (:func:`check_scan_end`). Loops that cannot afford a
-    generator per entry call ``items()`` and then :func:`check_scan_end` themselves."""
-    last = None
-    for last, value in db.items(from_key=from_key, read_opt=read_opt or ReadOptions()):
-        yield last, value
-    check_scan_end(db, last, from_key)
-
-
 def check_scan_end(db: Rdict, last: bytes | None, from_key: bytes | None = None) -> None:
     """Raise :class:`ScanError` unless ``last`` (None: nothing was given from ``from_key`` on)
-    is really the last entry of ``db``: a fresh iterator past it must end without an error."""
+    is really the last entry of ``db``: a fresh iterator past it must end without an error.
+    Call it after a loop over ``items()``/``keys()``, which rocksdict ends quietly where RocksDB's
+    iterator stops on an error (a block whose checksum does not match), so that a corrupt file
+    does not pass for the end of the data; one seek, not a check per entry."""
     it = db.iter()
     if last is not None:
         it.seek(last)
