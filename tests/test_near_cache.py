@@ -172,3 +172,43 @@ def test_large_version_loads_cold_and_is_scanned_in_once_its_misses_cost_as_much
     # The cache, complete since the scan, answers for the new keys without a read.
     assert sum(m["keyedstateCacheAbsent"] for m in metrics[3]) == 100
     assert sum(m["keyedstateNativeGets"] for m in metrics[3]) == 0
+
+
+def test_keys_never_read_again_are_not_kept_and_reads_bring_admission_back(spark, tmp_path):
+    """dropDuplicates reads each key once, before writing it: a near cache that admitted every
+    written key would fill its budget with keys nobody reads again. Once a version's reads find
+    (almost) nothing, written keys are no longer cached; a Bloom filter keeps the dedup exact
+    without a read per row. When reads find keys again, written keys are cached again."""
+    confs = {PROVIDER_CONF: KS, "spark.sql.shuffle.partitions": "2"}
+    a, b, c, d, e = ([f"{p}{i:05d}" for i in range(3000)] for p in "abcde")
+    batches = [a, b, c + a[:10], a + d[:100], e + a, e + b + c]
+    stream = FileStream(spark, tmp_path, "k STRING")
+    seen: dict[int, list] = {}
+
+    def sink(batch, batch_id):
+        seen[int(batch_id)] = sorted(row.k for row in batch.collect())
+
+    with session_confs(spark, confs):
+        query = stream.start(lambda df: df.dropDuplicates(["k"]), sink, "append")
+        try:
+            for rows in batches:
+                stream.step(query, [{"k": k} for k in rows])
+            progress = query.recentProgress
+        finally:
+            query.stop()
+
+    assert [seen.get(n, []) for n in range(6)] == [a, b, c, d[:100], e, []]
+    metrics = {p["batchId"]: [op["customMetrics"] for op in p["stateOperators"]] for p in progress}
+
+    def total(batch: int, name: str) -> int:
+        return sum(m[name] for m in metrics[batch])
+
+    assert total(0, "keyedstateCacheBytes") > 0    # the first batch's keys, cached as written
+    assert total(1, "keyedstateCacheAbsent") == 3000  # every read of batch 1 found nothing,
+    assert total(1, "keyedstateCacheBytes") == 0   # so the cached keys go,
+    assert total(2, "keyedstateCacheAbsent") >= 2900  # a Bloom filter answers for new keys,
+    assert total(3, "keyedstateNativeGets") >= 2900   # and batch 0's keys are read from RocksDB.
+    # Batch 3's reads found keys: batch 4's new keys are cached as written again, and batch 5
+    # finds them there, while batch 1's and 2's keys (never cached) are read from RocksDB.
+    assert total(5, "keyedstateCacheHits") == 3000
+    assert total(5, "keyedstateNativeGets") >= 5900

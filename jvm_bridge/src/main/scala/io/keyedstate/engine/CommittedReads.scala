@@ -76,7 +76,7 @@ final class CachedReads(cache: NearCache, inner: CommittedReads, onMisses: Int =
     else if (cached != null) cached
     else {
       val value = inner.get(key)
-      if (value != null) cache.put(key, value)
+      if (value != null) cache.putRead(key, value)
       learned.put(key, value != null)
       onMisses(1) // last: it may refill the cache
       value
@@ -99,7 +99,7 @@ final class CachedReads(cache: NearCache, inner: CommittedReads, onMisses: Int =
       missing.indices.foreach { j =>
         val k = keys(missing(j))
         out(missing(j)) = values(j)
-        if (values(j) != null) cache.put(k, values(j))
+        if (values(j) != null) cache.putRead(k, values(j))
         learned.put(k, values(j) != null)
       }
       onMisses(missing.length)

@@ -38,6 +38,12 @@ object CacheBudget {
  * objects: what the budget counts is what the heap holds); eviction drops the oldest page and
  * gives keys read since they were written a second chance. Single-threaded: only the task
  * thread that owns the partition touches it.
+ *
+ * Admission: a key the cache lacks enters it when read, and when written while the store's
+ * reads find what they look for. A store whose committed version's reads almost never found a
+ * key (dedup: every read asks for a key never seen) would otherwise fill the budget with keys
+ * nobody reads again; [[review]] then stops admitting written keys and drops the entries, and a
+ * Bloom filter keeps answering "absent" ([[ReReadsToStop]], [[ReReadsToResume]]).
  */
 final class NearCache(fpp: Double) {
   import NearCache._
@@ -55,6 +61,11 @@ final class NearCache(fpp: Double) {
   private var misses = 0L
   private var evictions = 0L
 
+  // Since the last [[review]]: lookups, and those that found a key (a hit or a found miss).
+  private var lookups = 0L
+  private var reReads = 0L
+  private var admitWrites = true
+
   /** The counters since the last call, then zero. */
   def takeCounters(): CacheCounters = {
     val c = CacheCounters(hits, absentAnswers, misses, evictions)
@@ -68,8 +79,9 @@ final class NearCache(fpp: Double) {
 
   /** The cached value (a copy), [[Absent]] when the key is surely not in the version, or null (unknown). */
   def lookup(key: Bytes): Array[Byte] = {
+    lookups += 1
     val v = entries.get(key.bytes, key.hashCode)
-    if (v != null) { hits += 1; v }
+    if (v != null) { hits += 1; reReads += 1; v }
     else if (complete || (bloom != null && !bloom.mightContainBinary(key.bytes))) { absentAnswers += 1; Absent }
     else { misses += 1; null }
   }
@@ -80,6 +92,45 @@ final class NearCache(fpp: Double) {
     if (bloom != null && !existed) addToBloom(key.bytes)
     settle()
     existed
+  }
+
+  /** A committed value a miss found: always admitted (a read is what admission waits for). */
+  def putRead(key: Bytes, value: Array[Byte]): Boolean = {
+    reReads += 1
+    put(key, value)
+  }
+
+  /** Whether written keys the cache lacks are admitted (see [[review]]). */
+  def admitsWrites: Boolean = admitWrites
+
+  /**
+   * After a commit: decides from the reads since the last review whether written keys are
+   * admitted. Under [[ReReadsToStop]] of at least [[MinLookups]] lookups, it stops and drops the
+   * entries (a Bloom filter over every key takes over their answers); at [[ReReadsToResume]] or
+   * more it admits them again.
+   */
+  def review(): Unit = {
+    if (lookups >= MinLookups) {
+      if (admitWrites && reReads < lookups * ReReadsToStop) { admitWrites = false; dropEntries() }
+      else if (!admitWrites && reReads >= lookups * ReReadsToResume) admitWrites = true
+    }
+    lookups = 0; reReads = 0
+  }
+
+  /** Forgets every value but keeps answering absences (a partial cache's filter covers its keys). */
+  private def dropEntries(): Unit = {
+    goPartial()
+    entries.clear()
+    recharge()
+  }
+
+  /** A complete cache stops claiming every key: every key of the version is here right now, so
+   *  a filter over them is exact. */
+  private def goPartial(): Unit = if (complete) {
+    startBloom(bloomCapacityFor(entries.size))
+    entries.foreachKey(addToBloom)
+    complete = false
+    recharge()
   }
 
   def remove(key: Bytes): Boolean = {
@@ -100,9 +151,18 @@ final class NearCache(fpp: Double) {
       else ChangelogFormat.OpDelete
     } else {
       val knownAbsent = complete || (bloom != null && !bloom.mightContainBinary(key.bytes))
-      if (put(key, value)) ChangelogFormat.OpPutExisting
-      else if (knownAbsent) ChangelogFormat.OpPutNew
-      else ChangelogFormat.OpPut
+      if (admitWrites || entries.presence(key.bytes, key.hashCode) != BytesMap.Missing) {
+        if (put(key, value)) ChangelogFormat.OpPutExisting
+        else if (knownAbsent) ChangelogFormat.OpPutNew
+        else ChangelogFormat.OpPut
+      } else {
+        // Not admitted: only the filter learns the key (a partial cache without one, cold after
+        // a load, answers nothing as absent and needs none). A complete one (scanned in since
+        // the review) would claim the key absent: it goes partial first.
+        goPartial()
+        if (bloom != null) addToBloom(key.bytes)
+        if (knownAbsent) ChangelogFormat.OpPutNew else ChangelogFormat.OpPut
+      }
     }
 
   /** Charges what the entries hold now; drops old pages while the shared budget is exceeded,
@@ -121,13 +181,7 @@ final class NearCache(fpp: Double) {
 
   /** Drop the oldest pages until the shared budget holds; keep answering absences. */
   private def evict(): Unit = {
-    if (complete) {
-      // Going partial: every key of the version is here right now, so the filter is exact.
-      startBloom(bloomCapacityFor(entries.size))
-      entries.foreachKey(addToBloom)
-      complete = false
-      recharge()
-    }
+    goPartial()
     while (CacheBudget.over && entries.pageCount > 0) {
       evictions += entries.dropOldestPage()
       recharge()
@@ -169,6 +223,7 @@ final class NearCache(fpp: Double) {
 
   /** Forget everything (another version is being loaded). */
   def clear(): Unit = {
+    lookups = 0; reReads = 0
     entries.clear()
     CacheBudget.add(-bloomBytes)
     recharge()
@@ -186,4 +241,10 @@ object NearCache {
   /** Marker for "surely absent"; never stored. */
   val Absent: Array[Byte] = new Array[Byte](0)
   val MinBloomCapacity = 1L << 20
+  /** Fewer lookups than this since the last review decide nothing. */
+  val MinLookups = 1000L
+  /** Share of lookups that found their key under which written keys stop being admitted... */
+  val ReReadsToStop = 0.01
+  /** ...and at or over which they are admitted again (apart, so that admission does not flap). */
+  val ReReadsToResume = 0.05
 }

@@ -231,6 +231,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       loadedId = newId
       lineage = ((newVersion -> newId) :: lineage).filter(_._1 >= lastSnapshot)
       lastCommitPhases = CommitPhases((t1 - t0) / 1000000, (t2 - t1) / 1000000, (t3 - t2) / 1000000)
+      cache.review() // what this version's reads found decides what the next one's writes cache
       if (overdue) { uploadSnapshots(); cleanupFiles() }
       else if (forceSnapshot || newVersion % session.settings.snapshotInterval == 0 || bulk(added))
         SnapshotKick.request(this, newVersion)
