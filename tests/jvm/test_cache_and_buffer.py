@@ -116,3 +116,49 @@ def test_committed_deletes_are_logged_by_what_was_known(spark, tmp_path):
 def test_what_a_read_learnt_settles_an_unknown_op(jvm, op, existed, settled):
     known = None if existed is None else jvm.java.lang.Boolean.valueOf(existed)
     assert jvm.io.keyedstate.format.ChangelogFormat.settle(op, known) == settled
+
+
+def test_key_filter_grows_in_stages_and_never_forgets_a_key(engine):
+    keys = [b"key-%06d" % i for i in range(3000)]
+    others = [b"other-%06d" % i for i in range(3000)]
+    bloom = engine.KeyFilter(200, 0.01)
+    grown = [bloom.add(k) for k in keys]
+    assert bloom.stageCount() == 4  # 200 + 400 + 800 keys, then a stage for 1,600
+    assert sum(1 for g in grown if g > 0) == 3  # each new stage reports the bytes it took
+    assert all(bloom.mightContain(k) for k in keys)
+    false_positives = sum(1 for k in others if bloom.mightContain(k))
+    assert false_positives < 0.02 * len(others)  # stages at 1%, 0.5%, 0.25%, ...: under 2% in all
+
+
+def test_a_store_whose_reads_find_nothing_stops_caching_what_it_writes(engine, budget):
+    budget.configure(budget.usedBytes() + 4 * 1024 * 1024)
+    cache = engine.NearCache(0.01)
+    set_complete(cache, True)  # as after loading an empty version
+    try:
+        for i in range(1200):
+            cache.commitWrite(key(engine, i), b"\x01v")
+        assert all(len(cache.lookup(key(engine, i))) == 0 for i in range(1200, 2400))  # absent, all
+        cache.review()
+        assert not cache.admitsWrites() and cache.sizeBytes() == 0 and not cache.complete()
+        assert all(cache.lookup(key(engine, i)) is None for i in range(0, 1200, 7))  # unknown, not absent
+        # A new key answered absent, then written: logged as new, not cached, known from then on.
+        assert len(cache.lookup(key(engine, 5000))) == 0
+        assert cache.commitWrite(key(engine, 5000), b"\x01v") == changelog.OP_PUT_NEW
+        assert cache.lookup(key(engine, 5000)) is None and cache.sizeBytes() == 0
+        # A key read (found) is cached, and so is a later write of it.
+        cache.putRead(key(engine, 3), b"\x01v")
+        assert cache.commitWrite(key(engine, 3), b"\x01w") == changelog.OP_PUT_EXISTING
+        assert bytes(cache.lookup(key(engine, 3))) == b"\x01w"
+        # Scanned in since (complete again), a write it does not admit must not be claimed absent.
+        set_complete(cache, True)
+        assert cache.commitWrite(key(engine, 6000), b"\x01v") == changelog.OP_PUT_NEW
+        assert cache.lookup(key(engine, 6000)) is None and not cache.complete()
+        # Reads that find keys bring admission back.
+        for _ in range(1200):
+            cache.lookup(key(engine, 3))
+        cache.review()
+        assert cache.admitsWrites()
+        cache.commitWrite(key(engine, 7000), b"\x01v")
+        assert bytes(cache.lookup(key(engine, 7000))) == b"\x01v"
+    finally:
+        cache.clear()

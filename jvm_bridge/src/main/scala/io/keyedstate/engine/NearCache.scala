@@ -2,8 +2,6 @@ package io.keyedstate.engine
 
 import java.util.concurrent.atomic.AtomicLong
 
-import org.apache.spark.util.sketch.BloomFilter
-
 import io.keyedstate.format.ChangelogFormat
 
 /**
@@ -50,9 +48,10 @@ final class NearCache(fpp: Double) {
 
   private val entries = new BytesMap(() => pageSize())
   private var charged = 0L // bytes of `entries` counted in CacheBudget
-  private var bloom: BloomFilter = _
-  private var bloomItems = 0L
-  private var bloomCapacity = 0L
+  private var bloom: KeyFilter = _
+  // The key a lookup just answered absent from the filter: the write that usually follows it
+  // (dedup: read, then insert) need not ask the filter again.
+  private var lastAbsent: Bytes = _
   var complete = false
 
   // Counters since the last metrics report.
@@ -75,19 +74,21 @@ final class NearCache(fpp: Double) {
 
   def size: Int = entries.size
   def sizeBytes: Long = entries.memoryBytes
-  def bloomBytes: Long = if (bloom == null) 0L else bloom.bitSize() / 8
+  def bloomBytes: Long = if (bloom == null) 0L else bloom.bytes
 
   /** The cached value (a copy), [[Absent]] when the key is surely not in the version, or null (unknown). */
   def lookup(key: Bytes): Array[Byte] = {
     lookups += 1
     val v = entries.get(key.bytes, key.hashCode)
     if (v != null) { hits += 1; reReads += 1; v }
-    else if (complete || (bloom != null && !bloom.mightContainBinary(key.bytes))) { absentAnswers += 1; Absent }
+    else if (complete) { absentAnswers += 1; Absent }
+    else if (bloom != null && !bloom.mightContain(key.bytes)) { absentAnswers += 1; lastAbsent = key; Absent }
     else { misses += 1; null }
   }
 
   /** A committed value, from a commit or a read; returns whether the key was cached before. */
   def put(key: Bytes, value: Array[Byte]): Boolean = {
+    lastAbsent = null
     val existed = entries.put(key.bytes, key.hashCode, value)
     if (bloom != null && !existed) addToBloom(key.bytes)
     settle()
@@ -145,12 +146,12 @@ final class NearCache(fpp: Double) {
    */
   def commitWrite(key: Bytes, value: Array[Byte]): Byte =
     if (value eq WriteBuffer.Tombstone) {
-      val knownAbsent = complete || (bloom != null && !bloom.mightContainBinary(key.bytes))
+      val knownAbsent = this.knownAbsent(key)
       if (remove(key)) ChangelogFormat.OpDeleteExisting
       else if (knownAbsent) 0.toByte // deleting an absent key changes nothing: not logged
       else ChangelogFormat.OpDelete
     } else {
-      val knownAbsent = complete || (bloom != null && !bloom.mightContainBinary(key.bytes))
+      val knownAbsent = this.knownAbsent(key)
       if (admitWrites || entries.presence(key.bytes, key.hashCode) != BytesMap.Missing) {
         if (put(key, value)) ChangelogFormat.OpPutExisting
         else if (knownAbsent) ChangelogFormat.OpPutNew
@@ -164,6 +165,14 @@ final class NearCache(fpp: Double) {
         if (knownAbsent) ChangelogFormat.OpPutNew else ChangelogFormat.OpPut
       }
     }
+
+  /** Whether `key` is surely not in the version (before a write of it, which forgets the last
+   *  absent answer). */
+  private def knownAbsent(key: Bytes): Boolean = {
+    val answered = lastAbsent != null && lastAbsent == key
+    lastAbsent = null
+    answered || complete || (bloom != null && !bloom.mightContain(key.bytes))
+  }
 
   /** Charges what the entries hold now; drops old pages while the shared budget is exceeded,
    *  rewrites the pages when replaced values left more garbage than data. */
@@ -207,23 +216,23 @@ final class NearCache(fpp: Double) {
   /** A new (empty) filter for `capacity` keys; its bits count against the shared budget. */
   def startBloom(capacity: Long): Unit = {
     val before = bloomBytes
-    bloom = BloomFilter.create(capacity, fpp)
-    bloomItems = 0
-    bloomCapacity = capacity
+    bloom = new KeyFilter(capacity, fpp)
+    lastAbsent = null
     CacheBudget.add(bloomBytes - before)
   }
 
   def addToBloom(key: Array[Byte]): Unit = {
-    bloom.putBinary(key)
-    bloomItems += 1
+    val grown = bloom.add(key)
+    if (grown > 0) CacheBudget.add(grown)
   }
 
-  /** True when the filter holds more keys than it was sized for (its answers degrade). */
-  def bloomSaturated: Boolean = bloom != null && bloomItems > bloomCapacity
+  /** True when the filter has grown into so many stages that a rescan into one is cheaper than
+   *  asking each of them on every read. */
+  def bloomSaturated: Boolean = bloom != null && bloom.stageCount > MaxBloomStages
 
   /** Forget everything (another version is being loaded). */
   def clear(): Unit = {
-    lookups = 0; reReads = 0
+    lookups = 0; reReads = 0; lastAbsent = null
     entries.clear()
     CacheBudget.add(-bloomBytes)
     recharge()
@@ -241,6 +250,9 @@ object NearCache {
   /** Marker for "surely absent"; never stored. */
   val Absent: Array[Byte] = new Array[Byte](0)
   val MinBloomCapacity = 1L << 20
+  /** Stages of a growing filter (each twice the last: 15x the first's keys at 4) before a load
+   *  rescans the keys into one. */
+  val MaxBloomStages = 4
   /** Fewer lookups than this since the last review decide nothing. */
   val MinLookups = 1000L
   /** Share of lookups that found their key under which written keys stop being admitted... */
