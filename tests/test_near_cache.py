@@ -212,3 +212,33 @@ def test_keys_never_read_again_are_not_kept_and_reads_bring_admission_back(spark
     # finds them there, while batch 1's and 2's keys (never cached) are read from RocksDB.
     assert total(5, "keyedstateCacheHits") == 3000
     assert total(5, "keyedstateNativeGets") >= 5900
+
+
+def test_watermark_eviction_in_a_store_that_stopped_caching_logs_its_deletes_as_existing(spark, tmp_path):
+    """dropDuplicatesWithinWatermark: once the store caches no written key, the keys its
+    watermark evicts are not in the near cache, yet the scan that found them says they exist:
+    every delete is logged as existing, so no commit waits for the state server to read."""
+    confs = {PROVIDER_CONF: KS, "spark.sql.shuffle.partitions": "2"}
+    stream = FileStream(spark, tmp_path, "k STRING, t TIMESTAMP")
+    batches = [[{"k": f"{p}{i:05d}", "t": f"2026-01-01T00:{n:02d}:00"} for i in range(2000)]
+               for n, p in enumerate("abcd")]
+    out: list[str] = []
+
+    def sink(batch, batch_id):
+        out.extend(row.k for row in batch.collect())
+
+    with session_confs(spark, confs):
+        query = stream.start(lambda df: df.withWatermark("t", "30 seconds").dropDuplicatesWithinWatermark(["k"]),
+                             sink, "append")
+        try:
+            for rows in batches:
+                stream.step(query, rows)
+            progress = query.recentProgress
+        finally:
+            query.stop()
+
+    assert sorted(out) == sorted(r["k"] for rows in batches for r in rows)
+    ops = [op for p in progress for op in p["stateOperators"]]
+    assert sum(op["numRowsRemoved"] for op in ops) >= 4000  # the watermark evicted a and b (at least)
+    assert sum(op["customMetrics"]["keyedstateCacheBytes"] for op in progress[-1]["stateOperators"]) == 0
+    assert sum(op["customMetrics"]["keyedstateWritesUnknown"] for op in ops) == 0

@@ -162,3 +162,27 @@ def test_a_store_whose_reads_find_nothing_stops_caching_what_it_writes(engine, b
         assert bytes(cache.lookup(key(engine, 7000))) == b"\x01v"
     finally:
         cache.clear()
+
+
+def test_reads_do_not_refill_the_filter_and_a_full_budget_stops_its_growth(engine, budget):
+    cache = engine.NearCache(0.01)
+    set_complete(cache, True)
+    try:
+        for i in range(1500):
+            cache.commitWrite(key(engine, i), b"\x01v")
+        for i in range(1500, 2700):
+            cache.lookup(key(engine, i))
+        cache.review()  # reads found nothing: the filter (for ~16 KiB of budget) takes over
+        bloom = cache.bloomBytes()
+        assert bloom > 0 and not cache.bloomSaturated()
+        for _ in range(6):  # found by reads: the filter holds these keys already
+            for i in range(0, 1500):
+                cache.putRead(key(engine, i), b"\x01v")
+        assert cache.bloomBytes() == bloom and not cache.bloomSaturated()
+        budget.configure(budget.usedBytes())  # no room left: new keys fill the stage past its size
+        for i in range(10_000, 16_000):
+            assert cache.commitWrite(key(engine, i), b"\x01v") in (changelog.OP_PUT_NEW, changelog.OP_PUT)
+        assert cache.bloomBytes() == bloom and cache.bloomSaturated()
+        assert budget.usedBytes() <= budget.limitBytes()
+    finally:
+        cache.clear()

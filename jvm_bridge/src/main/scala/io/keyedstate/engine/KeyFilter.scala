@@ -8,7 +8,8 @@ import org.apache.spark.util.sketch.BloomFilter
  * sized for, a stage twice as large takes the next ones, at half the false-positive rate, so
  * all stages together stay under twice `fpp`. A key may be in any stage, so an absence needs
  * every stage's answer; [[NearCache.bloomSaturated]] asks for a rescan into one stage when there
- * are many. Without stages, a store whose keys outgrow the filter (dedup) rescans all of them.
+ * are many, or when a stage did not fit the memory it may take and filled past its size.
+ * Without stages, a store whose keys outgrow the filter (dedup) rescans all of them.
  */
 final class KeyFilter(capacity: Long, fpp: Double) {
   private var stages: List[BloomFilter] = List(BloomFilter.create(capacity, fpp))
@@ -21,10 +22,14 @@ final class KeyFilter(capacity: Long, fpp: Double) {
 
   def mightContain(key: Array[Byte]): Boolean = stages.exists(_.mightContainBinary(key))
 
-  /** Adds `key`; returns the bytes a new stage took (0 if none was needed). */
-  def add(key: Array[Byte]): Long = {
+  /** The newest stage holds more keys than it was sized for (its answers degrade). */
+  def overfull: Boolean = stageItems > stageCapacity
+
+  /** Adds `key`, in a new stage if the newest is full and the new one's bits fit in `room`
+   *  bytes; returns the bytes a new stage took (0 if none). */
+  def add(key: Array[Byte], room: => Long): Long = {
     var grown = 0L
-    if (stageItems >= stageCapacity) {
+    if (stageItems >= stageCapacity && nextStageBytes <= room) {
       stageCapacity *= 2
       stageFpp /= 2
       val stage = BloomFilter.create(stageCapacity, stageFpp)
@@ -35,5 +40,11 @@ final class KeyFilter(capacity: Long, fpp: Double) {
     stages.head.putBinary(key)
     stageItems += 1
     grown
+  }
+
+  /** Bytes of the next stage's bits (Spark's sketch sizes a filter this way, in whole longs). */
+  private def nextStageBytes: Long = {
+    val bits = (-2 * stageCapacity * math.log(stageFpp / 2) / (math.log(2) * math.log(2))).toLong
+    (bits + 63) / 64 * 8
   }
 }

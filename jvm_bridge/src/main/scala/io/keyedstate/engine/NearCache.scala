@@ -87,18 +87,23 @@ final class NearCache(fpp: Double) {
   }
 
   /** A committed value, from a commit or a read; returns whether the key was cached before. */
-  def put(key: Bytes, value: Array[Byte]): Boolean = {
+  def put(key: Bytes, value: Array[Byte]): Boolean = store(key, value, index = true)
+
+  /** `index`: the key may be missing from the Bloom filter (a partial cache's filter must hold
+   *  every key of the version; adding a key it holds again only fills it). */
+  private def store(key: Bytes, value: Array[Byte], index: Boolean): Boolean = {
     lastAbsent = null
     val existed = entries.put(key.bytes, key.hashCode, value)
-    if (bloom != null && !existed) addToBloom(key.bytes)
+    if (index && bloom != null && !existed) addToBloom(key.bytes)
     settle()
     existed
   }
 
-  /** A committed value a miss found: always admitted (a read is what admission waits for). */
+  /** A committed value a miss found: always admitted (a read is what admission waits for); the
+   *  filter holds the key already. */
   def putRead(key: Bytes, value: Array[Byte]): Boolean = {
     reReads += 1
-    put(key, value)
+    store(key, value, index = false)
   }
 
   /** Whether written keys the cache lacks are admitted (see [[review]]). */
@@ -128,7 +133,7 @@ final class NearCache(fpp: Double) {
   /** A complete cache stops claiming every key: every key of the version is here right now, so
    *  a filter over them is exact. */
   private def goPartial(): Unit = if (complete) {
-    startBloom(bloomCapacityFor(entries.size))
+    if (bloom == null) startBloom(bloomCapacityFor(entries.size))
     entries.foreachKey(addToBloom)
     complete = false
     recharge()
@@ -153,7 +158,8 @@ final class NearCache(fpp: Double) {
     } else {
       val knownAbsent = this.knownAbsent(key)
       if (admitWrites || entries.presence(key.bytes, key.hashCode) != BytesMap.Missing) {
-        if (put(key, value)) ChangelogFormat.OpPutExisting
+        // Only a key surely absent can be missing from the filter: one it may hold is not added again.
+        if (store(key, value, index = knownAbsent)) ChangelogFormat.OpPutExisting
         else if (knownAbsent) ChangelogFormat.OpPutNew
         else ChangelogFormat.OpPut
       } else {
@@ -161,7 +167,7 @@ final class NearCache(fpp: Double) {
         // a load, answers nothing as absent and needs none). A complete one (scanned in since
         // the review) would claim the key absent: it goes partial first.
         goPartial()
-        if (bloom != null) addToBloom(key.bytes)
+        if (bloom != null && knownAbsent) addToBloom(key.bytes)
         if (knownAbsent) ChangelogFormat.OpPutNew else ChangelogFormat.OpPut
       }
     }
@@ -221,14 +227,17 @@ final class NearCache(fpp: Double) {
     CacheBudget.add(bloomBytes - before)
   }
 
+  /** Adds a key to the filter; a new stage may take at most half of what the shared budget has
+   *  left (as [[bloomCapacityFor]]), else the newest stage fills past its size until a load
+   *  rescans ([[bloomSaturated]]). */
   def addToBloom(key: Array[Byte]): Unit = {
-    val grown = bloom.add(key)
+    val grown = bloom.add(key, (CacheBudget.limitBytes - CacheBudget.usedBytes) / 2)
     if (grown > 0) CacheBudget.add(grown)
   }
 
   /** True when the filter has grown into so many stages that a rescan into one is cheaper than
-   *  asking each of them on every read. */
-  def bloomSaturated: Boolean = bloom != null && bloom.stageCount > MaxBloomStages
+   *  asking each of them on every read, or its newest stage holds more than it was sized for. */
+  def bloomSaturated: Boolean = bloom != null && (bloom.stageCount > MaxBloomStages || bloom.overfull)
 
   /** Forget everything (another version is being loaded). */
   def clear(): Unit = {

@@ -36,6 +36,9 @@ final class BufferedVersion(val version: Long, keyGroups: Int, val committed: Ca
   val buffer = new WriteBuffer(version + 1, keyGroups, expected)
   /** Whether a write reached the near cache (which then runs ahead of the committed version). */
   @volatile var touchedCache = false
+  // The committed key a scan yielded last: Spark's watermark eviction removes what its scan
+  // just returned, and the near cache may not hold it (or know it exists) to log the delete.
+  private var lastScanned: Array[Byte] = _
 
   override def get(key: Bytes): Array[Byte] = {
     val pending = buffer.lookup(key)
@@ -50,7 +53,8 @@ final class BufferedVersion(val version: Long, keyGroups: Int, val committed: Ca
     buffer.put(key, value, written(key) match {
       case Some(true) => ChangelogFormat.OpPutExisting
       case Some(false) => ChangelogFormat.OpPutNew
-      case None => if (committedEmpty) ChangelogFormat.OpPutNew else op
+      case None => if (committedEmpty) ChangelogFormat.OpPutNew
+        else if (op == ChangelogFormat.OpPut && justScanned(key)) ChangelogFormat.OpPutExisting else op
     })
   }
 
@@ -60,9 +64,14 @@ final class BufferedVersion(val version: Long, keyGroups: Int, val committed: Ca
     buffer.delete(key, written(key) match {
       case Some(true) => ChangelogFormat.OpDeleteExisting
       case Some(false) => 0.toByte // deleted already in this version: nothing to log
-      case None => if (committedEmpty) 0.toByte else op
+      case None => if (committedEmpty) 0.toByte
+        else if (op == ChangelogFormat.OpDelete && justScanned(key)) ChangelogFormat.OpDeleteExisting else op
     })
   }
+
+  /** The last scan yielded `key` from the committed version (and the version has not written it
+   *  since, or [[written]] would have answered): it exists. */
+  private def justScanned(key: Bytes): Boolean = lastScanned != null && java.util.Arrays.equals(lastScanned, key.bytes)
 
   /** Whether the key exists now, if this version wrote it already (records are sequential). */
   private def written(key: Bytes): Option[Boolean] = buffer.presence(key) match {
@@ -90,6 +99,7 @@ final class BufferedVersion(val version: Long, keyGroups: Int, val committed: Ca
     val cached = if (prefix.isEmpty && holdsVersion()) committed.completeSnapshot() else None
     val stored = cached.map(_.iterator).getOrElse(chunks(prefix))
       .filterNot { case (k, _) => overwritten.contains(new Bytes(k)) }
+      .map { entry => lastScanned = entry._1; entry }
     val own = pending.iterator.collect {
       case (k, v) if !(v eq WriteBuffer.Tombstone) && Bytes.startsWith(k.bytes, prefix) => (k.bytes, v)
     }
