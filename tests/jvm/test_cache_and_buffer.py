@@ -122,7 +122,7 @@ def test_key_filter_grows_in_stages_and_never_forgets_a_key(engine):
     keys = [b"key-%06d" % i for i in range(3000)]
     others = [b"other-%06d" % i for i in range(3000)]
     bloom = engine.KeyFilter(200, 0.01)
-    grown = [bloom.add(k) for k in keys]
+    grown = [bloom.add(k, 1 << 40) for k in keys]
     assert bloom.stageCount() == 4  # 200 + 400 + 800 keys, then a stage for 1,600
     assert sum(1 for g in grown if g > 0) == 3  # each new stage reports the bytes it took
     assert all(bloom.mightContain(k) for k in keys)

@@ -27,7 +27,7 @@ final class KeyFilter(capacity: Long, fpp: Double) {
 
   /** Adds `key`, in a new stage if the newest is full and the new one's bits fit in `room`
    *  bytes; returns the bytes a new stage took (0 if none). */
-  def add(key: Array[Byte], room: => Long): Long = {
+  def add(key: Array[Byte], room: Long): Long = {
     var grown = 0L
     if (stageItems >= stageCapacity && nextStageBytes <= room) {
       stageCapacity *= 2
