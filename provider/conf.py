@@ -193,7 +193,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("nearCacheBytes", "auto", parse_cache_bytes,
          "Memory of the JVM near cache, shared by every store of an executor: committed values "
          "of recently used keys, so that per-row reads do not cross to Python. While a "
-         "partition's whole state fits, every read is local. 'auto' = 30% of the JVM's max "
+         "partition's whole state fits, every read is local. A store whose reads find almost "
+         "nothing (under 1% of them, as in a dedup) stops caching the keys it writes until "
+         "reads find keys again (5%). 'auto' = 30% of the JVM's max "
          "heap. The stores of one query share one value; the last store opened sets it."),
     Knob("nearCacheWarmKeys", "262144", _parse_int(0, 1 << 62),
          "A version loaded with at most this many keys (per partition) is scanned into the near "
@@ -204,7 +206,9 @@ KNOBS: tuple[Knob, ...] = (
          "never pays for all of it, and one that touches most of it pays at most twice."),
     Knob("bloomFpp", "0.01", parse_fraction,
          "False-positive rate of the per-store Bloom filter that answers 'absent' without a "
-         "round trip once a store's state no longer fits the near cache."),
+         "round trip once a store's state no longer fits the near cache (or it caches no "
+         "writes). A filter that outgrows its size adds a stage twice as large at half the "
+         "rate, so all its stages together stay under twice this rate."),
     Knob("writeBehind", "true", parse_bool,
          "Return from commit once the changelog is durable in the checkpoint and queued for "
          "RocksDB, instead of waiting for RocksDB to apply it. Later reads wait for it."),

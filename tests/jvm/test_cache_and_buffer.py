@@ -3,10 +3,12 @@ filter that keeps answering "absent", and how each write is classified for the c
 from __future__ import annotations
 
 import pytest
+from py4j.protocol import Py4JJavaError
+from pyspark.java_gateway import ensure_callback_server_started
 
 from keyedstate.formats import changelog
 
-from support.jvm import LayerStore, to_bytes
+from support.jvm import LayerStore, byte_arrays, to_bytes
 
 BUDGET = 16 * 1024
 
@@ -184,5 +186,48 @@ def test_reads_do_not_refill_the_filter_and_a_full_budget_stops_its_growth(engin
             assert cache.commitWrite(key(engine, i), b"\x01v") in (changelog.OP_PUT_NEW, changelog.OP_PUT)
         assert cache.bloomBytes() == bloom and cache.bloomSaturated()
         assert budget.usedBytes() <= budget.limitBytes()
+    finally:
+        cache.clear()
+
+
+class _ScanFailingHalfway:
+    """Committed reads (py4j callback) whose key scan yields one chunk, then fails, as a disk
+    error in the middle of the native scan would."""
+
+    def __init__(self, jvm, first: list[bytes]):
+        self.chunk = jvm.io.keyedstate.format.ScanChunk(byte_arrays(jvm, first), byte_arrays(jvm, [b""] * len(first)), True)
+
+    def get(self, key):
+        return None
+
+    def getMany(self, keys):  # noqa: N802 (the Java interface's name)
+        return None
+
+    def scan(self, prefix, start_after, keys_only):
+        if start_after is None:
+            return self.chunk
+        raise OSError("injected: the disk failed halfway through the scan")
+
+    class Java:
+        implements = ["io.keyedstate.engine.CommittedReads"]
+
+
+def test_a_filter_rebuild_that_fails_halfway_keeps_the_old_filter(spark, engine, jvm, budget):
+    """A load rebuilds an outgrown filter by scanning every key; if the scan fails, the task
+    fails, and its retry must not find a filter that calls the keys it never saw absent."""
+    ensure_callback_server_started(spark.sparkContext._gateway)
+    cache = engine.NearCache(0.01)
+    set_complete(cache, True)
+    try:
+        for i in range(1500):
+            cache.commitWrite(key(engine, i), b"\x01v")
+        for i in range(1500, 2700):
+            cache.lookup(key(engine, i))
+        cache.review()  # reads found nothing: a filter over keys 0-1499 answers for them
+        first = [i.to_bytes(4, "big") + b"key-%06d" % i for i in range(10)]
+        with pytest.raises(Py4JJavaError, match="halfway"):
+            engine.CacheWarmer.indexKeys(cache, _ScanFailingHalfway(jvm, first), 1500)
+        answers = [cache.lookup(key(engine, i)) for i in range(1500)]
+        assert [i for i, a in enumerate(answers) if a is not None and len(a) == 0] == []  # none "absent"
     finally:
         cache.clear()

@@ -42,22 +42,20 @@ object CacheWarmer {
       more = chunk.hasMore
       if (chunk.keys.nonEmpty) after = chunk.keys.last
     }
-    if (more) addKeys(cache, reads, after)
+    if (more) forKeys(reads, after)(cache.addToBloom)
   }
 
-  /** Rebuilds the Bloom filter over every key (it held more keys than it was sized for). */
-  def indexKeys(cache: NearCache, reads: CommittedReads, numKeys: Long): Unit = {
-    cache.startBloom(cache.bloomCapacityFor(numKeys))
-    cache.complete = false
-    addKeys(cache, reads, null)
-  }
+  /** Rebuilds the Bloom filter over every key (it grew too large or too full): the new filter
+   *  replaces the old one only once the scan is through. */
+  def indexKeys(cache: NearCache, reads: CommittedReads, numKeys: Long): Unit =
+    cache.rebuildBloom(numKeys)(forKeys(reads, null))
 
-  private def addKeys(cache: NearCache, reads: CommittedReads, startAfter: Array[Byte]): Unit = {
+  private def forKeys(reads: CommittedReads, startAfter: Array[Byte])(f: Array[Byte] => Unit): Unit = {
     var after = startAfter
     var more = true
     while (more) {
       val chunk = reads.scan(Array.emptyByteArray, after, keysOnly = true)
-      chunk.keys.foreach(cache.addToBloom)
+      chunk.keys.foreach(f)
       more = chunk.hasMore
       if (chunk.keys.nonEmpty) after = chunk.keys.last
     }

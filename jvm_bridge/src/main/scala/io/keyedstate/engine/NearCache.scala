@@ -227,6 +227,21 @@ final class NearCache(fpp: Double) {
     CacheBudget.add(bloomBytes - before)
   }
 
+  /**
+   * Replaces the filter by one over every key `scanKeys` gives (the version's, `numKeys` of
+   * them), and marks the cache partial. Built aside: a scan that fails halfway leaves the old
+   * filter, which still holds every key, instead of one that would call the rest absent.
+   */
+  def rebuildBloom(numKeys: Long)(scanKeys: (Array[Byte] => Unit) => Unit): Unit = {
+    val fresh = new KeyFilter(bloomCapacityFor(numKeys), fpp)
+    scanKeys(key => fresh.add(key, 0L))
+    val before = bloomBytes
+    bloom = fresh
+    complete = false
+    lastAbsent = null
+    CacheBudget.add(bloomBytes - before)
+  }
+
   /** Adds a key to the filter; a new stage may take at most half of what the shared budget has
    *  left (as [[bloomCapacityFor]]), else the newest stage fills past its size until a load
    *  rescans ([[bloomSaturated]]). */

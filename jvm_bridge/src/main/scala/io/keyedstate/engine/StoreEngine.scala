@@ -145,7 +145,8 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   private def load(version: Long, id: Option[String], loadEmpty: Boolean): Unit = {
     ensureOpen()
     if (loaded == version && loadedId == id && !loadEmpty) {
-      if (cache.bloomSaturated) CacheWarmer.indexKeys(cache, committedReads, numKeys)
+      // Not while another attempt's version writes into the cache: the scan sees only committed keys.
+      if (cache.bloomSaturated && writer == null) CacheWarmer.indexKeys(cache, committedReads, numKeys)
       return
     }
     val started = System.nanoTime()
