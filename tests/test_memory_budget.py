@@ -25,7 +25,7 @@ KEYS_PER_BATCH = 500_000
 # Keys of the previous batch read again in each batch of the growing state: reads that find keys
 # keep the near cache caching what the store writes (a store whose reads find nothing, e.g. one
 # that only ever sees new keys, stops caching them), so the state outgrows the cache and spills.
-REREAD = 50_000
+REREAD = 15_000  # 3% of a batch: over the 1% under which writes stop being cached
 NEAR_CACHE_ENTRY = 150  # heap of one near-cache entry of this query (key row with group prefix, count row, overhead)
 PFX = "spark.sql.streaming.stateStore.keyedstate."
 FIXED_HEAP = {"spark.driver.memory": "1g"}  # -Xmx (Spark refuses it in extraJavaOptions)

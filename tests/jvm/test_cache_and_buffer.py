@@ -132,15 +132,23 @@ def test_key_filter_grows_in_stages_and_never_forgets_a_key(engine):
     assert false_positives < 0.02 * len(others)  # stages at 1%, 0.5%, 0.25%, ...: under 2% in all
 
 
-def test_a_store_whose_reads_find_nothing_stops_caching_what_it_writes(engine, budget):
-    budget.configure(budget.usedBytes() + 4 * 1024 * 1024)
+def _stopped_caching(engine, keys: int):
+    """A near cache that was complete, took ``keys`` written keys, then saw 1,200 reads that found
+    nothing: it no longer caches writes, and a Bloom filter over those keys answers for them."""
     cache = engine.NearCache(0.01)
     set_complete(cache, True)  # as after loading an empty version
+    for i in range(keys):
+        cache.commitWrite(key(engine, i), b"\x01v")
+    answers = [cache.lookup(key(engine, i)) for i in range(keys, keys + 1200)]
+    assert sum(1 for a in answers if a is not None and len(a) == 0) >= 1100  # absent (a filter may err)
+    cache.review()
+    return cache
+
+
+def test_a_store_whose_reads_find_nothing_stops_caching_what_it_writes(engine, budget):
+    budget.configure(budget.usedBytes() + 4 * 1024 * 1024)
+    cache = _stopped_caching(engine, 1200)
     try:
-        for i in range(1200):
-            cache.commitWrite(key(engine, i), b"\x01v")
-        assert all(len(cache.lookup(key(engine, i))) == 0 for i in range(1200, 2400))  # absent, all
-        cache.review()
         assert not cache.admitsWrites() and cache.sizeBytes() == 0 and not cache.complete()
         assert all(cache.lookup(key(engine, i)) is None for i in range(0, 1200, 7))  # unknown, not absent
         # A new key answered absent, then written: logged as new, not cached, known from then on.
@@ -167,14 +175,8 @@ def test_a_store_whose_reads_find_nothing_stops_caching_what_it_writes(engine, b
 
 
 def test_reads_do_not_refill_the_filter_and_a_full_budget_stops_its_growth(engine, budget):
-    cache = engine.NearCache(0.01)
-    set_complete(cache, True)
+    cache = _stopped_caching(engine, 1500)  # with a filter for ~16 KiB of budget
     try:
-        for i in range(1500):
-            cache.commitWrite(key(engine, i), b"\x01v")
-        for i in range(1500, 2700):
-            cache.lookup(key(engine, i))
-        cache.review()  # reads found nothing: the filter (for ~16 KiB of budget) takes over
         bloom = cache.bloomBytes()
         assert bloom > 0 and not cache.bloomSaturated()
         for _ in range(6):  # found by reads: the filter holds these keys already
@@ -216,14 +218,8 @@ def test_a_filter_rebuild_that_fails_halfway_keeps_the_old_filter(spark, engine,
     """A load rebuilds an outgrown filter by scanning every key; if the scan fails, the task
     fails, and its retry must not find a filter that calls the keys it never saw absent."""
     ensure_callback_server_started(spark.sparkContext._gateway)
-    cache = engine.NearCache(0.01)
-    set_complete(cache, True)
+    cache = _stopped_caching(engine, 1500)  # a filter over keys 0-1499 answers for them
     try:
-        for i in range(1500):
-            cache.commitWrite(key(engine, i), b"\x01v")
-        for i in range(1500, 2700):
-            cache.lookup(key(engine, i))
-        cache.review()  # reads found nothing: a filter over keys 0-1499 answers for them
         first = [i.to_bytes(4, "big") + b"key-%06d" % i for i in range(10)]
         with pytest.raises(Py4JJavaError, match="halfway"):
             engine.CacheWarmer.indexKeys(cache, _ScanFailingHalfway(jvm, first), 1500)
