@@ -179,9 +179,10 @@ def test_reads_do_not_refill_the_filter_and_a_full_budget_stops_its_growth(engin
     try:
         bloom = cache.bloomBytes()
         assert bloom > 0 and not cache.bloomSaturated()
+        found = [key(engine, i) for i in range(1500)]  # one py4j call each, not one per read
         for _ in range(6):  # found by reads: the filter holds these keys already
-            for i in range(0, 1500):
-                cache.putRead(key(engine, i), b"\x01v")
+            for k in found:
+                cache.putRead(k, b"\x01v")
         assert cache.bloomBytes() == bloom and not cache.bloomSaturated()
         budget.configure(budget.usedBytes())  # no room left: new keys fill the stage past its size
         for i in range(10_000, 16_000):
