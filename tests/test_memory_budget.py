@@ -10,6 +10,8 @@ holding); and on it (the near cache, write buffers), seen as the heap in use aft
 collections while the query's stores are loaded."""
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from support.processes import peak_rss_bytes
@@ -68,10 +70,12 @@ def test_a_state_ten_times_the_budget_stays_within_it(tmp_path):
     # state grows to ten times the budget). As many
     # batches in both: a JVM's native memory grows with the batches it ran whatever its state
     # (measured on the baseline: peak 1391 MiB after 5 batches, 1405-1410 after 9).
-    # One after the other: run at once, the two sessions (each a JVM with two tasks and two state
-    # servers) took longer on this 2-core machine than both in turn (235 s against ~2 x 100 s).
-    base_rss, base_heap, _ = _holdings(tmp_path, "baseline", new_keys_every_batch=False, batches=BATCHES)
-    rss, heap, metrics = _holdings(tmp_path, "large", new_keys_every_batch=True, batches=BATCHES)
+    # Both at once (each its own JVM and servers, so neither's peak contains the other's): what is
+    # measured are sizes, not times, and the suite waits for the longer one only.
+    with ThreadPoolExecutor(1) as pool:
+        baseline = pool.submit(_holdings, tmp_path, "baseline", new_keys_every_batch=False, batches=BATCHES)
+        rss, heap, metrics = _holdings(tmp_path, "large", new_keys_every_batch=True, batches=BATCHES)
+        base_rss, base_heap, _ = baseline.result()
     off_heap, on_heap = rss - base_rss, heap - base_heap
     print(f"state {state_bytes >> 20} MiB, budget {BUDGET >> 20} MiB: peak RSS JVM + servers {base_rss >> 20} -> "
           f"{rss >> 20} MiB, heap in use {base_heap >> 20} -> {heap >> 20} MiB; keyedstateMemoryBytes per batch "
