@@ -12,7 +12,6 @@
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import signal
@@ -21,7 +20,6 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -235,36 +233,21 @@ def test_executors_with_equal_pids_sharing_a_local_dir_do_not_collide(tmp_path):
     local = tmp_path / "shared-local"
     local.mkdir()
     confs = {PFX + "localDir": str(local), PFX + "serverProcesses": "1"}
-    # Both start and run at once: one JVM start's wait instead of two, and the two executors use
-    # the shared localDir at the same moments, as two containers would.
-    with ThreadPoolExecutor(2) as pool:
-        starting = [pool.submit(SessionProcess, tmp_path / name, confs=confs, wrapper=wrapper) for name in "ab"]
-        sessions = [f.exception() is None and f.result() for f in starting]
-    with contextlib.ExitStack() as stack:
-        for session in sessions:
-            if session:
-                stack.enter_context(session)
-        for f in starting:
-            f.result()  # a session that did not start fails the test (the other is closed)
-        a, b = sessions
+    with SessionProcess(tmp_path / "a", confs=confs, wrapper=wrapper) as a, \
+            SessionProcess(tmp_path / "b", confs=confs, wrapper=wrapper) as b:
         if a.jvm_pid_in_ns != b.jvm_pid_in_ns:
             pytest.skip(f"the two JVMs got different pids ({a.jvm_pid_in_ns}, {b.jvm_pid_in_ns})")
         expected = {"a": Counter(), "b": Counter()}
         wrong = []
-
-        def run(name: str, session: SessionProcess, step: int) -> None:
-            keys = [f"{name}-{(step * 5 + i) % 30}" for i in range(20)]
-            expected[name].update(keys)
-            result = session.run(tmp_path / name / "checkpoint", tmp_path / name / "input", keys)
-            if not result["ok"]:
-                wrong.append(f"{name} step {step} failed: {result['error'][:300]}")
-            elif result["counts"] != {k: expected[name][k] for k in set(keys)}:
-                wrong.append(f"{name} step {step} counted wrong: {result['counts']}")
-
-        with ThreadPoolExecutor(2) as pool:
-            for step in range(2):
-                for f in [pool.submit(run, name, session, step) for name, session in (("a", a), ("b", b))]:
-                    f.result()
+        for step in range(2):
+            for name, session in (("a", a), ("b", b)):
+                keys = [f"{name}-{(step * 5 + i) % 30}" for i in range(20)]
+                expected[name].update(keys)
+                result = session.run(tmp_path / name / "checkpoint", tmp_path / name / "input", keys)
+                if not result["ok"]:
+                    wrong.append(f"{name} step {step} failed: {result['error'][:300]}")
+                elif result["counts"] != {k: expected[name][k] for k in set(keys)}:
+                    wrong.append(f"{name} step {step} counted wrong: {result['counts']}")
         dirs = {name: top_entries([p for pid in s.servers() for p in local_paths(pid)], local)
                 for name, s in (("a", a), ("b", b))}
     shared = sorted(str(p) for p in dirs["a"] & dirs["b"])
