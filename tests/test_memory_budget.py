@@ -38,7 +38,7 @@ def _holdings(tmp_path, name: str, new_keys_every_batch: bool, batches: int) -> 
     session = SessionProcess(tmp_path / name, confs={PFX + "memoryBudget": str(BUDGET), **FIXED_HEAP},
                              java_options=FIXED_HEAP_OPTIONS)
     try:
-        session.start_query("q", tmp_path / name / "ckpt", tmp_path / name / "in", summary=True)
+        session.start_query("q", tmp_path / name / "ckpt", tmp_path / name / "in", summary=True, text=True)
         metrics = []
         for b in range(batches):
             if new_keys_every_batch:  # each key's count, exact: 1 for new keys, 2 for those read again
