@@ -54,7 +54,7 @@ def test_write_buffer_keeps_the_last_write_logs_every_write_and_copies_for_itera
     assert [buffer.presence(key(engine, i)) for i in (1, 2, 9)] == [2, 1, 0]  # present, deleted, missing
     assert buffer.lookup(key(engine, 9)) is None
     assert (buffer.keyDelta(), buffer.unknownOps(), buffer.recordCount()) == (1, 2, 4)
-    log = changelog.decode(to_bytes(buffer.finish()), "buffer")
+    log = changelog.decode(to_bytes(buffer.finish().format1()), "buffer")
     assert log.version == 8 and [r.op for r in log.records()] == [
         changelog.OP_PUT_NEW, changelog.OP_PUT_EXISTING, changelog.OP_DELETE, changelog.OP_PUT]
 

@@ -74,4 +74,32 @@ public final class StateStores {
         }
         return out;
     }
+
+    /** A function that appends every chunk it is handed to one array and counts their sizes
+     *  (py4j cannot implement a Scala function). */
+    public static ChunkCollector chunkCollector() {
+        return new ChunkCollector();
+    }
+
+    public static final class ChunkCollector
+            extends scala.runtime.AbstractFunction1<java.nio.ByteBuffer, scala.runtime.BoxedUnit> {
+        private final java.io.ByteArrayOutputStream bytes = new java.io.ByteArrayOutputStream();
+        private final java.util.TreeSet<Integer> sizesButLast = new java.util.TreeSet<>();
+        private int last = -1;
+
+        @Override
+        public scala.runtime.BoxedUnit apply(java.nio.ByteBuffer chunk) {
+            if (last >= 0) sizesButLast.add(last);
+            last = chunk.remaining();
+            byte[] copy = new byte[last];
+            chunk.get(copy);
+            bytes.writeBytes(copy);
+            return scala.runtime.BoxedUnit.UNIT;
+        }
+
+        public byte[] bytes() { return bytes.toByteArray(); }
+        /** The distinct sizes of every chunk but the last, as text ("[4096]"). */
+        public String sizesButLast() { return sizesButLast.toString(); }
+        public int last() { return last; }
+    }
 }

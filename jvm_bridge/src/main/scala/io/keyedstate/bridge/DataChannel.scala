@@ -8,7 +8,7 @@ import java.nio.charset.StandardCharsets
 import java.nio.file.Path
 import java.util.concurrent.{ConcurrentHashMap, TimeUnit}
 
-import io.keyedstate.format.{Frames, ScanChunk, TtlCandidates, TtlScan}
+import io.keyedstate.format.{Frames, ScanChunk, SplitChangelog, TtlCandidates, TtlScan}
 
 /** An exchange on the data channel took longer than the bridge timeout (the channel is closed). */
 final class DataChannelTimeoutException(val timeoutMs: Long)
@@ -62,6 +62,17 @@ final class DataChannel(path: Path, secret: Array[Byte], timeoutMs: Long) extend
   def apply(handle: Int, changelog: ByteBuffer, behind: Boolean, ttlScan: Option[TtlScan]): Long =
     countReply(call(OpApply, handle, applyHead(behind, ttlScan), changelog)._2)
 
+  /** [[apply]] of a commit's changelog, held split: its format-1 bytes are joined into the
+   *  socket a chunk at a time, never into one array. */
+  def apply(handle: Int, changelog: SplitChangelog, behind: Boolean, ttlScan: Option[TtlScan]): Long = {
+    val head = applyHead(behind, ttlScan)
+    countReply(timed {
+      writeAll(Array(requestHead(OpApply, handle, head.remaining() + changelog.length), head))
+      changelog.writeFormat1(chunk, c => writeAll(Array(c)))
+      reply()
+    }._2)
+  }
+
   /** What the TTL scan after the last apply found: the version it scanned, its ms, expired keys. */
   def ttlCandidates(handle: Int): TtlCandidates = ttlCandidatesReply(call(OpTtlCandidates, handle)._2)
 
@@ -72,8 +83,16 @@ final class DataChannel(path: Path, secret: Array[Byte], timeoutMs: Long) extend
   def sync(handle: Int): (Long, String) = syncReply(call(OpSync, handle)._2)
 
   private def call(op: Byte, handle: Int, body: ByteBuffer*): (Byte, ByteBuffer) = timed {
-    val out = (requestHead(op, handle, body.map(_.remaining().toLong).sum) +: body).toArray
-    while (out.exists(_.hasRemaining)) channel.write(out)
+    writeAll((requestHead(op, handle, body.map(_.remaining().toLong).sum) +: body).toArray) // one write when small
+    reply()
+  }
+
+  private def writeAll(out: Array[ByteBuffer]): Unit = while (out.exists(_.hasRemaining)) channel.write(out)
+
+  /** Outside the heap: a heap buffer would be copied into the JDK's own direct buffer per write. */
+  private lazy val chunk = ByteBuffer.allocateDirect(DataChannel.ChunkBytes)
+
+  private def reply(): (Byte, ByteBuffer) = {
     responseHead.clear()
     readFully(responseHead)
     responseHead.flip()
@@ -120,6 +139,9 @@ final class DataChannel(path: Path, secret: Array[Byte], timeoutMs: Long) extend
 }
 
 object DataChannel {
+  /** Bytes of a streamed request body written at a time. */
+  val ChunkBytes: Int = 1 << 18
+
   /** One daemon thread for every data channel of the JVM: checks in-flight exchanges ten times
    *  a second (the timeout is seconds to minutes; a late check costs at most 100 ms more). */
   private object Watchdog extends Runnable {

@@ -84,6 +84,9 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   // Sizes the next version's write buffer starts with: the last commit's, so that it does not
   // grow (and copy) its index and changelog while a batch writes.
   @volatile private var expected = WriteBuffer.Expected.None
+  // Room the next commit's compressed changelog starts with: the last one's and a margin (0: the
+  // worst case, compressBound, as large as the changelog itself).
+  private var expectedFileBytes = 0L
 
   val loadMs = new AtomicLong
   val warmMs = new AtomicLong
@@ -208,8 +211,9 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       loaded = -1 // until the version is durable and shipped
       // The lineage back to the newest snapshot lets a load of this very version find it.
       val history = lineage.filter(_._1 >= math.max(1L, lastSnapshot)).flatMap { case (lv, lid) => lid.map(lv -> _) }
-      val file = ChangelogFormat.compress(changelog, ChangelogMeta(Some(keyCodec.layout), newId, history))
+      val file = ChangelogFormat.compress(changelog, ChangelogMeta(Some(keyCodec.layout), newId, history), expectedFileBytes)
       val bytes = file.remaining().toLong
+      expectedFileBytes = bytes + bytes / 4 + (64 << 10)
       val t1 = System.nanoTime()
       files.ensureDirs()
       if (!files.createOnce(files.changelog(newVersion, newId), file)) {

@@ -1,14 +1,13 @@
 package io.keyedstate.engine
 
-import java.nio.ByteBuffer
-
-import io.keyedstate.format.ChangelogFormat
+import io.keyedstate.format.{ChangelogFormat, SplitChangelog}
 
 /**
  * One version's writes, kept in the JVM until commit so that no write crosses to Python per key:
  * the last value of each key (reads consult it first, so a version sees its own writes), and the
- * version's changelog, encoded as the writes happen (Spark's changelog writer does the same), so
- * that a commit only has to finish, compress and publish it. Each record carries what was known
+ * version's changelog, encoded as the writes happen (Spark's changelog writer does the same) and
+ * held split as changelog codec 2 compresses it, so that a commit only has to finish, compress
+ * and publish it, with no copy of the whole changelog. Each record carries what was known
  * of the key just before it ([[ChangelogFormat]]'s ops, sequential: a key written twice is new
  * the first time and existing the second).
  */
@@ -20,7 +19,7 @@ final class WriteBuffer(version: Long, keyGroups: Int, expected: WriteBuffer.Exp
   // Pages from 4 KiB, doubling: a batch of a few writes stays small.
   private var pagesMade = 0
   private val entries = new BytesMap(() => { pagesMade += 1; 4096 << math.min(pagesMade - 1, 6) }, expected.keys)
-  private lazy val log = new ChangelogFormat.InMemoryWriter(version, keyGroups, expected.logBytes) // read stores never write
+  private lazy val log = new ChangelogFormat.InMemoryWriter(version, keyGroups, expected.logBytes, expected.keys) // read stores never write
   /** Net keys added by the logged records (new keys minus deleted ones), where known. */
   var keyDelta = 0L
   /** Records whose key's previous existence was unknown (the reader has to look). */
@@ -57,8 +56,9 @@ final class WriteBuffer(version: Long, keyGroups: Int, expected: WriteBuffer.Exp
   /** What the next version should expect (the last version's size is the best guess). */
   def observed: Expected = Expected(entries.size, if (entries.size == 0) 0L else log.writer.bytesWritten)
 
-  /** The version's changelog (format 1), finished; the buffer takes no writes after this. */
-  def finish(): ByteBuffer = log.finish()
+  /** The version's changelog, finished (held split, as codec 2 compresses it); the buffer takes
+   *  no writes after this. */
+  def finish(): SplitChangelog = log.finish()
 
   /** Every key written in this version with its last value ([[Tombstone]] for a delete). */
   def foreachWrite(f: (Bytes, Array[Byte]) => Unit): Unit = entries.foreach((k, v) => f(new Bytes(k), v))

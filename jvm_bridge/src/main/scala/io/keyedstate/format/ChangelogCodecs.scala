@@ -8,8 +8,9 @@ import io.keyedstate.format.ChangelogFormat.{isPut, HeaderBytes, MaxBytes, Trail
 
 /**
  * The body codecs of changelog format 2 (spec: FORMATS.md, "Changelog"): zstd frames with their
- * content size, and codec 2's split of a format-1 changelog into its key groups and the rest.
- * Kept apart from [[ChangelogFormat]], which owns the framing, the header and the record reader.
+ * content size, and the join of codec 2's key groups and the rest ([[SplitChangelog]] owns the
+ * split). Kept apart from [[ChangelogFormat]], which owns the framing, the header and the
+ * record reader.
  */
 private[format] object ChangelogCodecs {
   /** Compresses `src[offset, offset + length)` into `dst` at `at` (room for compressBound); the bytes written. */
@@ -19,36 +20,16 @@ private[format] object ChangelogCodecs {
     n.toInt
   }
 
-  /** Codec 2's split of a format-1 changelog: (key groups, the rest, the rest's length). */
-  def splitKeyGroups(inner: ByteBuffer): (Array[Byte], Array[Byte], Int) = {
-    val b = inner.duplicate()
-    val data = b.array()
-    val start = b.arrayOffset() + b.position()
-    val end = start + b.remaining() - TrailerBytes
-    val count = ByteBuffer.wrap(data, end + 1, 8).getLong()
-    val groups = new Array[Byte]((4 * count).toInt)
-    val rest = new Array[Byte](b.remaining() - groups.length)
-    System.arraycopy(data, start, rest, 0, HeaderBytes)
-    var pos = start + HeaderBytes
-    var out = HeaderBytes
-    var g = 0
-    val view = ByteBuffer.wrap(data)
-    while (pos < end) {
-      val keyStart = pos + 5
-      val keyEnd = keyStart + view.getInt(pos + 1)
-      val recordEnd = if (isPut(data(pos))) keyEnd + 4 + view.getInt(keyEnd) else keyEnd
-      System.arraycopy(data, keyStart, groups, g, 4)
-      g += 4
-      System.arraycopy(data, pos, rest, out, 5)
-      System.arraycopy(data, keyStart + 4, rest, out + 5, recordEnd - keyStart - 4)
-      out += recordEnd - pos - 4
-      pos = recordEnd
-    }
-    System.arraycopy(data, end, rest, out, TrailerBytes)
-    (groups, rest, out + TrailerBytes)
+  /** [[zstdInto]], or -1 when `dst` lacks room from `at` on (a buffer smaller than compressBound). */
+  def zstdIntoIfRoom(dst: Array[Byte], at: Int, src: Array[Byte], offset: Int, length: Int): Int = {
+    if (at > dst.length) return -1
+    val n = Zstd.compressByteArray(dst, at, dst.length - at, src, offset, length, ZstdLevel)
+    if (Zstd.isError(n) && Zstd.getErrorCode(n) == Zstd.errDstSizeTooSmall()) -1
+    else if (Zstd.isError(n)) throw new IllegalStateException(s"keyedstate: zstd failed: ${Zstd.getErrorName(n)}")
+    else n.toInt
   }
 
-  /** The inverse of [[splitKeyGroups]]; every length is checked, the format-1 read checks the rest. */
+  /** Codec 2's join of a changelog's key groups and the rest ([[SplitChangelog]] splits); every length is checked, the format-1 read checks the rest. */
   def joinKeyGroups(groups: Array[Byte], rest: Array[Byte], source: String): Array[Byte] = {
     def corrupt = new CorruptChangelogException(s"$source is corrupt (key groups and records disagree)")
     if (rest.length < HeaderBytes + TrailerBytes) throw corrupt

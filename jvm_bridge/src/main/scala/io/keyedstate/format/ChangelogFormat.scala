@@ -1,6 +1,6 @@
 package io.keyedstate.format
 
-import java.io.{ByteArrayOutputStream, OutputStream}
+import java.io.OutputStream
 import java.nio.{ByteBuffer, ByteOrder}
 import java.nio.charset.StandardCharsets
 import java.util.zip.CRC32
@@ -144,88 +144,83 @@ object ChangelogFormat {
   /** At most this many bytes per changelog (one Java array). */
   val MaxBytes: Long = Int.MaxValue - 64L
 
-  /** A changelog written into memory record by record (fails beyond [[MaxBytes]]); starts with
-   *  room for `expectedBytes`, so that a changelog as large as the last one is not copied while
+  /** A changelog written into memory record by record, split as codec 2 stores it
+   *  ([[SplitChangelog]]; fails beyond [[MaxBytes]]); starts with room for `expectedBytes` in
+   *  `expectedRecords` records, so that a changelog as large as the last one is not copied while
    *  it grows. */
-  final class InMemoryWriter(version: Long, keyGroups: Int, expectedBytes: Long = 0) {
-    private val out = new ExposedBytes(math.max(1L << 16, math.min(expectedBytes, MaxBytes)).toInt)
+  final class InMemoryWriter(version: Long, keyGroups: Int, expectedBytes: Long = 0, expectedRecords: Long = 0) {
+    private val out = new SplitChangelog.Splitter(expectedBytes, expectedRecords)
     val writer = new Writer(out, version, keyGroups)
-    /** Writes the trailer; the changelog's bytes. */
-    def finish(): ByteBuffer = { writer.finish(); out.view }
-  }
-
-  /** A whole changelog in memory, written with [[Writer]] (fails beyond [[MaxBytes]]). */
-  def encode(version: Long, keyGroups: Int)(records: Writer => Unit): ByteBuffer = {
-    val memory = new InMemoryWriter(version, keyGroups)
-    records(memory.writer)
-    memory.finish()
-  }
-
-  private final class ExposedBytes(initial: Int) extends ByteArrayOutputStream(initial) {
-    override def write(b: Array[Byte], off: Int, len: Int): Unit = {
-      if (count.toLong + len > MaxBytes) {
-        throw new IllegalStateException(s"keyedstate: a version writes more than $MaxBytes changelog bytes; " +
-          "at most 2 GB per commit")
-      }
-      super.write(b, off, len)
-    }
-    def view: ByteBuffer = ByteBuffer.wrap(buf, 0, count)
+    /** Writes the trailer; the changelog, split. */
+    def finish(): SplitChangelog = { writer.finish(); out.finish() }
   }
 
   /** One record; `value` is null for deletes. */
   final case class Record(op: Byte, key: Array[Byte], value: Array[Byte])
 
   /** A format-2 file of the format-1 changelog `inner`, compressed with `codec`. */
-  def compress(inner: ByteBuffer, meta: ChangelogMeta, codec: Int = CodecZstdSplit): ByteBuffer = {
-    val head = inner.duplicate()
-    head.position(head.position() + 10)
+  def compress(inner: ByteBuffer, meta: ChangelogMeta, codec: Int = CodecZstdSplit): ByteBuffer = codec match {
+    case CodecZstdSplit => compress(SplitChangelog.of(inner), meta, 0L)
+    case CodecNone | CodecZstd =>
+      val src = inner.duplicate()
+      val head = src.duplicate()
+      head.position(head.position() + 10)
+      val (a, off, len) = (src.array(), src.arrayOffset() + src.position(), src.remaining())
+      val bound = if (codec == CodecNone) len.toLong else Zstd.compressBound(len.toLong)
+      val (file, bodyStart) = headed(head.getLong(), head.getInt(), meta, codec, bound)
+      val end =
+        if (codec == CodecNone) file.put(a, off, len).position()
+        else bodyStart + ChangelogCodecs.zstdInto(file.array(), bodyStart, a, off, len)
+      file.position(0).limit(end)
+      file
+    case other => throw new IllegalArgumentException(s"unknown changelog codec $other")
+  }
+
+  /**
+   * A format-2 file of a split changelog, codec 2: its two parts are compressed where they lie,
+   * into a file buffer of `expectedBytes` (the last file's size and a margin: a buffer of the
+   * worst case, compressBound, would be as large as the changelog itself), or, should the body
+   * not fit, of the worst case.
+   */
+  def compress(log: SplitChangelog, meta: ChangelogMeta, expectedBytes: Long): ByteBuffer = {
+    val (g, gLength) = log.groupBytes
+    val (r, rLength) = log.restBytes
+    val bound = 4 + Zstd.compressBound(gLength.toLong) + Zstd.compressBound(rLength.toLong)
+    def attempt(room: Long): Option[ByteBuffer] = {
+      val (file, bodyStart) = headed(log.version, log.keyGroups, meta, CodecZstdSplit, room)
+      val dst = file.array()
+      val gBytes = ChangelogCodecs.zstdIntoIfRoom(dst, bodyStart + 4, g, 0, gLength)
+      if (gBytes < 0) return None
+      file.putInt(bodyStart, gBytes)
+      val rBytes = ChangelogCodecs.zstdIntoIfRoom(dst, bodyStart + 4 + gBytes, r, 0, rLength)
+      if (rBytes < 0) return None
+      file.position(0).limit(bodyStart + 4 + gBytes + rBytes)
+      Some(file)
+    }
+    (if (expectedBytes > 0 && expectedBytes < bound) attempt(expectedBytes) else None).getOrElse(attempt(bound).get)
+  }
+
+  /** A file buffer with format 2's header written and room for `bodyBytes`; where the body starts. */
+  private def headed(version: Long, keyGroups: Int, meta: ChangelogMeta, codec: Int, bodyBytes: Long): (ByteBuffer, Int) = {
     val tree = new java.util.LinkedHashMap[String, AnyRef]()
-    tree.put("version", Long.box(head.getLong()))
-    tree.put("keyGroups", Int.box(head.getInt()))
+    tree.put("version", Long.box(version))
+    tree.put("keyGroups", Int.box(keyGroups))
     meta.keyLayout.foreach(l => tree.put("keyLayout", ManifestFormat.keyLayoutTree(l)))
     meta.uniqueId.foreach(id => tree.put("uniqueId", id))
     if (meta.lineage.nonEmpty) {
       tree.put("lineage", meta.lineage.map { case (v, id) => java.util.List.of(Long.box(v), id) }.asJava)
     }
     val metaBytes = Json.writeValueAsBytes(tree)
-    val src = inner.duplicate()
-    // The body is compressed straight into the file's buffer (sized for the worst case), not into
-    // arrays that are copied again: a commit allocates the file once.
-    val (parts, bound) = codec match {
-      case CodecNone => (Seq((src.array(), src.arrayOffset() + src.position(), src.remaining())), src.remaining().toLong)
-      case CodecZstd =>
-        (Seq((src.array(), src.arrayOffset() + src.position(), src.remaining())), Zstd.compressBound(src.remaining().toLong))
-      case CodecZstdSplit =>
-        val (groups, rest, restLength) = ChangelogCodecs.splitKeyGroups(src)
-        (Seq((groups, 0, groups.length), (rest, 0, restLength)),
-          4 + Zstd.compressBound(groups.length.toLong) + Zstd.compressBound(restLength.toLong))
-      case other => throw new IllegalArgumentException(s"unknown changelog codec $other")
-    }
     val bodyStart = HeaderV2Bytes + metaBytes.length + 4
-    if (bodyStart + bound > Int.MaxValue - 64) {
+    if (bodyStart + bodyBytes > Int.MaxValue - 64) {
       throw new IllegalStateException(s"keyedstate: a compressed changelog would exceed $MaxBytes bytes; at most 2 GB per commit")
     }
-    val file = ByteBuffer.allocate((bodyStart + bound).toInt)
+    val file = ByteBuffer.allocate((bodyStart + bodyBytes).toInt)
     file.put(MagicV2).putShort(FormatVersionV2.toShort).put(codec.toByte).putInt(metaBytes.length).put(metaBytes)
     val crc = new CRC32()
     crc.update(file.array(), 0, file.position())
     file.putInt(crc.getValue.toInt)
-    val end = codec match {
-      case CodecNone =>
-        val (a, off, len) = parts.head
-        file.put(a, off, len).position()
-      case CodecZstd =>
-        val (a, off, len) = parts.head
-        bodyStart + ChangelogCodecs.zstdInto(file.array(), bodyStart, a, off, len)
-      case _ =>
-        val (g, gOff, gLen) = parts(0)
-        val (r, rOff, rLen) = parts(1)
-        val gBytes = ChangelogCodecs.zstdInto(file.array(), bodyStart + 4, g, gOff, gLen)
-        file.putInt(bodyStart, gBytes)
-        bodyStart + 4 + gBytes + ChangelogCodecs.zstdInto(file.array(), bodyStart + 4 + gBytes, r, rOff, rLen)
-    }
-    file.position(0).limit(end)
-    file
+    (file, bodyStart)
   }
 
   /** A changelog whose framing and checksum were checked. */

@@ -1,0 +1,195 @@
+package io.keyedstate.format
+
+import java.io.{ByteArrayOutputStream, OutputStream}
+import java.nio.ByteBuffer
+
+import io.keyedstate.format.ChangelogFormat.{End, HeaderBytes, MaxBytes, TrailerBytes, isPut}
+
+/**
+ * A format-1 changelog held the way changelog codec 2 splits it (spec: FORMATS.md,
+ * "Changelog"): its key groups, the first 4 bytes of every record's key in record order, and
+ * the rest, the changelog with those 4 bytes cut out of every key.
+ *
+ * A version's writes are split as they are encoded ([[Splitter]]), so that a commit compresses
+ * the two parts where they lie and ships the format-1 bytes to the state server by joining them
+ * a chunk at a time ([[writeFormat1]]). Before, a commit held the whole changelog three times
+ * over (the encoded changelog, its split copies and a compressBound-sized file buffer: three
+ * G1 humongous arrays a partition and batch, ~14 MB each on W1); now it holds it once, split.
+ */
+final class SplitChangelog private (groups: Array[Byte], groupsLength: Int, rest: Array[Byte], restLength: Int) {
+  require(groupsLength % 4 == 0 && restLength >= HeaderBytes + TrailerBytes, "a split changelog needs a header and a trailer")
+
+  /** Bytes of the format-1 changelog. */
+  def length: Long = groupsLength.toLong + restLength
+  def recordCount: Long = groupsLength / 4
+  /** The version and key-group count of its header. */
+  def version: Long = ByteBuffer.wrap(rest, 10, 8).getLong()
+  def keyGroups: Int = ByteBuffer.wrap(rest, 18, 4).getInt()
+
+  private[format] def groupBytes: (Array[Byte], Int) = (groups, groupsLength)
+  private[format] def restBytes: (Array[Byte], Int) = (rest, restLength)
+
+  /**
+   * Writes the format-1 changelog into `chunk` and hands it to `flush` whenever it is full and
+   * once at the end (flipped; `flush` must consume it, the chunk is cleared and reused).
+   */
+  def writeFormat1(chunk: ByteBuffer, flush: ByteBuffer => Unit): Unit = {
+    require(chunk.capacity() > 0, "an empty chunk")
+    chunk.clear()
+    def emit(a: Array[Byte], offset: Int, length: Int): Unit = {
+      var off = offset
+      var left = length
+      while (left > 0) {
+        val n = math.min(left, chunk.remaining())
+        chunk.put(a, off, n)
+        off += n
+        left -= n
+        if (!chunk.hasRemaining) { chunk.flip(); flush(chunk); chunk.clear() }
+      }
+    }
+    val view = ByteBuffer.wrap(rest)
+    val end = restLength - TrailerBytes
+    emit(rest, 0, HeaderBytes)
+    var pos = HeaderBytes
+    var g = 0
+    while (pos < end) {
+      val keyRest = pos + 5 + view.getInt(pos + 1) - 4
+      val recordEnd = if (isPut(rest(pos))) keyRest + 4 + view.getInt(keyRest) else keyRest
+      if (recordEnd > end || keyRest < pos + 5 || g + 4 > groupsLength) {
+        throw new IllegalStateException(s"keyedstate: a split changelog is inconsistent at byte $pos") // never written so
+      }
+      emit(rest, pos, 5)
+      emit(groups, g, 4)
+      emit(rest, pos + 5, recordEnd - pos - 5)
+      g += 4
+      pos = recordEnd
+    }
+    emit(rest, end, TrailerBytes)
+    chunk.flip()
+    if (chunk.hasRemaining) flush(chunk)
+    chunk.clear()
+  }
+
+  /** The format-1 changelog in one array (tests and tools; a commit never builds it). */
+  def format1: ByteBuffer = {
+    require(length <= MaxBytes, s"a changelog of $length bytes")
+    val out = ByteBuffer.allocate(length.toInt)
+    writeFormat1(ByteBuffer.allocate(1 << 16), c => out.put(c))
+    out.flip()
+    out
+  }
+}
+
+object SplitChangelog {
+  /** Codec 2's split of a format-1 changelog (its framing is the caller's to have checked). */
+  def of(format1: ByteBuffer): SplitChangelog = {
+    val b = format1.duplicate()
+    val splitter = new Splitter(b.remaining().toLong, 0)
+    splitter.write(b.array(), b.arrayOffset() + b.position(), b.remaining())
+    splitter.finish()
+  }
+
+  /**
+   * An [[OutputStream]] that takes a format-1 changelog's bytes in any pieces (what
+   * [[ChangelogFormat.Writer]] passes on) and keeps them split: key groups apart, the rest
+   * together. A record's fields may straddle pieces; the stream remembers where it is. Starts
+   * with room for `expectedBytes` of changelog with `expectedRecords` records, so that a
+   * changelog as large as the last one is not copied while it grows.
+   */
+  final class Splitter(expectedBytes: Long, expectedRecords: Long) extends OutputStream {
+    private val groups = new Growing(math.min(4L * expectedRecords, MaxBytes).toInt.max(256))
+    private val rest = new Growing(math.min(expectedBytes - 4L * expectedRecords, MaxBytes).toInt.max(1 << 12))
+    private var phase = Header
+    private var need = HeaderBytes // bytes left in the field being read
+    private var number = 0 // a length field as its bytes arrive
+    private var put = false
+    private var keyLength = 0
+
+    override def write(b: Int): Unit = write(Array(b.toByte), 0, 1)
+
+    override def write(b: Array[Byte], offset: Int, length: Int): Unit = {
+      var off = offset
+      val end = offset + length
+      while (off < end) {
+        phase match {
+          case Header | KeyRest | Value | Trailer =>
+            val n = math.min(need, end - off)
+            rest.write(b, off, n)
+            off += n
+            need -= n
+          case Op =>
+            val op = b(off)
+            rest.write(b, off, 1)
+            off += 1
+            if (op == End) { phase = Trailer; need = TrailerBytes - 1 }
+            else { put = isPut(op); phase = KeyLength; need = 4; number = 0 }
+          case KeyLength | ValueLength if need == 4 && end - off >= 4 => // the common case: all here
+            rest.write(b, off, 4)
+            number = ByteBuffer.wrap(b, off, 4).getInt()
+            off += 4
+            need = 0
+          case KeyLength | ValueLength =>
+            rest.write(b, off, 1)
+            number = (number << 8) | (b(off) & 0xFF)
+            off += 1
+            need -= 1
+          case Group =>
+            val n = math.min(need, end - off)
+            groups.write(b, off, n)
+            off += n
+            need -= n
+        }
+        if (need == 0) advance()
+      }
+    }
+
+    /** The field just read is complete: on to the next. */
+    private def advance(): Unit = phase match {
+      case Header | Value => phase = Op; need = 1
+      case KeyLength =>
+        keyLength = number
+        if (keyLength < 4) {
+          throw new IllegalStateException(s"keyedstate: a changelog key of $keyLength bytes has no key group")
+        }
+        phase = Group; need = 4
+      case Group =>
+        phase = KeyRest; need = keyLength - 4
+        if (need == 0) advance()
+      case KeyRest =>
+        if (put) { phase = ValueLength; need = 4; number = 0 } else { phase = Op; need = 1 }
+      case ValueLength =>
+        phase = Value; need = number
+        if (need == 0) advance()
+      case Trailer => phase = Done; need = -1
+      case _ => throw new IllegalStateException("keyedstate: bytes after a changelog's trailer")
+    }
+
+    /** The split changelog, once its trailer has been written. */
+    def finish(): SplitChangelog = {
+      if (phase != Done) throw new IllegalStateException("keyedstate: a split changelog is incomplete (no trailer)")
+      new SplitChangelog(groups.array, groups.size, rest.array, rest.size)
+    }
+  }
+
+  private final val Header = 0
+  private final val Op = 1
+  private final val KeyLength = 2
+  private final val Group = 3
+  private final val KeyRest = 4
+  private final val ValueLength = 5
+  private final val Value = 6
+  private final val Trailer = 7
+  private final val Done = 8
+
+  /** A byte array that grows, capped at [[MaxBytes]], whose array is handed out without a copy. */
+  private final class Growing(initial: Int) extends ByteArrayOutputStream(initial) {
+    override def write(b: Array[Byte], off: Int, len: Int): Unit = {
+      if (count.toLong + len > MaxBytes) {
+        throw new IllegalStateException(s"keyedstate: a version writes more than $MaxBytes changelog bytes; " +
+          "at most 2 GB per commit")
+      }
+      super.write(b, off, len)
+    }
+    def array: Array[Byte] = buf
+  }
+}
