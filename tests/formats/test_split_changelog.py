@@ -5,6 +5,7 @@ exactly the changelog the writer encoded."""
 from __future__ import annotations
 
 import random
+import struct
 
 import pytest
 from py4j.protocol import Py4JJavaError
@@ -54,7 +55,12 @@ def test_split_as_written_is_codec_2s_split_and_its_file_codec_2s_file(spark, fm
     assert to_bytes(split.format1()) == inner
     python_file = changelog.compress(inner, META, changelog.CODEC_ZSTD_SPLIT)
     meta = fmt.ChangelogFormat.read(bytearray(python_file), "python").meta()
-    for room in (0, 1, len(python_file) - 1, len(python_file) + 100, 1 << 30):  # none, too little, enough
+    body_start = 15 + struct.unpack_from(">I", python_file, 11)[0] + 4
+    body = len(python_file) - body_start
+    groups = struct.unpack_from(">I", python_file, body_start)[0]
+    # The body's room: none asked (compressBound); none at all; too little for the key groups;
+    # for the groups but not the rest; a byte short; exactly enough; more than enough.
+    for room in (0, 1, 5, 4 + groups + 1, body - 1, body, body + 100, 1 << 30):
         assert to_bytes(fmt.ChangelogFormat.compress(split, meta, room)) == python_file, room
     decoded = changelog.decode(python_file, "split")
     assert [tuple(r) for r in decoded.records()] == log_records
@@ -93,3 +99,8 @@ def test_a_key_without_a_key_group_and_an_unfinished_changelog_are_refused(fmt):
     splitter.write(head, 0, len(head))
     with pytest.raises(Py4JJavaError, match="incomplete"):
         splitter.finish()
+    whole = changelog.encode(9, 1024, [])
+    splitter = getattr(fmt, "SplitChangelog$Splitter")(0, 0)
+    splitter.write(whole, 0, len(whole))
+    with pytest.raises(Py4JJavaError, match="after a changelog's trailer"):
+        splitter.write(b"\x01", 0, 1)  # a byte after the trailer

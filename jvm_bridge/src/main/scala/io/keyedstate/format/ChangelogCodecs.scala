@@ -2,7 +2,7 @@ package io.keyedstate.format
 
 import java.nio.ByteBuffer
 
-import com.github.luben.zstd.Zstd
+import com.github.luben.zstd.{Zstd, ZstdException}
 
 import io.keyedstate.format.ChangelogFormat.{isPut, HeaderBytes, MaxBytes, TrailerBytes, ZstdLevel}
 
@@ -21,13 +21,12 @@ private[format] object ChangelogCodecs {
   }
 
   /** [[zstdInto]], or -1 when `dst` lacks room from `at` on (a buffer smaller than compressBound). */
-  def zstdIntoIfRoom(dst: Array[Byte], at: Int, src: Array[Byte], offset: Int, length: Int): Int = {
-    if (at > dst.length) return -1
-    val n = Zstd.compressByteArray(dst, at, dst.length - at, src, offset, length, ZstdLevel)
-    if (Zstd.isError(n) && Zstd.getErrorCode(n) == Zstd.errDstSizeTooSmall()) -1
-    else if (Zstd.isError(n)) throw new IllegalStateException(s"keyedstate: zstd failed: ${Zstd.getErrorName(n)}")
-    else n.toInt
-  }
+  def zstdIntoIfRoom(dst: Array[Byte], at: Int, src: Array[Byte], offset: Int, length: Int): Int =
+    if (at > dst.length) -1
+    else try zstdInto(dst, at, src, offset, length) catch {
+      // zstd-jni throws its errors (the code is zstd's error enum), it does not return them
+      case e: ZstdException if e.getErrorCode == Zstd.errDstSizeTooSmall() => -1
+    }
 
   /** Codec 2's join of a changelog's key groups and the rest ([[SplitChangelog]] splits); every length is checked, the format-1 read checks the rest. */
   def joinKeyGroups(groups: Array[Byte], rest: Array[Byte], source: String): Array[Byte] = {

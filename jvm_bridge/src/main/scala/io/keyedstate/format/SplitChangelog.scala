@@ -1,6 +1,6 @@
 package io.keyedstate.format
 
-import java.io.{ByteArrayOutputStream, OutputStream}
+import java.io.OutputStream
 import java.nio.ByteBuffer
 
 import io.keyedstate.format.ChangelogFormat.{End, HeaderBytes, MaxBytes, TrailerBytes, isPut}
@@ -56,7 +56,7 @@ final class SplitChangelog private (groups: Array[Byte], groupsLength: Int, rest
       val keyRest = pos + 5 + view.getInt(pos + 1) - 4
       val recordEnd = if (isPut(rest(pos))) keyRest + 4 + view.getInt(keyRest) else keyRest
       if (recordEnd > end || keyRest < pos + 5 || g + 4 > groupsLength) {
-        throw new IllegalStateException(s"keyedstate: a split changelog is inconsistent at byte $pos") // never written so
+        throw new IllegalStateException(s"keyedstate: a split changelog is inconsistent at byte $pos") // never split so
       }
       emit(rest, pos, 5)
       emit(groups, g, 4)
@@ -64,6 +64,7 @@ final class SplitChangelog private (groups: Array[Byte], groupsLength: Int, rest
       g += 4
       pos = recordEnd
     }
+    if (g != groupsLength) throw new IllegalStateException("keyedstate: a split changelog is inconsistent (key groups left over)")
     emit(rest, end, TrailerBytes)
     chunk.flip()
     if (chunk.hasRemaining) flush(chunk)
@@ -102,50 +103,62 @@ object SplitChangelog {
     private var phase = Header
     private var need = HeaderBytes // bytes left in the field being read
     private var number = 0 // a length field as its bytes arrive
-    private var put = false
+    private var op: Byte = 0
     private var keyLength = 0
 
     override def write(b: Int): Unit = write(Array(b.toByte), 0, 1)
 
+    /** Reads the fields' lengths as they pass; copies a record's rest bytes in one run and its
+     *  key group apart. */
     override def write(b: Array[Byte], offset: Int, length: Int): Unit = {
+      if (phase == Done && length > 0) throw new IllegalStateException("keyedstate: bytes after a changelog's trailer")
+      if (groups.size.toLong + rest.size + length > MaxBytes) {
+        throw new IllegalStateException(s"keyedstate: a version writes more than $MaxBytes changelog bytes; " +
+          "at most 2 GB per commit")
+      }
       var off = offset
       val end = offset + length
+      var runFrom = off // rest bytes from here to off are not copied yet
       while (off < end) {
-        phase match {
-          case Header | KeyRest | Value | Trailer =>
-            val n = math.min(need, end - off)
-            rest.write(b, off, n)
-            off += n
-            need -= n
-          case Op =>
-            val op = b(off)
-            rest.write(b, off, 1)
-            off += 1
-            if (op == End) { phase = Trailer; need = TrailerBytes - 1 }
-            else { put = isPut(op); phase = KeyLength; need = 4; number = 0 }
-          case KeyLength | ValueLength if need == 4 && end - off >= 4 => // the common case: all here
-            rest.write(b, off, 4)
-            number = ByteBuffer.wrap(b, off, 4).getInt()
+        if (phase == Group) {
+          if (off > runFrom) rest.append(b, runFrom, off - runFrom)
+          val n = math.min(need, end - off)
+          groups.append(b, off, n)
+          off += n
+          need -= n
+          runFrom = off
+        } else if (phase == KeyLength || phase == ValueLength) {
+          if (need == 4 && end - off >= 4) { // the common case: all four bytes here
+            number = ((b(off) & 0xFF) << 24) | ((b(off + 1) & 0xFF) << 16) | ((b(off + 2) & 0xFF) << 8) | (b(off + 3) & 0xFF)
             off += 4
             need = 0
-          case KeyLength | ValueLength =>
-            rest.write(b, off, 1)
+          } else {
             number = (number << 8) | (b(off) & 0xFF)
             off += 1
             need -= 1
-          case Group =>
-            val n = math.min(need, end - off)
-            groups.write(b, off, n)
-            off += n
-            need -= n
+          }
+        } else if (phase == Op) {
+          op = b(off)
+          off += 1
+          need = 0
+        } else if (phase == Done) {
+          throw new IllegalStateException("keyedstate: bytes after a changelog's trailer")
+        } else { // Header, KeyRest, Value, Trailer: rest bytes, passed over
+          val n = math.min(need, end - off)
+          off += n
+          need -= n
         }
         if (need == 0) advance()
       }
+      if (end > runFrom) rest.append(b, runFrom, end - runFrom)
     }
 
     /** The field just read is complete: on to the next. */
     private def advance(): Unit = phase match {
       case Header | Value => phase = Op; need = 1
+      case Op =>
+        if (op == End) { phase = Trailer; need = TrailerBytes - 1 }
+        else { phase = KeyLength; need = 4; number = 0 }
       case KeyLength =>
         keyLength = number
         if (keyLength < 4) {
@@ -156,12 +169,11 @@ object SplitChangelog {
         phase = KeyRest; need = keyLength - 4
         if (need == 0) advance()
       case KeyRest =>
-        if (put) { phase = ValueLength; need = 4; number = 0 } else { phase = Op; need = 1 }
+        if (isPut(op)) { phase = ValueLength; need = 4; number = 0 } else { phase = Op; need = 1 }
       case ValueLength =>
         phase = Value; need = number
         if (need == 0) advance()
       case Trailer => phase = Done; need = -1
-      case _ => throw new IllegalStateException("keyedstate: bytes after a changelog's trailer")
     }
 
     /** The split changelog, once its trailer has been written. */
@@ -181,15 +193,18 @@ object SplitChangelog {
   private final val Trailer = 7
   private final val Done = 8
 
-  /** A byte array that grows, capped at [[MaxBytes]], whose array is handed out without a copy. */
-  private final class Growing(initial: Int) extends ByteArrayOutputStream(initial) {
-    override def write(b: Array[Byte], off: Int, len: Int): Unit = {
-      if (count.toLong + len > MaxBytes) {
-        throw new IllegalStateException(s"keyedstate: a version writes more than $MaxBytes changelog bytes; " +
-          "at most 2 GB per commit")
+  /** A byte array that grows (by doubling; not synchronized, unlike ByteArrayOutputStream), whose
+   *  array is handed out without a copy. Its callers cap the total at [[MaxBytes]]. */
+  private final class Growing(initial: Int) {
+    var array: Array[Byte] = new Array[Byte](initial)
+    var size = 0
+
+    def append(b: Array[Byte], off: Int, len: Int): Unit = {
+      if (size + len > array.length) {
+        array = java.util.Arrays.copyOf(array, math.min(math.max(array.length.toLong * 2, size.toLong + len), MaxBytes).toInt)
       }
-      super.write(b, off, len)
+      System.arraycopy(b, off, array, size, len)
+      size += len
     }
-    def array: Array[Byte] = buf
   }
 }
