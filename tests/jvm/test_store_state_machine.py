@@ -166,3 +166,29 @@ def test_a_bulk_version_is_snapshotted_and_uploaded_at_once(spark, tmp_path):
         assert _snapshot_versions(tmp_path) == [1]
     finally:
         layer.close()
+
+
+@pytest.mark.parametrize("prefix_columns", [0, 1], ids=["plain", "prefix-scan"])
+def test_a_row_reused_with_new_bytes_is_a_new_key(spark, tmp_path, prefix_columns):
+    """A store encodes the key it read last only once: an operator's reused row, rewritten
+    between a get and a put (same object, same size, other bytes), must still be another key."""
+    layer = LayerStore(spark, tmp_path / "state", key_ddl="k INT, s STRING", prefix_columns=prefix_columns)
+    try:
+        store = layer.store(0)
+        row = layer.key(1, "ab")
+        assert store.get(row, "default") is None
+        store.put(row, layer.value(10), "default")  # the same row: the key just read
+        row.setInt(0, 2)  # rewritten in place: key (2, "ab")
+        assert store.get(row, "default") is None
+        store.put(row, layer.value(20), "default")
+        store.put(layer.key(2, "ac"), layer.value(21), "default")  # same size, last byte differs
+        assert [layer.get(store, 1, "ab"), layer.get(store, 2, "ab"), layer.get(store, 2, "ac")] == [10, 20, 21]
+        store.remove(layer.key(1, "ab"), "default")
+        store.put(layer.key(1, "abc"), layer.value(13), "default")
+        store.commit()
+        reread = layer.store(1)
+        assert [layer.get(reread, 1, "ab"), layer.get(reread, 2, "ab"), layer.get(reread, 2, "ac"),
+                layer.get(reread, 1, "abc")] == [None, 20, 21, 13]
+        reread.abort()
+    finally:
+        layer.close()

@@ -90,8 +90,11 @@ final class KeyCodec(keySchema: StructType, valueSchema: StructType, spec: KeySt
     out
   }
 
+  /** Where the key's row starts in its stored key. */
+  def keyRowOffset(stored: Array[Byte]): Int = if (prefixColumns == 0) 4 else 8 + ByteBuffer.wrap(stored, 4, 4).getInt()
+
   def decodeKey(stored: Array[Byte]): UnsafeRow = {
-    val offset = if (prefixColumns == 0) 4 else 8 + ByteBuffer.wrap(stored, 4, 4).getInt()
+    val offset = keyRowOffset(stored)
     val row = new UnsafeRow(keyFields)
     row.pointTo(stored, Platform.BYTE_ARRAY_OFFSET + offset, stored.length - offset)
     row

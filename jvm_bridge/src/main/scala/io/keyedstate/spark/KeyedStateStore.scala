@@ -4,6 +4,8 @@ import org.apache.hadoop.conf.Configuration
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow
 import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.types.StructType
+import org.apache.spark.unsafe.Platform
+import org.apache.spark.unsafe.array.ByteArrayMethods
 
 import io.keyedstate.engine.{Bytes, CommitPhases, CommitResult, Metrics, OpenStores, StoreEngine}
 
@@ -26,6 +28,10 @@ final class KeyedStateStore private[spark] (engine: StoreEngine, override val ve
   private var commitMs = 0L
   private var writesShipped = 0L
   private var writesUnknown = 0L
+  // The key last encoded, and where its row starts in it: an operator that reads a key and then
+  // writes it (aggregation, dedup, join) encodes and hashes it once, not twice.
+  private var lastKey: Bytes = null
+  private var lastRowAt = 0
 
   override def id: StateStoreId = engine.id
   private[spark] def isUpdating: Boolean = state == Updating
@@ -41,7 +47,7 @@ final class KeyedStateStore private[spark] (engine: StoreEngine, override val ve
 
   override def get(key: UnsafeRow, colFamilyName: String): UnsafeRow = {
     checkCf(colFamilyName)
-    val stored = view.get(new Bytes(codec.encodeKey(key)))
+    val stored = view.get(encoded(key))
     if (stored == null) null else codec.decodeValue(stored)
   }
 
@@ -49,13 +55,29 @@ final class KeyedStateStore private[spark] (engine: StoreEngine, override val ve
     checkCf(colFamilyName)
     verify(state == Updating, "Cannot put after already committed or aborted")
     require(value != null, "keyedstate: cannot put a null value")
-    view.put(new Bytes(codec.encodeKey(key)), codec.encodeValue(value))
+    view.put(encoded(key), codec.encodeValue(value))
   }
 
   override def remove(key: UnsafeRow, colFamilyName: String): Unit = {
     checkCf(colFamilyName)
     verify(state == Updating, "Cannot remove after already committed or aborted")
-    view.delete(new Bytes(codec.encodeKey(key)))
+    view.delete(encoded(key))
+  }
+
+  /** The stored key of `key`: the last one encoded if `key`'s row bytes are its row's (a stored
+   *  key is a function of them), else a new one. */
+  private def encoded(key: UnsafeRow): Bytes = {
+    val last = lastKey
+    val size = key.getSizeInBytes
+    if (last != null && last.bytes.length - lastRowAt == size &&
+        ByteArrayMethods.arrayEquals(key.getBaseObject, key.getBaseOffset, last.bytes, Platform.BYTE_ARRAY_OFFSET + lastRowAt, size)) {
+      last
+    } else {
+      val fresh = new Bytes(codec.encodeKey(key))
+      lastKey = fresh
+      lastRowAt = codec.keyRowOffset(fresh.bytes)
+      fresh
+    }
   }
 
   override def iterator(colFamilyName: String): StateStoreIterator[UnsafeRowPair] = {
