@@ -104,3 +104,8 @@ def test_a_key_without_a_key_group_and_an_unfinished_changelog_are_refused(fmt):
     splitter.write(whole, 0, len(whole))
     with pytest.raises(Py4JJavaError, match="after a changelog's trailer"):
         splitter.write(b"\x01", 0, 1)  # a byte after the trailer
+    forged = changelog.encode(9, 1024, [])[:22] + bytes([changelog.OP_PUT]) + struct.pack(">I", 5) + b"\0\0\0\1k" + \
+        struct.pack(">i", -13)  # a negative value length would send a parser backwards
+    splitter = getattr(fmt, "SplitChangelog$Splitter")(0, 0)
+    with pytest.raises(Py4JJavaError, match="value of -13 bytes"):
+        splitter.write(forged, 0, len(forged))

@@ -89,8 +89,8 @@ final class DataChannel(path: Path, secret: Array[Byte], timeoutMs: Long) extend
 
   private def writeAll(out: Array[ByteBuffer]): Unit = while (out.exists(_.hasRemaining)) channel.write(out)
 
-  /** Outside the heap: a heap buffer would be copied into the JDK's own direct buffer per write. */
-  private lazy val chunk = ByteBuffer.allocateDirect(DataChannel.ChunkBytes)
+  /** On the heap: the join copies records in a few bytes at a time (see [[SplitChangelog.writeFormat1]]). */
+  private lazy val chunk = ByteBuffer.allocate(DataChannel.ChunkBytes)
 
   private def reply(): (Byte, ByteBuffer) = {
     responseHead.clear()

@@ -187,7 +187,7 @@ object ChangelogFormat {
     val (r, rLength) = log.restBytes
     val bound = 4 + Zstd.compressBound(gLength.toLong) + Zstd.compressBound(rLength.toLong)
     def attempt(room: Long): Option[ByteBuffer] = {
-      val (file, bodyStart) = headed(log.version, log.keyGroups, meta, CodecZstdSplit, room)
+      val (file, bodyStart) = headed(log.version, log.keyGroups, meta, CodecZstdSplit, room, mayShrink = true)
       val dst = file.array()
       val gBytes = ChangelogCodecs.zstdIntoIfRoom(dst, bodyStart + 4, g, 0, gLength)
       if (gBytes < 0) return None
@@ -197,11 +197,14 @@ object ChangelogFormat {
       file.position(0).limit(bodyStart + 4 + gBytes + rBytes)
       Some(file)
     }
-    (if (expectedBytes > 0 && expectedBytes < bound) attempt(expectedBytes) else None).getOrElse(attempt(bound).get)
+    (if (expectedBytes > 0 && expectedBytes < bound) attempt(expectedBytes) else None).orElse(attempt(bound))
+      .getOrElse(throw new IllegalStateException(s"keyedstate: a compressed changelog would exceed $MaxBytes bytes; at most 2 GB per commit"))
   }
 
-  /** A file buffer with format 2's header written and room for `bodyBytes`; where the body starts. */
-  private def headed(version: Long, keyGroups: Int, meta: ChangelogMeta, codec: Int, bodyBytes: Long): (ByteBuffer, Int) = {
+  /** A file buffer with format 2's header written and room for `bodyBytes` (`mayShrink`: or as
+   *  much of it as one array holds, for a body that may well need less); where the body starts. */
+  private def headed(version: Long, keyGroups: Int, meta: ChangelogMeta, codec: Int, bodyBytes: Long,
+      mayShrink: Boolean = false): (ByteBuffer, Int) = {
     val tree = new java.util.LinkedHashMap[String, AnyRef]()
     tree.put("version", Long.box(version))
     tree.put("keyGroups", Int.box(keyGroups))
@@ -212,10 +215,11 @@ object ChangelogFormat {
     }
     val metaBytes = Json.writeValueAsBytes(tree)
     val bodyStart = HeaderV2Bytes + metaBytes.length + 4
-    if (bodyStart + bodyBytes > Int.MaxValue - 64) {
+    val room = if (mayShrink) math.min(bodyBytes, MaxBytes - bodyStart) else bodyBytes
+    if (bodyStart + room > MaxBytes) {
       throw new IllegalStateException(s"keyedstate: a compressed changelog would exceed $MaxBytes bytes; at most 2 GB per commit")
     }
-    val file = ByteBuffer.allocate((bodyStart + bodyBytes).toInt)
+    val file = ByteBuffer.allocate((bodyStart + room).toInt)
     file.put(MagicV2).putShort(FormatVersionV2.toShort).put(codec.toByte).putInt(metaBytes.length).put(metaBytes)
     val crc = new CRC32()
     crc.update(file.array(), 0, file.position())

@@ -30,21 +30,28 @@ final class SplitChangelog private (groups: Array[Byte], groupsLength: Int, rest
   private[format] def restBytes: (Array[Byte], Int) = (rest, restLength)
 
   /**
-   * Writes the format-1 changelog into `chunk` and hands it to `flush` whenever it is full and
-   * once at the end (flipped; `flush` must consume it, the chunk is cleared and reused).
+   * Writes the format-1 changelog into `chunk` (a heap buffer: records are copied in a few bytes
+   * at a time, which `System.arraycopy` does at memory speed and a direct buffer's `put` does
+   * not) and hands it to `flush` whenever it is full and once at the end (flipped; `flush` must
+   * consume it, the chunk is reused).
    */
   def writeFormat1(chunk: ByteBuffer, flush: ByteBuffer => Unit): Unit = {
-    require(chunk.capacity() > 0, "an empty chunk")
-    chunk.clear()
+    require(chunk.hasArray && chunk.capacity() > 0, "a chunk needs a heap array")
+    val buf = chunk.array()
+    val base = chunk.arrayOffset()
+    val capacity = chunk.capacity()
+    var at = 0
+    def flushChunk(): Unit = { chunk.clear(); chunk.limit(at); flush(chunk); at = 0 }
     def emit(a: Array[Byte], offset: Int, length: Int): Unit = {
       var off = offset
       var left = length
       while (left > 0) {
-        val n = math.min(left, chunk.remaining())
-        chunk.put(a, off, n)
+        val n = math.min(left, capacity - at)
+        System.arraycopy(a, off, buf, base + at, n)
+        at += n
         off += n
         left -= n
-        if (!chunk.hasRemaining) { chunk.flip(); flush(chunk); chunk.clear() }
+        if (at == capacity) flushChunk()
       }
     }
     val view = ByteBuffer.wrap(rest)
@@ -66,8 +73,7 @@ final class SplitChangelog private (groups: Array[Byte], groupsLength: Int, rest
     }
     if (g != groupsLength) throw new IllegalStateException("keyedstate: a split changelog is inconsistent (key groups left over)")
     emit(rest, end, TrailerBytes)
-    chunk.flip()
-    if (chunk.hasRemaining) flush(chunk)
+    if (at > 0) flushChunk()
     chunk.clear()
   }
 
@@ -171,6 +177,7 @@ object SplitChangelog {
       case KeyRest =>
         if (isPut(op)) { phase = ValueLength; need = 4; number = 0 } else { phase = Op; need = 1 }
       case ValueLength =>
+        if (number < 0) throw new IllegalStateException(s"keyedstate: a changelog value of $number bytes")
         phase = Value; need = number
         if (need == 0) advance()
       case Trailer => phase = Done; need = -1
