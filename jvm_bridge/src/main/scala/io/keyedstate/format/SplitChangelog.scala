@@ -30,19 +30,58 @@ final class SplitChangelog private (groups: Array[Byte], groupsLength: Int, rest
   private[format] def restBytes: (Array[Byte], Int) = (rest, restLength)
 
   /**
-   * Writes the format-1 changelog into `chunk` (a heap buffer: records are copied in a few bytes
-   * at a time, which `System.arraycopy` does at memory speed and a direct buffer's `put` does
-   * not) and hands it to `flush` whenever it is full and once at the end (flipped; `flush` must
-   * consume it, the chunk is reused).
+   * Writes the format-1 changelog into `chunk` (a heap buffer) and hands it to `flush` whenever
+   * it is full and once at the end (flipped; `flush` must consume it, the chunk is reused).
    */
   def writeFormat1(chunk: ByteBuffer, flush: ByteBuffer => Unit): Unit = {
     require(chunk.hasArray && chunk.capacity() > 0, "a chunk needs a heap array")
-    val buf = chunk.array()
-    val base = chunk.arrayOffset()
-    val capacity = chunk.capacity()
-    var at = 0
-    def flushChunk(): Unit = { chunk.clear(); chunk.limit(at); flush(chunk); at = 0 }
-    def emit(a: Array[Byte], offset: Int, length: Int): Unit = {
+    new Join(chunk, flush).run()
+  }
+
+  /** The join's state in fields, not in locals captured by closures (which Scala boxes): a
+   *  record that fits the chunk is copied with two array copies and four byte stores. */
+  private final class Join(chunk: ByteBuffer, flush: ByteBuffer => Unit) {
+    private val buf = chunk.array()
+    private val base = chunk.arrayOffset()
+    private val capacity = chunk.capacity()
+    private var at = 0
+
+    def run(): Unit = {
+      val end = restLength - TrailerBytes
+      emit(rest, 0, HeaderBytes)
+      var pos = HeaderBytes
+      var g = 0
+      while (pos < end) {
+        val keyRest = pos + 1 + int(rest, pos + 1) // the key's bytes after its group start here
+        val recordEnd = if (isPut(rest(pos))) keyRest + 4 + int(rest, keyRest) else keyRest
+        if (recordEnd > end || keyRest < pos + 5 || g + 4 > groupsLength) {
+          throw new IllegalStateException(s"keyedstate: a split changelog is inconsistent at byte $pos") // never split so
+        }
+        val after = recordEnd - pos - 5
+        if (capacity - at >= after + 9) {
+          val o = base + at
+          System.arraycopy(rest, pos, buf, o, 5)
+          buf(o + 5) = groups(g); buf(o + 6) = groups(g + 1); buf(o + 7) = groups(g + 2); buf(o + 8) = groups(g + 3)
+          System.arraycopy(rest, pos + 5, buf, o + 9, after)
+          at += after + 9
+        } else {
+          emit(rest, pos, 5)
+          emit(groups, g, 4)
+          emit(rest, pos + 5, after)
+        }
+        g += 4
+        pos = recordEnd
+      }
+      if (g != groupsLength) throw new IllegalStateException("keyedstate: a split changelog is inconsistent (key groups left over)")
+      emit(rest, end, TrailerBytes)
+      if (at > 0) flushChunk()
+      chunk.clear()
+    }
+
+    private def int(a: Array[Byte], i: Int): Int =
+      ((a(i) & 0xFF) << 24) | ((a(i + 1) & 0xFF) << 16) | ((a(i + 2) & 0xFF) << 8) | (a(i + 3) & 0xFF)
+
+    private def emit(a: Array[Byte], offset: Int, length: Int): Unit = {
       var off = offset
       var left = length
       while (left > 0) {
@@ -54,27 +93,8 @@ final class SplitChangelog private (groups: Array[Byte], groupsLength: Int, rest
         if (at == capacity) flushChunk()
       }
     }
-    val view = ByteBuffer.wrap(rest)
-    val end = restLength - TrailerBytes
-    emit(rest, 0, HeaderBytes)
-    var pos = HeaderBytes
-    var g = 0
-    while (pos < end) {
-      val keyRest = pos + 5 + view.getInt(pos + 1) - 4
-      val recordEnd = if (isPut(rest(pos))) keyRest + 4 + view.getInt(keyRest) else keyRest
-      if (recordEnd > end || keyRest < pos + 5 || g + 4 > groupsLength) {
-        throw new IllegalStateException(s"keyedstate: a split changelog is inconsistent at byte $pos") // never split so
-      }
-      emit(rest, pos, 5)
-      emit(groups, g, 4)
-      emit(rest, pos + 5, recordEnd - pos - 5)
-      g += 4
-      pos = recordEnd
-    }
-    if (g != groupsLength) throw new IllegalStateException("keyedstate: a split changelog is inconsistent (key groups left over)")
-    emit(rest, end, TrailerBytes)
-    if (at > 0) flushChunk()
-    chunk.clear()
+
+    private def flushChunk(): Unit = { chunk.clear(); chunk.limit(at); flush(chunk); at = 0 }
   }
 
   /** The format-1 changelog in one array (tests and tools; a commit never builds it). */
