@@ -89,7 +89,7 @@ final class DataChannel(path: Path, secret: Array[Byte], timeoutMs: Long) extend
 
   private def writeAll(out: Array[ByteBuffer]): Unit = while (out.exists(_.hasRemaining)) channel.write(out)
 
-  /** On the heap: the join copies records in a few bytes at a time (see [[SplitChangelog.writeFormat1]]). */
+  /** On the heap: the join copies records into its array (see [[SplitChangelog.writeFormat1]]). */
   private lazy val chunk = ByteBuffer.allocate(DataChannel.ChunkBytes)
 
   private def reply(): (Byte, ByteBuffer) = {
