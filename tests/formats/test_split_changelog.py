@@ -109,3 +109,38 @@ def test_a_key_without_a_key_group_and_an_unfinished_changelog_are_refused(fmt):
     splitter = getattr(fmt, "SplitChangelog$Splitter")(0, 0)
     with pytest.raises(Py4JJavaError, match="value of -13 bytes"):
         splitter.write(forged, 0, len(forged))
+
+
+def _codec_2_file(groups: bytes, rest: bytes) -> bytes:
+    """A codec-2 file of these parts, its header and metadata as the writer makes them."""
+    import zstandard
+
+    data = changelog.compress(changelog.encode(2, 8, []), {}, changelog.CODEC_ZSTD_SPLIT)
+    head = data[:changelog.HEADER_V2.size + changelog.HEADER_V2.unpack_from(data, 0)[3] + 4]
+    g = zstandard.ZstdCompressor(write_content_size=True).compress(groups)
+    return head + len(g).to_bytes(4, "big") + g + zstandard.ZstdCompressor(write_content_size=True).compress(rest)
+
+
+@pytest.mark.parametrize("tamper", ["a group missing", "a group too many", "key shorter than its group",
+                                    "value past the end", "negative value length", "key length past the end"])
+def test_the_jvm_refuses_key_groups_that_disagree_with_the_records(fmt, tamper):
+    """The JVM's join of a loaded codec-2 file checks every length against the bytes it has."""
+    records = [(changelog.OP_PUT_NEW, b"\x00\x00\x00\x01k%d" % i, b"v" * i) for i in range(20)]
+    groups, rest = changelog._split_key_groups(changelog.encode(2, 8, records))
+    rest = bytearray(rest)
+    first = 22  # the first record: op | u32 key length | key without its group | u32 value length | value
+    if tamper == "a group missing":
+        groups = groups[:-4]
+    elif tamper == "a group too many":
+        groups += b"\x00\x00\x00\x02"
+    elif tamper == "key shorter than its group":
+        rest[first + 1:first + 5] = (3).to_bytes(4, "big")
+    elif tamper == "value past the end":
+        rest[first + 7:first + 11] = (1 << 20).to_bytes(4, "big")  # key "k0": 2 bytes after its group
+    elif tamper == "negative value length":
+        rest[first + 7:first + 11] = (-40).to_bytes(4, "big", signed=True)
+    else:
+        rest[first + 1:first + 5] = (0x7FFFFFF0).to_bytes(4, "big")
+    data = _codec_2_file(groups, bytes(rest))
+    with pytest.raises(Exception, match="ks-changelog is corrupt \\(key groups and records disagree\\)"):
+        fmt.ChangelogFormat.read(bytearray(data), "/ck/2.ks-changelog")

@@ -1,10 +1,8 @@
 package io.keyedstate.format
 
-import java.nio.ByteBuffer
-
 import com.github.luben.zstd.{Zstd, ZstdException}
 
-import io.keyedstate.format.ChangelogFormat.{isPut, HeaderBytes, MaxBytes, TrailerBytes, ZstdLevel}
+import io.keyedstate.format.ChangelogFormat.{HeaderBytes, MaxBytes, TrailerBytes, ZstdLevel}
 
 /**
  * The body codecs of changelog format 2 (spec: FORMATS.md, "Changelog"): zstd frames with their
@@ -28,37 +26,14 @@ private[format] object ChangelogCodecs {
       case e: ZstdException if e.getErrorCode == Zstd.errDstSizeTooSmall() => -1
     }
 
-  /** Codec 2's join of a changelog's key groups and the rest ([[SplitChangelog]] splits); every length is checked, the format-1 read checks the rest. */
+  /** Codec 2's join of a loaded changelog's key groups and the rest (the commit's join,
+   *  [[SplitChangelog]]'s, with every length checked); the format-1 read checks the rest. */
   def joinKeyGroups(groups: Array[Byte], rest: Array[Byte], source: String): Array[Byte] = {
     def corrupt = new CorruptChangelogException(s"$source is corrupt (key groups and records disagree)")
-    if (rest.length < HeaderBytes + TrailerBytes) throw corrupt
+    if (rest.length < HeaderBytes + TrailerBytes || groups.length % 4 != 0 ||
+        rest.length.toLong + groups.length > MaxBytes) throw corrupt
     val out = new Array[Byte](rest.length + groups.length)
-    System.arraycopy(rest, 0, out, 0, HeaderBytes)
-    val view = ByteBuffer.wrap(rest)
-    val end = rest.length - TrailerBytes
-    var pos = HeaderBytes
-    var o = HeaderBytes
-    var g = 0
-    while (pos < end) {
-      if (pos + 5 > end) throw corrupt
-      val keyLength = view.getInt(pos + 1)
-      val keyRestEnd = pos + 5L + keyLength - 4
-      if (keyLength < 4 || g + 4 > groups.length || keyRestEnd > end) throw corrupt
-      val recordEnd =
-        if (isPut(rest(pos))) {
-          if (keyRestEnd + 4 > end) throw corrupt
-          keyRestEnd + 4 + view.getInt(keyRestEnd.toInt)
-        } else keyRestEnd
-      if (recordEnd > end || recordEnd < keyRestEnd) throw corrupt
-      System.arraycopy(rest, pos, out, o, 5)
-      System.arraycopy(groups, g, out, o + 5, 4)
-      System.arraycopy(rest, pos + 5, out, o + 9, (recordEnd - pos - 5).toInt)
-      o += (recordEnd - pos).toInt + 4
-      g += 4
-      pos = recordEnd.toInt
-    }
-    if (g != groups.length) throw corrupt
-    System.arraycopy(rest, end, out, o, TrailerBytes)
+    new SplitChangelog(groups, groups.length, rest, rest.length).joinInto(out, corrupt)
     out
   }
 

@@ -16,7 +16,7 @@ import io.keyedstate.format.ChangelogFormat.{End, HeaderBytes, MaxBytes, Trailer
  * over (the encoded changelog, its split copies and a compressBound-sized file buffer: three
  * G1 humongous arrays a partition and batch, ~14 MB each on W1); now it holds it once, split.
  */
-final class SplitChangelog private (groups: Array[Byte], groupsLength: Int, rest: Array[Byte], restLength: Int) {
+final class SplitChangelog private[format] (groups: Array[Byte], groupsLength: Int, rest: Array[Byte], restLength: Int) {
   require(groupsLength % 4 == 0 && restLength >= HeaderBytes + TrailerBytes, "a split changelog needs a header and a trailer")
 
   /** Bytes of the format-1 changelog. */
@@ -35,12 +35,20 @@ final class SplitChangelog private (groups: Array[Byte], groupsLength: Int, rest
    */
   def writeFormat1(chunk: ByteBuffer, flush: ByteBuffer => Unit): Unit = {
     require(chunk.hasArray && chunk.capacity() > 0, "a chunk needs a heap array")
-    new Join(chunk, flush).run()
+    new Join(chunk, flush, pos => new IllegalStateException(s"keyedstate: a split changelog is inconsistent at byte $pos")).run()
+  }
+
+  /** The format-1 changelog into `out` (exactly [[length]] bytes) for a loaded file: its parts
+   *  are untrusted, every length is checked against them, and a misfit is `corrupt`. */
+  private[format] def joinInto(out: Array[Byte], corrupt: => Exception): Unit = {
+    require(out.length == length, "the join's array must fit the changelog")
+    new Join(ByteBuffer.wrap(out), _ => (), _ => corrupt).run()
   }
 
   /** The join's state in fields, not in locals captured by closures (which Scala boxes): a
-   *  record that fits the chunk is copied with two array copies and four byte stores. */
-  private final class Join(chunk: ByteBuffer, flush: ByteBuffer => Unit) {
+   *  record that fits the chunk is copied with two array copies and four byte stores. Lengths
+   *  are read as longs, so that no length a tampered file states can wrap around. */
+  private final class Join(chunk: ByteBuffer, flush: ByteBuffer => Unit, misfit: Int => Exception) {
     private val buf = chunk.array()
     private val base = chunk.arrayOffset()
     private val capacity = chunk.capacity()
@@ -52,12 +60,16 @@ final class SplitChangelog private (groups: Array[Byte], groupsLength: Int, rest
       var pos = HeaderBytes
       var g = 0
       while (pos < end) {
-        val keyRest = pos + 1 + int(rest, pos + 1) // the key's bytes after its group start here
-        val recordEnd = if (isPut(rest(pos))) keyRest + 4 + int(rest, keyRest) else keyRest
-        if (recordEnd > end || keyRest < pos + 5 || g + 4 > groupsLength) {
-          throw new IllegalStateException(s"keyedstate: a split changelog is inconsistent at byte $pos") // never split so
-        }
-        val after = recordEnd - pos - 5
+        if (pos + 5 > end) throw misfit(pos)
+        val keyRest = pos + 1L + int(rest, pos + 1) // the key's bytes after its group start here
+        if (keyRest < pos + 5 || keyRest > end || g + 4 > groupsLength) throw misfit(pos)
+        val recordEnd =
+          if (isPut(rest(pos))) {
+            if (keyRest + 4 > end) throw misfit(pos)
+            keyRest + 4 + int(rest, keyRest.toInt)
+          } else keyRest
+        if (recordEnd > end || recordEnd < keyRest) throw misfit(pos)
+        val after = (recordEnd - pos - 5).toInt
         if (capacity - at >= after + 9) {
           val o = base + at
           System.arraycopy(rest, pos, buf, o, 5)
@@ -70,9 +82,9 @@ final class SplitChangelog private (groups: Array[Byte], groupsLength: Int, rest
           emit(rest, pos + 5, after)
         }
         g += 4
-        pos = recordEnd
+        pos = recordEnd.toInt
       }
-      if (g != groupsLength) throw new IllegalStateException("keyedstate: a split changelog is inconsistent (key groups left over)")
+      if (g != groupsLength) throw misfit(pos)
       emit(rest, end, TrailerBytes)
       if (at > 0) flushChunk()
       chunk.clear()
