@@ -122,7 +122,8 @@ def _codec_2_file(groups: bytes, rest: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("tamper", ["a group missing", "a group too many", "key shorter than its group",
-                                    "value past the end", "negative value length", "key length past the end"])
+                                    "value past the end", "negative value length", "value length -1",
+                                    "key length past the end"])
 def test_the_jvm_refuses_key_groups_that_disagree_with_the_records(fmt, tamper):
     """The JVM's join of a loaded codec-2 file checks every length against the bytes it has."""
     records = [(changelog.OP_PUT_NEW, b"\x00\x00\x00\x01k%d" % i, b"v" * i) for i in range(20)]
@@ -139,6 +140,8 @@ def test_the_jvm_refuses_key_groups_that_disagree_with_the_records(fmt, tamper):
         rest[first + 7:first + 11] = (1 << 20).to_bytes(4, "big")  # key "k0": 2 bytes after its group
     elif tamper == "negative value length":
         rest[first + 7:first + 11] = (-40).to_bytes(4, "big", signed=True)
+    elif tamper == "value length -1":  # short of the length field itself: a sum check alone passes it
+        rest[first + 7:first + 11] = (-1).to_bytes(4, "big", signed=True)
     else:
         rest[first + 1:first + 5] = (0x7FFFFFF0).to_bytes(4, "big")
     data = _codec_2_file(groups, bytes(rest))

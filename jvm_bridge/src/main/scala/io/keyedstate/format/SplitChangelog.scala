@@ -66,9 +66,11 @@ final class SplitChangelog private[format] (groups: Array[Byte], groupsLength: I
         val recordEnd =
           if (isPut(rest(pos))) {
             if (keyRest + 4 > end) throw misfit(pos)
-            keyRest + 4 + int(rest, keyRest.toInt)
+            val valueLength = int(rest, keyRest.toInt)
+            if (valueLength < 0) throw misfit(pos)
+            keyRest + 4 + valueLength
           } else keyRest
-        if (recordEnd > end || recordEnd < keyRest) throw misfit(pos)
+        if (recordEnd > end) throw misfit(pos)
         val after = (recordEnd - pos - 5).toInt
         if (capacity - at >= after + 9) {
           val o = base + at
