@@ -256,3 +256,40 @@ def test_a_scan_that_meets_a_corrupt_block_fails_instead_of_ending(tmp_path):
             s._scan_expired(TtlScan(expire_before=0, interval=1, budget=1_000_000))
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("bound", ["8m", "off"])
+def test_memtables_of_a_process_stay_within_serverMemtableBytes(tmp_path, bound):
+    """Without a memoryBudget, the stores of one server process share a memtable bound
+    (serverMemtableBytes): changelogs already durable in the checkpoint are not held in memory
+    beyond it. RocksDB checks it before each write, so the last write of each store may stand
+    above it. 'off' leaves RocksDB's defaults (up to two 64 MiB memtables per store), which the
+    same writes exceed -- what the bound is for."""
+    import time
+
+    from keyedstate import conf
+    from keyedstate.server.registry import StoreRegistry
+
+    settings = conf.parse({conf.PREFIX + "serverMemtableBytes": bound, conf.PREFIX + "keyGroups": "16",
+                           conf.PREFIX + "snapshotInterval": "1000"})
+    registry = StoreRegistry(tmp_path, processes=1)
+    stores = [registry.open(f"s{i}", settings)[1] for i in range(2)]
+    try:
+        value = b"v" * 100
+        for s in stores:
+            s.restore(0, None, "lineage", 0)
+        for version in range(1, 9):  # 2 stores x 8 versions x ~3 MiB of records
+            for i, s in enumerate(stores):
+                records = [(cl.OP_PUT_NEW, key(g % 16, b"%d-%d-%06d" % (i, version, g)), value) for g in range(25_000)]
+                log_ = cl.encode(version, 16, records)
+                assert s.apply(log_, f"v{version}") == 25_000 * version
+        allowed = (8 << 20) + 2 * len(log_) * 5 // 4  # the bound, and the last write of each store
+        deadline = time.monotonic() + 30
+        while (held := sum(s.memtable_bytes() for s in stores)) > allowed and bound != "off" \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)  # a triggered flush runs in RocksDB's background threads
+        assert (held <= allowed) == (bound != "off"), (held, allowed)
+        assert all(s.get(key(g % 16, b"%d-8-%06d" % (i, g))) == value for i, s in enumerate(stores) for g in (0, 24_999))
+    finally:
+        for s in stores:
+            s.close()
