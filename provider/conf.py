@@ -97,22 +97,6 @@ BUDGET_SHARES = {"nearCacheBytes": 0.5, "nativeBlockCacheBytes": 0.1}
 get these shares unless set explicitly; the state servers' RocksDB gets the rest."""
 
 
-def parse_memtable_bytes(raw: str) -> int:
-    """``off`` (0: RocksDB's defaults per store) or a byte size of at least 4m."""
-    if raw.strip().lower() == "off":
-        return 0
-    try:
-        value = parse_bytes(raw)
-    except ValueError:
-        raise ValueError(parse_memtable_bytes.allowed) from None
-    if value < 4 << 20:
-        raise ValueError(parse_memtable_bytes.allowed)
-    return value
-
-
-parse_memtable_bytes.allowed = "'off' or a byte size of at least 4m, such as 64m"  # type: ignore[attr-defined]
-
-
 def parse_ttl(raw: str) -> float:
     """A time to live in seconds; 0 turns TTL off."""
     if raw.strip() == "0":
@@ -244,12 +228,6 @@ KNOBS: tuple[Knob, ...] = (
          "process (the rest, split evenly over the processes). Like Spark's "
          "boundedMemoryUsage/maxMemoryUsageMB for its RocksDB provider. Reported as the "
          "keyedstateMemoryBytes metric. 'off': each part is sized by its own conf."),
-    Knob("serverMemtableBytes", "64m", parse_memtable_bytes,
-         "Memtable memory of each state server process when no memoryBudget is set (under one, "
-         "the servers' share bounds memtables and caches together): once its stores' memtables "
-         "reach it, RocksDB flushes the one being written. A memtable only holds changelogs "
-         "that are already durable in the checkpoint; without this bound each store kept up to "
-         "two 64 MiB memtables. 'off' = RocksDB's defaults per store."),
     Knob("serverProcesses", "0", _parse_int(0, 256),
          "Python state server processes per executor JVM (partitions are spread over them; "
          "Python's GIL serialises one process). 0 = spark.executor.cores, or the number of "

@@ -83,11 +83,3 @@ def test_memory_budget_is_split_over_near_cache_native_cache_and_servers():
         conf.parse({p + "memoryBudget": "1m"})
     with pytest.raises(conf.ConfError, match="leave less than 10% of .*memoryBudget"):
         conf.parse({p + "memoryBudget": "1g", p + "nearCacheBytes": "950m"})
-
-
-def test_server_memtable_bound_defaults_to_64m_and_refuses_tiny_values():
-    p = conf.PREFIX
-    assert conf.parse({})["serverMemtableBytes"] == 64 << 20
-    assert conf.parse({p + "serverMemtableBytes": "off"})["serverMemtableBytes"] == 0
-    with pytest.raises(conf.ConfError, match="serverMemtableBytes.*expected 'off' or a byte size of at least 4m"):
-        conf.parse({p + "serverMemtableBytes": "1m"})

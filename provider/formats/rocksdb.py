@@ -42,17 +42,7 @@ class MemoryPool:
         return self.cache.get_usage()
 
 
-def memtable_limit(capacity: int) -> WriteBufferManager:
-    """A bound on the memtables of every database of a process that has no :class:`MemoryPool`:
-    once they together pass about 90% of it, RocksDB flushes the memtable of the database being
-    written. Without it, each database keeps RocksDB's default of up to two 64 MiB memtables
-    until they fill (W1: a state server of two partitions held 233 MiB, ~150 MiB of it
-    memtables of changelogs already durable in the checkpoint)."""
-    return WriteBufferManager(capacity, False)
-
-
-def _options(bulk_load: bool, pool: MemoryPool | None = None,
-             memtables: WriteBufferManager | None = None) -> Options:
+def _options(bulk_load: bool, pool: MemoryPool | None = None) -> Options:
     options = Options(raw_mode=True)
     options.create_if_missing(True)
     options.set_max_background_jobs(2)
@@ -68,8 +58,6 @@ def _options(bulk_load: bool, pool: MemoryPool | None = None,
         table.set_pin_l0_filter_and_index_blocks_in_cache(True)
         options.set_write_buffer_manager(pool.write_buffers)
         options.set_target_file_size_base(pool.sst_file_bytes)
-    elif memtables is not None:
-        options.set_write_buffer_manager(memtables)
     options.set_block_based_table_factory(table)
     if bulk_load:
         # A vector memtable takes a whole changelog at ~0.07 us a key instead of ~1 us for the
@@ -92,16 +80,14 @@ def sst_options() -> Options:
     return _options(bulk_load=False)
 
 
-def open_db(path: Path, *, bulk_load: bool = True, pool: MemoryPool | None = None,
-            memtables: WriteBufferManager | None = None) -> Rdict:
+def open_db(path: Path, *, bulk_load: bool = True, pool: MemoryPool | None = None) -> Rdict:
     """Open (creating) a database for writing whole changelogs at a time; the WAL is off
     because durability comes from the changelogs in the checkpoint. ``pool``: the process's
-    memory bound; without one, ``memtables`` (:func:`memtable_limit`) bounds the memtables
-    alone (neither: RocksDB's defaults per database)."""
-    options = _options(bulk_load, pool, memtables)
+    memory bound (None: RocksDB's defaults per database)."""
+    options = _options(bulk_load, pool)
     # Explicit column-family options: otherwise rocksdict takes them from the directory's
     # OPTIONS file, and RocksDB refuses a vector memtable without its other settings.
-    db = Rdict(str(path), options=options, column_families={"default": _options(bulk_load, pool, memtables)})
+    db = Rdict(str(path), options=options, column_families={"default": _options(bulk_load, pool)})
     write_options = WriteOptions()
     write_options.disable_wal = True
     db.set_write_options(write_options)

@@ -6,16 +6,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from rocksdict import WriteBufferManager
-
-from ..formats.rocksdb import MemoryPool, memtable_limit
+from ..formats.rocksdb import MemoryPool
 from .store import Applier, VersionedStore
 
 
 class StoreRegistry:
     """The stores of this process, and what they share: the write-behind applier and, under a
-    ``memoryBudget``, one RocksDB memory pool (this process's share of the budget); without
-    one, a bound on their memtables (``serverMemtableBytes``)."""
+    ``memoryBudget``, one RocksDB memory pool (this process's share of the budget)."""
 
     def __init__(self, workdir: Path, processes: int | None = None) -> None:
         self.workdir = workdir
@@ -25,7 +22,6 @@ class StoreRegistry:
         self.applier = Applier()
         self.processes = processes or int(os.environ.get("KEYEDSTATE_SERVER_PROCESSES", "1") or 1)
         self.pool: MemoryPool | None = None
-        self.memtables: WriteBufferManager | None = None
 
     def _pool_for(self, settings: dict[str, Any]) -> MemoryPool | None:
         """The pool of this process, sized by the last store opened (the stores of a query share
@@ -40,18 +36,6 @@ class StoreRegistry:
             self.pool.resize(share)
         return self.pool
 
-    def _memtables_for(self, settings: dict[str, Any]) -> WriteBufferManager | None:
-        """The memtable bound of this process, sized by the last store opened; None under a pool
-        (which bounds the memtables with the rest) or when none is set."""
-        size = settings.get("serverMemtableBytes") or 0
-        if self.pool is not None or not size:
-            return None
-        if self.memtables is None:
-            self.memtables = memtable_limit(size)
-        elif self.memtables.get_buffer_size() != size:
-            self.memtables.set_buffer_size(size)
-        return self.memtables
-
     def memory_bytes(self) -> int:
         """RocksDB memory of the whole process: the pool's use, else the sum over its stores."""
         if self.pool is not None:
@@ -65,10 +49,9 @@ class StoreRegistry:
             handle = self._next
             self._next += 1
             pool = self._pool_for(settings)
-            memtables = self._memtables_for(settings)
         store = VersionedStore(name, self.workdir / "stores" / str(handle),
                                settings["keyGroups"], settings["snapshotInterval"], self.applier, pool,
-                               settings["snapshotBulkKeys"], memtables)
+                               settings["snapshotBulkKeys"])
         with self._lock:
             self._stores[handle] = store
         return handle, store

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from rocksdict import Rdict, WriteBatch, WriteBufferManager
+from rocksdict import Rdict, WriteBatch
 
 from ..formats import changelog, rocksdb, stored
 from ..formats.frames import TtlScan
@@ -71,9 +71,8 @@ class VersionedStore:
 
     def __init__(self, name: str, workdir: Path, key_groups: int, snapshot_interval: int,
                  applier: Applier | None = None, pool: rocksdb.MemoryPool | None = None,
-                 bulk_keys: int = 1_000_000, memtables: WriteBufferManager | None = None) -> None:
-        """``bulk_keys``: the snapshotBulkKeys conf (0: off), see :meth:`_bulk`; ``memtables``:
-        the process's memtable bound when it has no ``pool``."""
+                 bulk_keys: int = 1_000_000) -> None:
+        """``bulk_keys``: the snapshotBulkKeys conf (0: off), see :meth:`_bulk`."""
         self.name = name
         self.workdir = workdir
         self.key_groups = key_groups
@@ -90,7 +89,6 @@ class VersionedStore:
         self._lock = threading.RLock()  # the database and the version it holds
         self._applier = applier
         self._pool = pool  # the process's RocksDB memory bound (None: unbounded)
-        self._memtables = memtables
         # Write-behind bookkeeping has its own lock, so that queueing a commit never waits for
         # the applier (which holds _lock while it applies, snapshots or scans).
         self._state = threading.Condition()
@@ -123,7 +121,7 @@ class VersionedStore:
                 snapshots.install(Path(snapshot_dir), self._db_dir)
             elif self._db_dir.exists():
                 shutil.rmtree(self._db_dir)
-            self._db = rocksdb.open_db(self._db_dir, pool=self._pool, memtables=self._memtables)
+            self._db = rocksdb.open_db(self._db_dir, pool=self._pool)
             self.version, self.num_keys, self.lineage = version, num_keys, lineage
             self._ttl_cursor = None
             with self._ttl_lock:
@@ -400,18 +398,12 @@ class VersionedStore:
     def memory_bytes(self) -> int:
         """RocksDB's memtables and table readers; lock-free, so a metrics call never waits
         for a write-behind apply."""
-        return self._db_property("rocksdb.cur-size-all-mem-tables", "rocksdb.estimate-table-readers-mem")
-
-    def memtable_bytes(self) -> int:
-        """RocksDB's memtables alone (mutable and those being flushed); lock-free."""
-        return self._db_property("rocksdb.cur-size-all-mem-tables")
-
-    def _db_property(self, *props: str) -> int:
         db = self._db
         if db is None:
             return 0
         try:
-            return sum(db.property_int_value(prop) or 0 for prop in props)
+            return sum(db.property_int_value(prop) or 0
+                       for prop in ("rocksdb.cur-size-all-mem-tables", "rocksdb.estimate-table-readers-mem"))
         except Exception:  # closed concurrently by a reload
             return 0
 
