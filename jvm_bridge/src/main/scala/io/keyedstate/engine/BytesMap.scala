@@ -122,9 +122,9 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0) {
     f(Arrays.copyOfRange(page, off + Header, off + Header + readInt(page, off + 1)), valueAt(page, off))
   }
 
-  /** Every live key in page order, in place: `f(page, offset, length)` (no copies). */
-  def foreachKeyIn(f: (Array[Byte], Int, Int) => Unit): Unit = foreachRecord { (page, off) =>
-    f(page, off + Header, readInt(page, off + 1))
+  /** Every live key in page order, as copies. */
+  def foreachKey(f: Array[Byte] => Unit): Unit = foreachRecord { (page, off) =>
+    f(Arrays.copyOfRange(page, off + Header, off + Header + readInt(page, off + 1)))
   }
 
   /** Every live record in page order, as copies. */

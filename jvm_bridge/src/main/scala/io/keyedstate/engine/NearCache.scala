@@ -134,7 +134,7 @@ final class NearCache(fpp: Double) {
    *  a filter over them is exact. */
   private def goPartial(): Unit = if (complete) {
     if (bloom == null) startBloom(bloomCapacityFor(entries.size))
-    entries.foreachKeyIn((page, at, len) => addHashToBloom(KeyFilter.hash(page, at, len)))
+    entries.foreachKey(addToBloom)
     complete = false
     recharge()
   }
@@ -211,10 +211,9 @@ final class NearCache(fpp: Double) {
   }
 
   /** Room for twice `keys` (the state grows), at least [[MinBloomCapacity]] unless that would
-   *  take more than half of what the shared budget leaves this cache (other caches' use aside;
-   *  twice a classic filter's bits per key, as [[KeyFilter]] rounds its bytes up to a power of two). */
+   *  take more than half of what the shared budget leaves this cache (other caches' use aside). */
   def bloomCapacityFor(keys: Long): Long = {
-    val bitsPerKey = 2 * -math.log(fpp) / (math.log(2) * math.log(2))
+    val bitsPerKey = -math.log(fpp) / (math.log(2) * math.log(2))
     val room = math.max(0L, CacheBudget.limitBytes - (CacheBudget.usedBytes - charged - bloomBytes))
     val fitting = (room.toDouble * 8 / 2 / bitsPerKey).toLong
     math.max(math.max(1024L, math.min(MinBloomCapacity, fitting)), 2L * keys)
@@ -246,10 +245,8 @@ final class NearCache(fpp: Double) {
   /** Adds a key to the filter; a new stage may take at most half of what the shared budget has
    *  left (as [[bloomCapacityFor]]), else the newest stage fills past its size until a load
    *  rescans ([[bloomSaturated]]). */
-  def addToBloom(key: Array[Byte]): Unit = addHashToBloom(KeyFilter.hash(key, 0, key.length))
-
-  private def addHashToBloom(h: Long): Unit = {
-    val grown = bloom.addHash(h, (CacheBudget.limitBytes - CacheBudget.usedBytes) / 2)
+  def addToBloom(key: Array[Byte]): Unit = {
+    val grown = bloom.add(key, (CacheBudget.limitBytes - CacheBudget.usedBytes) / 2)
     if (grown > 0) CacheBudget.add(grown)
   }
 
