@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from py4j.protocol import Py4JJavaError
+from pyspark.java_gateway import ensure_callback_server_started
 
 
 @pytest.fixture
@@ -13,12 +15,10 @@ def engine(jvm):
     return jvm.io.keyedstate.engine
 
 
-def java_hash(key: bytes) -> int:
-    """java.util.Arrays.hashCode(byte[]), computed here: one py4j round trip fewer per operation."""
-    h = 1
-    for b in key:
-        h = (31 * h + (b - 256 if b > 127 else b)) & 0xFFFFFFFF
-    return h - (1 << 32) if h >= 1 << 31 else h
+def hashes(engine, keys) -> dict[bytes, int]:
+    """The index's hash of each key (Bytes.hashOf, Murmur3), asked once per key: a page drop and a
+    compaction rehash the keys where they lie, so the map must be given this one."""
+    return {k: engine.BytesMap.hashOf(k) for k in set(keys)}
 
 
 def listed(bmap) -> dict[bytes, bytes]:
@@ -37,10 +37,11 @@ def test_bytes_map_behaves_like_a_dict(engine, jvm, seed):
     bmap = engine.BytesMap(1024) if seed < 3 else engine.BytesMap(1024, 500)
     model: dict[bytes, bytes] = {}
     keys = [b"k%d" % i * rng.randint(1, 3) for i in range(300)]
+    hash_of = hashes(engine, keys)
     dropped = 0
     for _ in range(3000):
         key = rng.choice(keys)
-        h = java_hash(key)
+        h = hash_of[key]
         r = rng.random()
         if r < 0.55:
             value = bytes(rng.randrange(256) for _ in range(rng.choice([4, 4, 4, 9, 40])))
@@ -69,20 +70,78 @@ def test_bytes_map_behaves_like_a_dict(engine, jvm, seed):
     assert listed(bmap) == model
     assert dropped > 0
     assert bmap.liveBytes() <= bmap.memoryBytes()
-    assert all(java_hash(k) == jvm.java.util.Arrays.hashCode(k) for k in keys[:50] + [bytes(range(256))])
+    assert all(hash_of[k] == engine.Bytes(k).hashCode() for k in keys[:50])
 
 
 def test_a_dropped_page_keeps_what_was_read_since_it_was_written(engine, jvm):
     bmap = engine.BytesMap(1024)
     keys = [b"key-%04d" % i for i in range(200)]  # ~30 bytes each: ~34 per page
+    hash_of = hashes(engine, keys)
     for k in keys:
-        bmap.put(k, jvm.java.util.Arrays.hashCode(k), b"v" * 8)
+        bmap.put(k, hash_of[k], b"v" * 8)
     hot = keys[:5]
     for k in hot:
-        bmap.get(k, jvm.java.util.Arrays.hashCode(k))
+        bmap.get(k, hash_of[k])
     dropped = bmap.dropOldestPage()
     left = listed(bmap)
     assert dropped > 20 and all(k in left for k in hot)
     assert len(left) == 200 - dropped
     bmap.dropOldestPage()  # the hot keys moved to the newest page, not the next oldest
     assert all(k in listed(bmap) for k in hot)
+
+
+def test_a_key_hashes_alike_where_it_lies_in_a_page_and_as_its_own_array(engine):
+    """A page drop or a compaction finds a record's slot by hashing the key in the page: that hash
+    must be the one its own array got (every length mod 4, any offset), and a range outside the
+    array is refused, not read."""
+    page = bytes(range(7, 40))
+    for length in range(14):
+        for offset in range(10):
+            key = page[offset:offset + length]
+            assert engine.Bytes.hashOf(page, offset, length) == engine.Bytes.hashOf(key) == engine.Bytes(key).hashCode()
+    assert len({engine.Bytes.hashOf(page[:n]) for n in range(14)}) == 14
+    with pytest.raises(Py4JJavaError, match="IndexOutOfBounds"):
+        engine.Bytes.hashOf(page, 30, 10)
+
+
+class _Collect:
+    """A Scala `Int => Unit` (py4j callback) that keeps what it is given: `foreachHash` calls its
+    specialized `apply$mcVI$sp`, set below (not a Python name)."""
+
+    def __init__(self):
+        self.seen: list[int] = []
+
+    def apply(self, value):
+        self.seen.append(int(value))
+
+    class Java:
+        implements = ["scala.Function1"]
+
+
+setattr(_Collect, "apply$mcVI$sp", _Collect.apply)
+
+
+def test_the_index_hashes_are_those_of_the_live_keys_after_drops_and_compactions(spark, engine):
+    """A cache that stops holding every key fills its filter from these hashes instead of its
+    keys, so they must be every live key's, after removes, page drops and compactions."""
+    ensure_callback_server_started(spark.sparkContext._gateway)
+    rng = random.Random(4)
+    bmap = engine.BytesMap(1024)
+    keys = [b"k%d" % i * rng.randint(1, 3) for i in range(400)]
+    hash_of = hashes(engine, keys)
+    live: set[bytes] = set()
+    for step in range(1500):
+        key = rng.choice(keys)
+        if rng.random() < 0.7:
+            bmap.put(key, hash_of[key], b"v" * rng.choice([4, 12]))
+            live.add(key)
+        elif bmap.remove(key, hash_of[key]):
+            live.discard(key)
+        if step % 400 == 399:
+            bmap.dropOldestPage()
+            live = set(listed(bmap))
+        elif step % 400 == 199:
+            bmap.compact()
+    collect = _Collect()
+    bmap.foreachHash(collect)
+    assert live and sorted(collect.seen) == sorted(hash_of[k] for k in live)

@@ -122,9 +122,14 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0) {
     f(Arrays.copyOfRange(page, off + Header, off + Header + readInt(page, off + 1)), valueAt(page, off))
   }
 
-  /** Every live key in page order, as copies. */
-  def foreachKey(f: Array[Byte] => Unit): Unit = foreachRecord { (page, off) =>
-    f(Arrays.copyOfRange(page, off + Header, off + Header + readInt(page, off + 1)))
+  /** The hash of every key in the index (tombstones' too), in slot order: what a filter over
+   *  the keys needs, without reading a page. */
+  def foreachHash(f: Int => Unit): Unit = {
+    var slot = 0
+    while (slot <= mask) {
+      if (addresses(slot) != 0L) f(hashes(slot))
+      slot += 1
+    }
   }
 
   /** Every live record in page order, as copies. */
@@ -378,16 +383,10 @@ object BytesMap {
   private val Tombstone = 4
   private val Padding: Byte = -1 // flags byte that ends a page's records early
 
-  /** The hash [[BytesMap]] expects: `java.util.Arrays.hashCode` of the key (= [[Bytes.hashCode]]). */
-  def hashOf(key: Array[Byte]): Int = Arrays.hashCode(key)
+  /** The hash [[BytesMap]] expects: [[Bytes.hashOf]] of the key (= [[Bytes.hashCode]]). */
+  def hashOf(key: Array[Byte]): Int = Bytes.hashOf(key)
 
-  private def hashRange(a: Array[Byte], from: Int, len: Int): Int = {
-    var h = 1
-    var i = from
-    val end = from + len
-    while (i < end) { h = 31 * h + a(i); i += 1 }
-    h
-  }
+  private def hashRange(a: Array[Byte], from: Int, len: Int): Int = Bytes.hashOf(a, from, len)
 
   private def isPadding(page: Array[Byte], off: Int): Boolean = page(off) == Padding
   private def recordLength(page: Array[Byte], off: Int): Int = Header + readInt(page, off + 1) + readInt(page, off + 5)

@@ -42,7 +42,7 @@ object CacheWarmer {
       more = chunk.hasMore
       if (chunk.keys.nonEmpty) after = chunk.keys.last
     }
-    if (more) forKeys(reads, after)(cache.addToBloom)
+    if (more) forKeys(reads, after)(key => cache.addToBloom(Bytes.hashOf(key)))
   }
 
   /** Rebuilds the Bloom filter over every key (it grew too large or too full): the new filter
