@@ -18,7 +18,7 @@ def engine(jvm):
 def hashes(engine, keys) -> dict[bytes, int]:
     """The index's hash of each key (Bytes.hashOf, Murmur3), asked once per key: a page drop and a
     compaction rehash the keys where they lie, so the map must be given this one."""
-    return {k: engine.BytesMap.hashOf(k) for k in set(keys)}
+    return {k: engine.Bytes.hashOf(k) for k in set(keys)}
 
 
 def listed(bmap) -> dict[bytes, bytes]:

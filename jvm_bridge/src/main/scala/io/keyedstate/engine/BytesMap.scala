@@ -156,7 +156,7 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0) {
       val kl = readInt(page, off + 1)
       val vl = readInt(page, off + 5)
       val flags = page(off)
-      val slot = slotOfAddress(address(pageId, off), hashRange(page, off + Header, kl))
+      val slot = slotOfAddress(address(pageId, off), Bytes.hashOf(page, off + Header, kl))
       page(off) = (flags | Dead).toByte
       if ((flags & Referenced) != 0 && !only) {
         val key = Arrays.copyOfRange(page, off + Header, off + Header + kl)
@@ -193,7 +193,7 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0) {
       val pageId = oldFirst + i
       liveRecords(page, if (i == oldPages.length - 1) oldUsed else page.length) { off =>
         val kl = readInt(page, off + 1)
-        val slot = slotOfAddress(address(pageId, off), hashRange(page, off + Header, kl))
+        val slot = slotOfAddress(address(pageId, off), Bytes.hashOf(page, off + Header, kl))
         addresses(slot) = appendRaw(page, off, recordLength(page, off))
       }
       i += 1
@@ -382,11 +382,6 @@ object BytesMap {
   private val Referenced = 2
   private val Tombstone = 4
   private val Padding: Byte = -1 // flags byte that ends a page's records early
-
-  /** The hash [[BytesMap]] expects: [[Bytes.hashOf]] of the key (= [[Bytes.hashCode]]). */
-  def hashOf(key: Array[Byte]): Int = Bytes.hashOf(key)
-
-  private def hashRange(a: Array[Byte], from: Int, len: Int): Int = Bytes.hashOf(a, from, len)
 
   private def isPadding(page: Array[Byte], off: Int): Boolean = page(off) == Padding
   private def recordLength(page: Array[Byte], off: Int): Int = Header + readInt(page, off + 1) + readInt(page, off + 5)

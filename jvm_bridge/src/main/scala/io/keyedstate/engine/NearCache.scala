@@ -245,9 +245,9 @@ final class NearCache(fpp: Double) {
     CacheBudget.add(bloomBytes - before)
   }
 
-  /** Adds a key (its [[Bytes.hashOf]]) to the filter; a new stage may take at most half of what the shared budget has
-   *  left (as [[bloomCapacityFor]]), else the newest stage fills past its size until a load
-   *  rescans ([[bloomSaturated]]). */
+  /** Adds a key (its [[Bytes.hashOf]]) to the filter; a new stage may take at most half of what
+   *  the shared budget has left (as [[bloomCapacityFor]]), else the newest stage fills past its
+   *  size until a load rescans ([[bloomSaturated]]). */
   def addToBloom(keyHash: Int): Unit = {
     val grown = bloom.add(keyHash, (CacheBudget.limitBytes - CacheBudget.usedBytes) / 2)
     if (grown > 0) CacheBudget.add(grown)
