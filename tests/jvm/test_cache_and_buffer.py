@@ -134,9 +134,9 @@ def test_key_filter_grows_in_stages_and_never_forgets_a_key(engine):
     assert all(bloom.mightContain(hash_of[k]) for k in keys)
     for strangers in (others, twins):
         false_positives = sum(1 for k in strangers if bloom.mightContain(hash_of[k]))
-        # Stages at 1%, 0.5%, 0.25%, ...: under 2% in all, expected ~57 of 3,000 (sd ~7.5); a
+        # Stages at 1%, 0.5%, 0.25%, ...: under 2% in all (these keys: 51 and 41 of 3,000); a
         # polynomial hash would let every twin through.
-        assert false_positives < 0.03 * len(strangers)
+        assert false_positives < 0.02 * len(strangers)
 
 
 def _stopped_caching(engine, keys: int):
