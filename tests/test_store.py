@@ -256,3 +256,36 @@ def test_a_scan_that_meets_a_corrupt_block_fails_instead_of_ending(tmp_path):
             s._scan_expired(TtlScan(expire_before=0, interval=1, budget=1_000_000))
     finally:
         s.close()
+
+
+def test_a_held_changelog_is_applied_only_when_released_and_dropped_otherwise(tmp_path):
+    """A write-behind commit ships its changelog while the JVM writes the file: the server holds
+    it unapplied, so a version the checkpoint may lack is never read, staged or uploaded, until
+    the JVM releases it (the file is durable) or drops it (it is not). A restore drops it too."""
+    from keyedstate.server.store import Applier
+
+    s = VersionedStore("test", tmp_path / "store", key_groups=16, snapshot_interval=2, applier=Applier())
+    s.restore(0, None, "lineage-1", 0)
+    try:
+        s.submit(cl.encode(1, 16, [(cl.OP_PUT, key(1, b"a"), b"1")]), "v1")
+        s.hold(cl.encode(2, 16, [(cl.OP_PUT, key(1, b"a"), b"2"), (cl.OP_PUT_NEW, key(2, b"b"), b"2")]), "v2")
+        # Held: reads, the version held and the staged snapshots are version 1's (2 would stage).
+        assert (s.get(key(1, b"a")), s.get(key(2, b"b")), s.sync()[0]) == (b"1", None, 1)
+        assert s.staged_snapshots(2) == []
+        with pytest.raises(StoreStateError, match="v3 arrived while v2 is still held"):
+            s.hold(cl.encode(3, 16, []), "v3")
+        s.release(apply=False)  # the file was not written: version 1 stays
+        assert (s.get(key(1, b"a")), s.sync()[0], s.info()["numKeys"]) == (b"1", 1, 1)
+        with pytest.raises(StoreStateError, match="no changelog is held to apply"):
+            s.release(apply=True)
+        s.hold(cl.encode(2, 16, [(cl.OP_PUT, key(1, b"a"), b"2"), (cl.OP_PUT_NEW, key(2, b"b"), b"2")]), "v2")
+        s.release(apply=True)  # durable: applied behind, and staged as a snapshot version
+        assert (s.get(key(1, b"a")), s.get(key(2, b"b")), s.sync()[0]) == (b"2", b"2", 2)
+        assert [x["version"] for x in s.staged_snapshots(2)] == [2]
+        s.hold(cl.encode(3, 16, [(cl.OP_PUT, key(3, b"c"), b"3")]), "v3")
+        s.restore(0, None, "lineage-2", 0)  # a reload after a commit that never released
+        with pytest.raises(StoreStateError, match="no changelog is held to apply"):
+            s.release(apply=True)
+        assert (s.version, s.get(key(3, b"c"))) == (0, None)
+    finally:
+        s.close()

@@ -14,7 +14,8 @@ Bodies, by op (``->`` the OK reply)::
     SCAN       u32 plen prefix | u8 has_after [u32 alen after] | u32 max_bytes | u8 flags (1: keys only)
                                                       -> u8 has_more | u32 n | (u32 klen k | u32 vlen v)*
     APPLY      u8 mode | u8 has_ttl [i64 expire_before | u32 interval | u32 budget] | changelog
-                                                      -> u64 key count (0 when applied behind)
+                                                      -> u64 key count (0 when applied behind or held)
+    RELEASE    u8 apply (1: apply the held changelog behind, 0: drop it)   -> (empty)
     MULTI_GET  u32 n | (u32 klen k)*                  -> (u8 found [u32 vlen v])*
     TTL_CANDIDATES (empty)                            -> i64 version | u32 scan ms | u32 n | (u32 klen k)*
     SYNC       (empty)                                -> i64 version | RocksDB directory (UTF-8)
@@ -37,12 +38,16 @@ OP_MULTI_GET = 4
 OP_TTL_CANDIDATES = 5
 OP_SYNC = 6
 OP_HELLO = 7
+OP_RELEASE = 8
 
-PROTOCOL_VERSION = 2
-"""Version 2 added HELLO (the data-channel secret) as the first frame of a connection."""
+PROTOCOL_VERSION = 3
+"""Version 2 added HELLO (the data-channel secret) as the first frame of a connection;
+version 3 added the HOLD apply mode and RELEASE."""
 
 APPLY_NOW = 0  # apply before replying (the writer needs the exact key count)
 APPLY_BEHIND = 1  # queue and reply at once (write-behind)
+APPLY_HOLD = 2  # keep it, unapplied, until RELEASE says whether its checkpoint file is durable
+APPLY_MODES = (APPLY_NOW, APPLY_BEHIND, APPLY_HOLD)
 
 STATUS_OK = 0
 STATUS_NOT_FOUND = 1
@@ -68,6 +73,7 @@ _MAX_BODY = {
     OP_TTL_CANDIDATES: 0,
     OP_SYNC: 0,
     OP_HELLO: U16.size + MAX_SECRET_BYTES,
+    OP_RELEASE: U8.size,
 }
 UNKNOWN_OP_MAX_BODY = 64 * _KIB
 """An unknown op's body is read and dropped (so the connection stays in step) up to this size."""
@@ -99,7 +105,7 @@ class ScanRequest(NamedTuple):
 
 
 class ApplyRequest(NamedTuple):
-    behind: bool
+    mode: int  # APPLY_NOW, APPLY_BEHIND or APPLY_HOLD
     ttl: TtlScan | None
     changelog: memoryview
 
@@ -160,10 +166,20 @@ def multi_get_request(body) -> list[bytes]:
 def apply_request(body) -> ApplyRequest:
     r = _Reader(body)
     mode = r.u8()
-    if mode not in (APPLY_NOW, APPLY_BEHIND):
+    if mode not in APPLY_MODES:
         raise FrameError(f"unknown apply mode {mode}")
     ttl = TtlScan(*r.unpack(TTL_SCAN)) if r.u8() else None
-    return ApplyRequest(mode == APPLY_BEHIND, ttl, r.rest())
+    return ApplyRequest(mode, ttl, r.rest())
+
+
+def release_request(body) -> bool:
+    """Whether to apply (True) or drop (False) the changelog held by an APPLY in HOLD mode."""
+    r = _Reader(body)
+    flag = r.u8()
+    r.done()
+    if flag not in (0, 1):
+        raise FrameError(f"unknown release flag {flag}")
+    return flag == 1
 
 
 class HelloRequest(NamedTuple):

@@ -141,7 +141,8 @@ class DataServer:
     def _dispatch(self, op: int, handle: int, body: bytearray) -> tuple[int, bytes]:
         if op == f.OP_HELLO:
             raise f.FrameError("a second hello on one connection")
-        if op not in (f.OP_GET, f.OP_MULTI_GET, f.OP_SCAN, f.OP_APPLY, f.OP_TTL_CANDIDATES, f.OP_SYNC):
+        if op not in (f.OP_GET, f.OP_MULTI_GET, f.OP_SCAN, f.OP_APPLY, f.OP_TTL_CANDIDATES, f.OP_SYNC,
+                      f.OP_RELEASE):
             raise f.FrameError(f"unknown data op {op}")
         if op == f.OP_GET:
             value = self._store(handle).get(bytes(body))
@@ -158,10 +159,16 @@ class DataServer:
             request = f.apply_request(body)  # the changelog is a view of body, which is ours alone
             store = self._store(handle)
             source = f"changelog of {store.name}"
-            if request.behind:
+            if request.mode == f.APPLY_HOLD:
+                store.hold(request.changelog, source, request.ttl)
+                return f.STATUS_OK, f.count_reply(0)
+            if request.mode == f.APPLY_BEHIND:
                 store.submit(request.changelog, source, request.ttl)
                 return f.STATUS_OK, f.count_reply(0)
             return f.STATUS_OK, f.count_reply(store.apply(request.changelog, source, request.ttl))
+        if op == f.OP_RELEASE:
+            self._store(handle).release(f.release_request(body))
+            return f.STATUS_OK, b""
         if op == f.OP_TTL_CANDIDATES:
             return f.STATUS_OK, f.ttl_candidates_reply(*self._store(handle).take_ttl_candidates())
         return f.STATUS_OK, f.sync_reply(*self._store(handle).sync())

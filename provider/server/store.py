@@ -95,6 +95,9 @@ class VersionedStore:
         self._pending = 0  # submitted changelogs not yet applied
         self._applied = -1  # the version the last finished background apply left (staged if due)
         self._failure: str | None = None
+        # A committed version's changelog shipped while its checkpoint file is still being
+        # written: applied (behind) only once the JVM says the file is durable (see hold).
+        self._held: tuple[bytes | memoryview, str, TtlScan | None] | None = None
         self._dirty = False  # the mutable memtable holds writes (vector memtables are unreadable)
         self._deletes_since_compaction = 0
         # Incremental TTL cleanup: where the next scan resumes, and what the last one found
@@ -115,6 +118,7 @@ class VersionedStore:
             with self._state:
                 self._failure = None
                 self._applied = version
+                self._held = None  # a commit that never said whether its file became durable
             self._close_db()
             self._drop_all_staged()
             if snapshot_dir:
@@ -211,6 +215,30 @@ class VersionedStore:
                 raise StoreStateError(self._failure)
             self._pending += 1
         self._applier.submit(self, data, source, ttl)
+
+    def hold(self, data: bytes | memoryview, source: str, ttl: TtlScan | None = None) -> None:
+        """Keep a version's changelog, unapplied, while the JVM writes its checkpoint file (the
+        two overlap); :meth:`release` then applies it behind or drops it. Until then the store
+        serves and snapshots the version before it: a version the checkpoint may lack is never
+        applied, so never read, staged or uploaded. A restore drops what is held."""
+        with self._state:
+            if self._failure:
+                raise StoreStateError(self._failure)
+            if self._held is not None:
+                raise StoreStateError(f"{self.name}: {source} arrived while {self._held[1]} is still held "
+                                      "(its commit neither applied nor dropped it)")
+            self._held = (data, source, ttl)
+
+    def release(self, apply: bool) -> None:
+        """Apply the held changelog behind (its checkpoint file is durable) or drop it (the file
+        was not written, or another attempt's was)."""
+        with self._state:
+            held, self._held = self._held, None
+        if held is None:
+            raise StoreStateError(f"{self.name}: no changelog is held to "
+                                  f"{'apply' if apply else 'drop'} (a restore dropped it, or none was shipped)")
+        if apply:
+            self.submit(*held)
 
     def _apply_submitted(self, data: bytes, source: str, ttl: TtlScan | None) -> None:
         with self._lock:
@@ -409,6 +437,8 @@ class VersionedStore:
 
     def close(self) -> None:
         with self._settled(raise_failure=False):
+            with self._state:
+                self._held = None
             self._close_db()
             self._drop_all_staged()
             shutil.rmtree(self.workdir, ignore_errors=True)

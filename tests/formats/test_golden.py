@@ -114,9 +114,11 @@ def _jvm_request(jvm, fmt, op, handle, body) -> bytes:
         payload = to_bytes(F.scanRequest(bytearray(prefix), None if after is None else bytearray(after),
                                          max_bytes, keys_only))
     elif op == frames.OP_APPLY:
-        behind, ttl = body
+        mode, ttl = body
         scan = jvm.scala.Option.empty() if ttl is None else jvm.scala.Some(fmt.TtlScan(*ttl))
-        payload = to_bytes(F.applyHead(behind, scan))
+        payload = to_bytes(F.applyHead(mode, scan))
+    elif op == frames.OP_RELEASE:
+        payload = to_bytes(F.releaseRequest(body))
     elif op == frames.OP_HELLO:
         payload = to_bytes(F.helloRequest(bytearray(body)))
     else:
@@ -138,9 +140,11 @@ def test_requests_written_by_the_jvm_are_read_by_python(spark, fmt, name):
         assert tuple(frames.scan_request(payload)) == body
     elif op == frames.OP_APPLY:
         request = frames.apply_request(payload)
-        assert (request.behind, request.ttl, bytes(request.changelog)) == (*body, b"")
+        assert (request.mode, request.ttl, bytes(request.changelog)) == (*body, b"")
+    elif op == frames.OP_RELEASE:
+        assert frames.release_request(payload) is body
     elif op == frames.OP_HELLO:
-        assert frames.hello_request(payload) == (frames.PROTOCOL_VERSION, body) == (2, body)
+        assert frames.hello_request(payload) == (frames.PROTOCOL_VERSION, body) == (3, body)
 
 
 @pytest.mark.parametrize("name", sorted(golden.REPLIES))

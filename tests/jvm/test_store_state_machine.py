@@ -192,3 +192,34 @@ def test_a_row_reused_with_new_bytes_is_a_new_key(spark, tmp_path, prefix_column
         reread.abort()
     finally:
         layer.close()
+
+
+def test_a_version_whose_changelog_was_not_written_is_never_applied_or_snapshotted(spark):
+    """A write-behind commit ships its changelog while the file is written. When the write fails,
+    the state server must not apply that version: under checkpoint format 1 a snapshot staged
+    from it would be uploaded as a snapshot of a version the checkpoint lacks, and a later load
+    would take it over the changelog the retry writes."""
+    location, directory = objtest_location(spark, "held")
+    layer = LayerStore(spark, location, confs={PFX + "snapshotInterval": "2"})
+    fresh = None
+    try:
+        _commit_one_write(layer, 0)
+        root = arm(spark, create={"nth": 1, "path": "/.2.ks-changelog"})
+        s = layer.store(1)
+        layer.put(s, (1,), (1,))  # version 2 would be a snapshot version
+        with pytest.raises(Exception, match="injected create fault"):
+            s.commit()
+        disarm(spark)
+        assert [f["op"] for f in testjar.injected_faults(root)] == ["create"]
+        layer.provider.doMaintenance()  # uploads whatever the server staged
+        assert _snapshot_versions(directory) == []
+        s = layer.store(1)  # the task's retry
+        layer.put(s, (1,), (99,))
+        assert s.commit() == 2
+        fresh = LayerStore(spark, location)  # another executor loads version 2
+        assert fresh.get(fresh.store(2), 1) == 99
+    finally:
+        layer.close()
+        if fresh is not None:
+            fresh.close()
+        disarm(spark)

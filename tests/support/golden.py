@@ -54,11 +54,14 @@ REQUESTS = {
     "request-multi-get.bin": (frames.OP_MULTI_GET, 3, [K1, K2, K3]),
     "request-scan.bin": (frames.OP_SCAN, 9, (SCAN_PREFIX, SCAN_AFTER, 4 << 20, True)),
     "request-scan-from-start.bin": (frames.OP_SCAN, 9, (b"", None, 65536, False)),
-    "request-apply-head.bin": (frames.OP_APPLY, 2, (True, frames.TtlScan(1_700_000_000_000, 10, 1_000_000))),
-    "request-apply-head-no-ttl.bin": (frames.OP_APPLY, 2, (False, None)),
+    "request-apply-head.bin": (frames.OP_APPLY, 2, (frames.APPLY_BEHIND, frames.TtlScan(1_700_000_000_000, 10, 1_000_000))),
+    "request-apply-head-no-ttl.bin": (frames.OP_APPLY, 2, (frames.APPLY_NOW, None)),
+    "request-apply-head-hold.bin": (frames.OP_APPLY, 2, (frames.APPLY_HOLD, None)),
+    "request-release.bin": (frames.OP_RELEASE, 2, True),
     "request-ttl-candidates.bin": (frames.OP_TTL_CANDIDATES, 2, None),
     "request-sync.bin": (frames.OP_SYNC, 2, None),
-    "request-hello.bin": (frames.OP_HELLO, 0, b"5f0c2a9e8b7d6c4e3a1f0e9d8c7b6a5f4e3d2c1b0a9f8e7d6c5b4a3f2e1d0c9b"),
+    # Protocol 3 (request-hello.bin held protocol 2's: a wire frame, never stored, so not kept).
+    "request-hello-v3.bin": (frames.OP_HELLO, 0, b"5f0c2a9e8b7d6c4e3a1f0e9d8c7b6a5f4e3d2c1b0a9f8e7d6c5b4a3f2e1d0c9b"),
 }
 REPLIES = {
     "reply-scan.bin": frames.scan_reply([(K1, PLAIN), (K3, TIMED)], True),
@@ -81,9 +84,11 @@ def encode_request(op: int, handle: int, body) -> bytes:
         payload += b"\x00" if after is None else b"\x01" + frames.U32.pack(len(after)) + after
         payload += frames.U32.pack(max_bytes) + bytes([1 if keys_only else 0])
     elif op == frames.OP_APPLY:
-        behind, ttl = body
-        payload = bytes([frames.APPLY_BEHIND if behind else frames.APPLY_NOW])
+        mode, ttl = body
+        payload = bytes([mode])
         payload += b"\x00" if ttl is None else b"\x01" + frames.TTL_SCAN.pack(*ttl)
+    elif op == frames.OP_RELEASE:
+        payload = bytes([1 if body else 0])
     elif op == frames.OP_HELLO:
         payload = frames.U16.pack(frames.PROTOCOL_VERSION) + body
     else:

@@ -56,22 +56,26 @@ final class DataChannel(path: Path, secret: Array[Byte], timeoutMs: Long) extend
     scanReply(call(OpScan, handle, scanRequest(prefix, startAfter, maxBytes, keysOnly))._2)
 
   /**
-   * Ships a committed version's changelog. `behind` = queue it and return at once (write-behind;
-   * returns 0); otherwise apply it first and return the store's exact key count.
+   * Ships a committed version's changelog. `mode` ([[Frames.ApplyNow]]): apply it first and
+   * return the store's exact key count; [[Frames.ApplyBehind]]: queue it and return 0 at once
+   * (write-behind); [[Frames.ApplyHold]]: keep it unapplied until [[release]].
    */
-  def apply(handle: Int, changelog: ByteBuffer, behind: Boolean, ttlScan: Option[TtlScan]): Long =
-    countReply(call(OpApply, handle, applyHead(behind, ttlScan), changelog)._2)
+  def apply(handle: Int, changelog: ByteBuffer, mode: Byte, ttlScan: Option[TtlScan]): Long =
+    countReply(call(OpApply, handle, applyHead(mode, ttlScan), changelog)._2)
 
   /** [[apply]] of a commit's changelog, held split: its format-1 bytes are joined into the
    *  socket a chunk at a time, never into one array. */
-  def apply(handle: Int, changelog: SplitChangelog, behind: Boolean, ttlScan: Option[TtlScan]): Long = {
-    val head = applyHead(behind, ttlScan)
+  def apply(handle: Int, changelog: SplitChangelog, mode: Byte, ttlScan: Option[TtlScan]): Long = {
+    val head = applyHead(mode, ttlScan)
     countReply(timed {
       writeAll(Array(requestHead(OpApply, handle, head.remaining() + changelog.length), head))
       changelog.writeFormat1(chunk, c => writeAll(Array(c)))
       reply()
     }._2)
   }
+
+  /** Applies (behind) or drops the changelog an [[apply]] in [[Frames.ApplyHold]] mode left held. */
+  def release(handle: Int, apply: Boolean): Unit = call(OpRelease, handle, releaseRequest(apply))
 
   /** What the TTL scan after the last apply found: the version it scanned, its ms, expired keys. */
   def ttlCandidates(handle: Int): TtlCandidates = ttlCandidatesReply(call(OpTtlCandidates, handle)._2)

@@ -2,7 +2,7 @@ package io.keyedstate.engine
 
 import java.time.Duration
 import java.util.UUID
-import java.util.concurrent.{Executors, RejectedExecutionException, TimeUnit}
+import java.util.concurrent.{Callable, ExecutionException, Executors, Future, FutureTask, RejectedExecutionException, TimeUnit}
 import java.util.concurrent.atomic.{AtomicInteger, AtomicLong}
 
 import scala.util.control.NonFatal
@@ -16,14 +16,15 @@ import org.slf4j.LoggerFactory
 
 import io.keyedstate.bridge.{ServerLaunch, StateServerProcess}
 import io.keyedstate.checkpoint.{CheckpointCleanup, CheckpointFiles}
-import io.keyedstate.format.{ChangelogFormat, ChangelogMeta, KeyCodec}
+import io.keyedstate.format.{ChangelogFormat, ChangelogMeta, Frames, KeyCodec}
 
 /** What a commit produced: the new version, its changelog size, its TTL cleanup. */
 final case class CommitResult(version: Long, changelogBytes: Long, ttlCleanedUp: Long, ttlCleanupMs: Long,
     uniqueId: Option[String] = None, baseUniqueId: Option[String] = None)
 
 /** Where a commit's time went, in ms: encoding the changelog (and updating the near cache),
- *  writing it to the checkpoint, shipping it to Python. */
+ *  writing it to the checkpoint, shipping it to Python. In a write-behind commit the write and
+ *  the ship overlap, so their sum exceeds the commit's latency. */
 final case class CommitPhases(encodeMs: Long, writeMs: Long, shipMs: Long)
 
 /** One version of the store, open for one task: its view (TTL over the version's own writes
@@ -37,8 +38,8 @@ final class StoreVersion(val version: Long, val uniqueId: Option[String], val bu
  * The storage engine of one store partition (Spark's `RocksDB` class is the model): the version
  * lifecycle. It alone knows which version is held -- by the state server's store, the near cache
  * and the native reader alike (`loaded`) -- and it invalidates all of them together. It loads
- * versions ([[VersionLoader]]), commits them (the changelog to the checkpoint first: that is the
- * commit; then shipped to the server in one frame), composes the read tiers ([[CommittedReads]])
+ * versions ([[VersionLoader]]), commits them (the changelog to the checkpoint: that is the
+ * commit; and to the server in one frame, applied only once the file is durable), composes the read tiers ([[CommittedReads]])
  * and runs maintenance ([[SnapshotUploader]], cleanup).
  */
 final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema: StructType,
@@ -178,9 +179,11 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   /**
    * Makes `v`'s writes version `v.version + 1`, durably: TTL cleanup adds its deletes, the
    * changelog (encoded, and the near cache updated, as the writes happened) is finished,
-   * compressed and written to the checkpoint (the commit), then shipped to the server: applied
-   * behind when every write's previous existence was known (so the key count is exact without
-   * waiting), else applied before the reply. No per-key work is left for the commit.
+   * compressed and written to the checkpoint (the commit), and shipped to the server. When every
+   * write's previous existence was known (so the key count is exact without waiting), the ship
+   * runs while the file is written, held unapplied by the server until the file is durable, then
+   * applied behind; otherwise it follows the write and is applied before the reply. No per-key
+   * work is left for the commit.
    *
    * Snapshots are staged every `snapshotInterval` versions and after a bulk load ([[bulk]]); the
    * commit of such a version starts their upload in the background, and Spark's maintenance
@@ -216,26 +219,48 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       expectedFileBytes = bytes + bytes / 4 + (64 << 10)
       val t1 = System.nanoTime()
       files.ensureDirs()
-      if (!files.createOnce(files.changelog(newVersion, newId), file)) {
+      val overdue = newVersion - lastSnapshot >= 2L * session.settings.snapshotInterval
+      val behind = session.settings.writeBehind && unknown == 0 && !forceSnapshot && !overdue
+      val path = files.changelog(newVersion, newId)
+      val scan = cleanup.scanRequest(v.nowMs)
+      // Write-behind: the changelog is shipped, held unapplied by the server, while its file is
+      // written; the commit then waits for the longer of the two, not their sum.
+      val (created, writeMs, counted, shipMs) = if (behind) {
+        val writing = CommitWrites.start(() => files.createOnce(path, file))
+        val s0 = System.nanoTime()
+        try session.data(s"committing version $newVersion of $describe")((c, h) => c.apply(h, changelog, Frames.ApplyHold, scan))
+        catch { case e: Throwable => CommitWrites.await(writing).left.foreach(e.addSuppressed); throw e }
+        val s1 = System.nanoTime()
+        val (written, wMs) = CommitWrites.await(writing) match {
+          case Right(r) => r
+          case Left(e) => dropHeld(); throw e
+        }
+        val s2 = System.nanoTime()
+        if (written) session.data(s"committing version $newVersion of $describe")((c, h) => c.release(h, apply = true))
+        else dropHeld()
+        (written, wMs, 0L, (s1 - s0 + System.nanoTime() - s2) / 1000000)
+      } else {
+        val w0 = System.nanoTime()
+        val written = files.createOnce(path, file)
+        val w1 = System.nanoTime()
+        val n = if (written) session.data(s"committing version $newVersion of $describe")(
+          (c, h) => c.apply(h, changelog, Frames.ApplyNow, scan)) else 0L
+        (written, (w1 - w0) / 1000000, n, (System.nanoTime() - w1) / 1000000)
+      }
+      if (!created) {
         // Another attempt of this version committed first (a retried or speculative task under
         // checkpoint format 1): its file is the version. Loads take it from there.
         log.warn(s"keyedstate: version $newVersion of $describe was committed by another attempt; using it")
         invalidate()
         return CommitResult(newVersion, 0, cleaned, cleanupMs, newId, v.uniqueId)
       }
-      val t2 = System.nanoTime()
-      val overdue = newVersion - lastSnapshot >= 2L * session.settings.snapshotInterval
-      val behind = session.settings.writeBehind && unknown == 0 && !forceSnapshot && !overdue
-      val counted = session.data(s"committing version $newVersion of $describe")(
-        (c, h) => c.apply(h, changelog, behind, cleanup.scanRequest(v.nowMs)))
       val added = (if (behind) numKeys + delta else counted) - numKeys
       numKeys += added
       if (forceSnapshot || overdue) session.control("staging a snapshot")((api, h) => api.stageSnapshot(h))
-      val t3 = System.nanoTime()
       loaded = newVersion
       loadedId = newId
       lineage = ((newVersion -> newId) :: lineage).filter(_._1 >= lastSnapshot)
-      lastCommitPhases = CommitPhases((t1 - t0) / 1000000, (t2 - t1) / 1000000, (t3 - t2) / 1000000)
+      lastCommitPhases = CommitPhases((t1 - t0) / 1000000, writeMs, shipMs)
       cache.review() // what this version's reads found decides what the next one's writes cache
       if (overdue) { uploadSnapshots(); cleanupFiles() }
       else if (forceSnapshot || newVersion % session.settings.snapshotInterval == 0 || bulk(added))
@@ -245,6 +270,13 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       case NonFatal(e) => invalidate(); throw e
     }
   }
+
+  /** Drops the changelog a commit left held on the server (its file was not written, or another
+   *  attempt's was), best effort: the caller invalidates or fails anyway, and a reload's restore
+   *  drops whatever is still held. */
+  private def dropHeld(): Unit =
+    try session.data(s"dropping an unwritten version of $describe")((c, h) => c.release(h, apply = false))
+    catch { case NonFatal(e) => log.warn(s"keyedstate: could not drop a held changelog of $describe; its reload will", e) }
 
   /** A bulk load (a first batch over a backlog, a catch-up that brings new keys): the version
    *  added at least snapshotBulkKeys keys, at least as many as were there before. The server
@@ -460,6 +492,48 @@ private object SnapshotKick {
     pending.incrementAndGet()
     try thread.execute(() => try work finally pending.decrementAndGet())
     catch { case _: RejectedExecutionException => pending.decrementAndGet() } // exiting
+  }
+}
+
+/**
+ * Writes write-behind commits' changelog files to the checkpoint on threads of their own, so that
+ * the task thread ships the same changelog to the state server meanwhile ([[StoreEngine.commit]]).
+ * One thread per commit in flight, at most one per task slot.
+ */
+private object CommitWrites {
+  private val pool = Executors.newCachedThreadPool((r: Runnable) => {
+    val t = new Thread(r, "keyedstate-commit-write")
+    t.setDaemon(true)
+    t
+  })
+
+  /** Starts `write`; its result and ms come from [[await]]. Runs it inline once the JVM exits. */
+  def start(write: () => Boolean): Future[(Boolean, Long)] = {
+    val task = new FutureTask[(Boolean, Long)](new Callable[(Boolean, Long)] {
+      override def call(): (Boolean, Long) = {
+        val t0 = System.nanoTime()
+        val written = write()
+        (written, (System.nanoTime() - t0) / 1000000)
+      }
+    })
+    try pool.execute(task) catch { case _: RejectedExecutionException => task.run() }
+    task
+  }
+
+  /** The write's outcome, waiting until it is done even if the task is interrupted meanwhile
+   *  (the interrupt is kept): a commit never returns while its file may still be written. */
+  def await(write: Future[(Boolean, Long)]): Either[Throwable, (Boolean, Long)] = {
+    var interrupted = false
+    try {
+      while (true) {
+        try return Right(write.get())
+        catch {
+          case _: InterruptedException => interrupted = true
+          case e: ExecutionException => return Left(e.getCause)
+        }
+      }
+      throw new IllegalStateException("unreachable")
+    } finally if (interrupted) Thread.currentThread().interrupt()
   }
 }
 

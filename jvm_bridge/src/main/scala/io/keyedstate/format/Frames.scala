@@ -25,7 +25,8 @@ final case class TtlCandidates(version: Long, scanMs: Int, keys: Array[Array[Byt
  *   SCAN       u32 plen prefix | u8 has_after [u32 alen after] | u32 max_bytes | u8 flags (1: keys only)
  *                                                    -> u8 has_more | u32 n | (u32 klen k | u32 vlen v)*
  *   APPLY      u8 mode | u8 has_ttl [i64 expire_before | u32 interval | u32 budget] | changelog
- *                                                    -> u64 key count (0 when applied behind)
+ *                                                    -> u64 key count (0 when applied behind or held)
+ *   RELEASE    u8 apply (1: apply the held changelog behind, 0: drop it) -> (empty)
  *   MULTI_GET  u32 n | (u32 klen k)*                 -> (u8 found [u32 vlen v])*
  *   TTL_CANDIDATES                                   -> i64 version | u32 scan ms | u32 n | (u32 klen k)*
  *   SYNC                                             -> i64 version | RocksDB directory (UTF-8)
@@ -42,10 +43,15 @@ object Frames {
   val OpTtlCandidates: Byte = 5
   val OpSync: Byte = 6
   val OpHello: Byte = 7
-  /** Version 2 added HELLO. */
-  val ProtocolVersion: Int = 2
+  val OpRelease: Byte = 8
+  /** Version 2 added HELLO; version 3 the HOLD apply mode and RELEASE. */
+  val ProtocolVersion: Int = 3
+  /** Apply before replying (the writer needs the exact key count). */
   val ApplyNow: Byte = 0
+  /** Queue, reply at once, apply in the background (write-behind). */
   val ApplyBehind: Byte = 1
+  /** Keep it unapplied until a RELEASE says whether its checkpoint file became durable. */
+  val ApplyHold: Byte = 2
   val StatusOk: Byte = 0
   val StatusNotFound: Byte = 1
   val StatusError: Byte = 2
@@ -77,15 +83,19 @@ object Frames {
   }
 
   /** The head of an APPLY body; the changelog follows it. */
-  def applyHead(behind: Boolean, ttlScan: Option[TtlScan]): ByteBuffer = {
+  def applyHead(mode: Byte, ttlScan: Option[TtlScan]): ByteBuffer = {
+    if (mode != ApplyNow && mode != ApplyBehind && mode != ApplyHold) throw new FrameException(s"unknown apply mode $mode")
     val head = ByteBuffer.allocate(2 + 16)
-    head.put(if (behind) ApplyBehind else ApplyNow)
+    head.put(mode)
     ttlScan match {
       case Some(t) => head.put(1.toByte).putLong(t.expireBefore).putInt(t.interval).putInt(t.budget)
       case None => head.put(0.toByte)
     }
     head.flip()
   }
+
+  /** The body of a RELEASE: apply the held changelog (true) or drop it. */
+  def releaseRequest(apply: Boolean): ByteBuffer = ByteBuffer.allocate(1).put((if (apply) 1 else 0).toByte).flip()
 
   def multiGetReply(body: ByteBuffer, expected: Int): Array[Array[Byte]] = {
     val out = Array.fill(expected) { if (u8(body) == 0) null else sized(body) }
