@@ -212,7 +212,8 @@ KNOBS: tuple[Knob, ...] = (
          "32-bit hash, which adds n / 2^32 for n keys in a store (0.02% at 1M)."),
     Knob("writeBehind", "true", parse_bool,
          "Return from commit once the changelog is durable in the checkpoint and queued for "
-         "RocksDB, instead of waiting for RocksDB to apply it. Later reads wait for it."),
+         "RocksDB, instead of waiting for RocksDB to apply it; the changelog is shipped while its "
+         "file is written and applied once the file is durable. Later reads wait for it."),
     Knob("nativeReads", "true", parse_bool,
          "Serve near-cache misses and scans in the JVM by reading the Python server's RocksDB "
          "files as a RocksDB secondary instance (Spark's bundled rocksdbjni), instead of a round "

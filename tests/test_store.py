@@ -272,7 +272,7 @@ def test_a_held_changelog_is_applied_only_when_released_and_dropped_otherwise(tm
         # Held: reads, the version held and the staged snapshots are version 1's (2 would stage).
         assert (s.get(key(1, b"a")), s.get(key(2, b"b")), s.sync()[0]) == (b"1", None, 1)
         assert s.staged_snapshots(2) == []
-        with pytest.raises(StoreStateError, match="v3 arrived while v2 is still held"):
+        with pytest.raises(StoreStateError, match="while another is still held"):
             s.hold(cl.encode(3, 16, []), "v3")
         s.release(apply=False)  # the file was not written: version 1 stays
         assert (s.get(key(1, b"a")), s.sync()[0], s.info()["numKeys"]) == (b"1", 1, 1)
@@ -287,5 +287,14 @@ def test_a_held_changelog_is_applied_only_when_released_and_dropped_otherwise(tm
         with pytest.raises(StoreStateError, match="no changelog is held to apply"):
             s.release(apply=True)
         assert (s.version, s.get(key(3, b"c"))) == (0, None)
+        s.hold(cl.encode(1, 16, [(cl.OP_PUT, key(3, b"c"), b"3")]), "v1")
+        s._failure = "an earlier background apply failed"  # as _apply_submitted records one
+        with pytest.raises(StoreStateError, match="an earlier background apply failed"):
+            s.release(apply=True)  # nothing is applied on top of a failed apply
+        with pytest.raises(StoreStateError, match="an earlier background apply failed"):
+            s.hold(cl.encode(1, 16, []), "v1")
+        s.restore(0, None, "lineage-3", 0)
+        s.hold(cl.encode(1, 16, [(cl.OP_PUT, key(3, b"c"), b"3")]), "v1")
     finally:
-        s.close()
+        s.close()  # drops what is held
+    assert s._held is None

@@ -167,7 +167,8 @@ class DataServer:
                 return f.STATUS_OK, f.count_reply(0)
             return f.STATUS_OK, f.count_reply(store.apply(request.changelog, source, request.ttl))
         if op == f.OP_RELEASE:
-            self._store(handle).release(f.release_request(body))
+            apply = f.release_request(body)
+            self._store(handle).release(apply)
             return f.STATUS_OK, b""
         if op == f.OP_TTL_CANDIDATES:
             return f.STATUS_OK, f.ttl_candidates_reply(*self._store(handle).take_ttl_candidates())

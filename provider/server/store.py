@@ -225,7 +225,7 @@ class VersionedStore:
             if self._failure:
                 raise StoreStateError(self._failure)
             if self._held is not None:
-                raise StoreStateError(f"{self.name}: {source} arrived while {self._held[1]} is still held "
+                raise StoreStateError(f"{self.name}: a changelog arrived while another is still held "
                                       "(its commit neither applied nor dropped it)")
             self._held = (data, source, ttl)
 

@@ -28,8 +28,8 @@ object Metrics {
   val memoryBytes = StateStoreCustomSizeMetric("keyedstateMemoryBytes",
     "keyedstate: memory of the executor (near cache, Bloom filters, native block cache, state servers' RocksDB), per open store")
   val commitEncode = StateStoreCustomTimingMetric("keyedstateCommitEncodeMs", "keyedstate: commit, finishing and compressing the changelog")
-  val commitWrite = StateStoreCustomTimingMetric("keyedstateCommitWriteMs", "keyedstate: commit, writing the changelog to the checkpoint")
-  val commitShip = StateStoreCustomTimingMetric("keyedstateCommitShipMs", "keyedstate: commit, shipping the changelog to Python")
+  val commitWrite = StateStoreCustomTimingMetric("keyedstateCommitWriteMs", "keyedstate: commit, writing the changelog to the checkpoint (beside the ship when write-behind)")
+  val commitShip = StateStoreCustomTimingMetric("keyedstateCommitShipMs", "keyedstate: commit, shipping the changelog to Python (write-behind: held during the write, then released)")
   val ttlExpired = StateStoreCustomSumMetric("keyedstateTtlExpired", "keyedstate: expired entries hidden from reads and scans")
   val ttlCleanedUp = StateStoreCustomSumMetric("keyedstateTtlCleanedUp", "keyedstate: expired entries deleted by cleanup")
   val ttlCleanupMs = StateStoreCustomTimingMetric("keyedstateTtlCleanupMs", "keyedstate: commit, TTL cleanup time")

@@ -2,7 +2,7 @@ package io.keyedstate.engine
 
 import java.time.Duration
 import java.util.UUID
-import java.util.concurrent.{Callable, ExecutionException, Executors, Future, FutureTask, RejectedExecutionException, TimeUnit}
+import java.util.concurrent.{Callable, ExecutionException, Executors, FutureTask, RejectedExecutionException, TimeUnit}
 import java.util.concurrent.atomic.{AtomicInteger, AtomicLong}
 
 import scala.util.control.NonFatal
@@ -23,8 +23,9 @@ final case class CommitResult(version: Long, changelogBytes: Long, ttlCleanedUp:
     uniqueId: Option[String] = None, baseUniqueId: Option[String] = None)
 
 /** Where a commit's time went, in ms: encoding the changelog (and updating the near cache),
- *  writing it to the checkpoint, shipping it to Python. In a write-behind commit the write and
- *  the ship overlap, so their sum exceeds the commit's latency. */
+ *  writing it to the checkpoint, shipping it to Python. In a write-behind commit the write (on
+ *  its own thread) and the ship (hold, then release) overlap: the latency is about encode plus
+ *  the longer of the two, not their sum. */
 final case class CommitPhases(encodeMs: Long, writeMs: Long, shipMs: Long)
 
 /** One version of the store, open for one task: its view (TTL over the version's own writes
@@ -227,18 +228,27 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       // written; the commit then waits for the longer of the two, not their sum.
       val (created, writeMs, counted, shipMs) = if (behind) {
         val writing = CommitWrites.start(() => files.createOnce(path, file))
-        val s0 = System.nanoTime()
-        try session.data(s"committing version $newVersion of $describe")((c, h) => c.apply(h, changelog, Frames.ApplyHold, scan))
-        catch { case e: Throwable => CommitWrites.await(writing).left.foreach(e.addSuppressed); throw e }
-        val s1 = System.nanoTime()
-        val (written, wMs) = CommitWrites.await(writing) match {
-          case Right(r) => r
-          case Left(e) => dropHeld(); throw e
-        }
-        val s2 = System.nanoTime()
-        if (written) session.data(s"committing version $newVersion of $describe")((c, h) => c.release(h, apply = true))
-        else dropHeld()
-        (written, wMs, 0L, (s1 - s0 + System.nanoTime() - s2) / 1000000)
+        // A task killed meanwhile is interrupted: the write is interrupted with it (await), and
+        // the release or drop still reaches the server (an interrupted NIO channel closes), then
+        // the interrupt is kept for Spark.
+        var interrupted = false
+        def awaitWrite() = { val (r, i) = CommitWrites.await(writing); interrupted ||= i; r }
+        try {
+          val s0 = System.nanoTime()
+          try session.data(s"committing version $newVersion of $describe")((c, h) => c.apply(h, changelog, Frames.ApplyHold, scan))
+          catch { case e: Throwable => awaitWrite().left.foreach(e.addSuppressed); throw e }
+          val s1 = System.nanoTime()
+          val (written, wMs) = awaitWrite() match {
+            case Right(r) => r
+            case Left(e) => dropHeld(); throw e
+          }
+          val s2 = System.nanoTime()
+          if (written) {
+            try session.data(s"committing version $newVersion of $describe")((c, h) => c.release(h, apply = true))
+            catch { case e: Throwable => dropHeld(); throw e } // e.g. a timeout: not left held
+          } else dropHeld()
+          (written, wMs, 0L, (s1 - s0 + System.nanoTime() - s2) / 1000000)
+        } finally if (interrupted) Thread.currentThread().interrupt()
       } else {
         val w0 = System.nanoTime()
         val written = files.createOnce(path, file)
@@ -507,33 +517,44 @@ private object CommitWrites {
     t
   })
 
-  /** Starts `write`; its result and ms come from [[await]]. Runs it inline once the JVM exits. */
-  def start(write: () => Boolean): Future[(Boolean, Long)] = {
-    val task = new FutureTask[(Boolean, Long)](new Callable[(Boolean, Long)] {
-      override def call(): (Boolean, Long) = {
-        val t0 = System.nanoTime()
-        val written = write()
-        (written, (System.nanoTime() - t0) / 1000000)
-      }
-    })
-    try pool.execute(task) catch { case _: RejectedExecutionException => task.run() }
-    task
+  /** Starts `write` on a pool thread; its result and ms come from [[await]]. */
+  def start(write: () => Boolean): Write = {
+    val w = new Write(write)
+    pool.execute(w.task)
+    w
   }
 
-  /** The write's outcome, waiting until it is done even if the task is interrupted meanwhile
-   *  (the interrupt is kept): a commit never returns while its file may still be written. */
-  def await(write: Future[(Boolean, Long)]): Either[Throwable, (Boolean, Long)] = {
-    var interrupted = false
-    try {
-      while (true) {
-        try return Right(write.get())
-        catch {
-          case _: InterruptedException => interrupted = true
-          case e: ExecutionException => return Left(e.getCause)
-        }
+  final class Write(write: () => Boolean) {
+    @volatile private var runner: Thread = _
+    private[CommitWrites] val task = new FutureTask[(Boolean, Long)](new Callable[(Boolean, Long)] {
+      override def call(): (Boolean, Long) = {
+        runner = Thread.currentThread()
+        try {
+          val t0 = System.nanoTime()
+          val written = write()
+          (written, (System.nanoTime() - t0) / 1000000)
+        } finally { runner = null; Thread.interrupted() } // the pool thread is reused
       }
-      throw new IllegalStateException("unreachable")
-    } finally if (interrupted) Thread.currentThread().interrupt()
+    })
+    private[CommitWrites] def interrupt(): Unit = { val t = runner; if (t != null) t.interrupt() }
+  }
+
+  /**
+   * The write's outcome once it is done, and whether the caller was interrupted meanwhile (its
+   * flag is cleared; the caller sets it again when done). An interrupt (Spark killing the task)
+   * is passed on to the write, as if it ran on the task thread, but the wait goes on until the
+   * write has stopped: a commit never returns while its file may still be written.
+   */
+  def await(write: Write): (Either[Throwable, (Boolean, Long)], Boolean) = {
+    var interrupted = false
+    while (true) {
+      try return (Right(write.task.get()), interrupted)
+      catch {
+        case _: InterruptedException => if (!interrupted) { interrupted = true; write.interrupt() }
+        case e: ExecutionException => return (Left(e.getCause), interrupted)
+      }
+    }
+    throw new IllegalStateException("unreachable")
   }
 }
 
