@@ -291,6 +291,7 @@ def test_a_held_changelog_is_applied_only_when_released_and_dropped_otherwise(tm
         s._failure = "an earlier background apply failed"  # as _apply_submitted records one
         with pytest.raises(StoreStateError, match="an earlier background apply failed"):
             s.release(apply=True)  # nothing is applied on top of a failed apply
+        assert (s._held, s.version) == (None, 0)
         with pytest.raises(StoreStateError, match="an earlier background apply failed"):
             s.hold(cl.encode(1, 16, []), "v1")
         s.restore(0, None, "lineage-3", 0)

@@ -280,8 +280,8 @@ def test_malformed_data_frames_fail_one_exchange_not_the_server(bridge):
     outcomes["unknown op"] = reply_or_close(sock, 5)
     sock.sendall(frames.REQUEST_HEAD.pack(5, frames.OP_RELEASE, 1))  # a RELEASE without its flag
     outcomes["release without a flag"] = reply_or_close(sock, 5)
-    sock.sendall(frames.REQUEST_HEAD.pack(5 + 1, frames.OP_RELEASE, 1) + b"\x02")  # an unknown flag
-    outcomes["release with an unknown flag"] = reply_or_close(sock, 5)
+    sock.sendall(frames.REQUEST_HEAD.pack(5 + 1, frames.OP_RELEASE, 987654) + b"\x02")  # an unknown flag
+    outcomes["release with an unknown flag"] = reply_or_close(sock, 5)  # refused before the store is looked up
     sock.sendall(frames.REQUEST_HEAD.pack(5, frames.OP_SYNC, 987654))  # a store handle that is not open
     outcomes["unknown store"] = reply_or_close(sock, 5)
     sock.close()
@@ -296,6 +296,7 @@ def test_malformed_data_frames_fail_one_exchange_not_the_server(bridge):
     for what in ("scan body cut short", "unknown op", "release without a flag", "release with an unknown flag",
                  "unknown store"):
         assert outcomes[what].startswith("reply status 2"), f"{what}: expected an error reply, got {outcomes[what]}"
+    assert "malformed frame: unknown release flag 2" in outcomes["release with an unknown flag"], outcomes
     assert outcomes["length below the header size"] != "nothing", outcomes
     bridge.serves()
 

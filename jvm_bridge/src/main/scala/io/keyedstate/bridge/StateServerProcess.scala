@@ -131,7 +131,10 @@ final class StateServerProcess private (
     case _ if !process.waitFor(200, TimeUnit.MILLISECONDS) && process.isAlive =>
       new StateServerException(s"keyedstate: $what failed: ${StateServerProcess.pythonMessage(e)}", e)
     case _ =>
-      val code = if (process.isAlive) "killed as hung" else s"exit code ${process.exitValue()}"
+      // Hung: another exchange (a concurrent task's) timed out first and stopped it.
+      val code = if (hung) s"stopped as hung: an exchange got no answer within the bridge timeout, " +
+          s"${ServerLaunch.ConfPrefix}bridgeTimeout = $timeoutMs ms"
+        else if (process.isAlive) "killed as hung" else s"exit code ${process.exitValue()}"
       new StateServerDiedException(
         s"keyedstate state server (pid $pid) died during $what ($code). " +
           s"The task fails; its retry starts a new server and reloads the state from the " +

@@ -228,15 +228,21 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       // written; the commit then waits for the longer of the two, not their sum.
       val (created, writeMs, counted, shipMs) = if (behind) {
         val writing = CommitWrites.start(() => files.createOnce(path, file))
-        // A task killed meanwhile is interrupted: the write is interrupted with it (await), and
-        // the release or drop still reaches the server (an interrupted NIO channel closes), then
-        // the interrupt is kept for Spark.
+        // A task killed (interrupted) while it waits for the write interrupts the write too, and
+        // the release or drop still reaches the server (an interrupted NIO channel closes); the
+        // interrupt is then kept for Spark. Killed during the hold, the hold fails, and so does
+        // the write.
         var interrupted = false
         def awaitWrite() = { val (r, i) = CommitWrites.await(writing); interrupted ||= i; r }
         try {
           val s0 = System.nanoTime()
           try session.data(s"committing version $newVersion of $describe")((c, h) => c.apply(h, changelog, Frames.ApplyHold, scan))
-          catch { case e: Throwable => awaitWrite().left.foreach(e.addSuppressed); throw e }
+          catch {
+            case e: Throwable =>
+              writing.interrupt() // the version fails: no need to wait for a whole write
+              awaitWrite().left.foreach(e.addSuppressed)
+              throw e
+          }
           val s1 = System.nanoTime()
           val (written, wMs) = awaitWrite() match {
             case Right(r) => r
@@ -245,7 +251,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
           val s2 = System.nanoTime()
           if (written) {
             try session.data(s"committing version $newVersion of $describe")((c, h) => c.release(h, apply = true))
-            catch { case e: Throwable => dropHeld(); throw e } // e.g. a timeout: not left held
+            catch { case e: Throwable => dropHeld(); throw e } // if the RELEASE never arrived, nothing stays held
           } else dropHeld()
           (written, wMs, 0L, (s1 - s0 + System.nanoTime() - s2) / 1000000)
         } finally if (interrupted) Thread.currentThread().interrupt()
@@ -286,7 +292,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
    *  drops whatever is still held. */
   private def dropHeld(): Unit =
     try session.data(s"dropping an unwritten version of $describe")((c, h) => c.release(h, apply = false))
-    catch { case NonFatal(e) => log.warn(s"keyedstate: could not drop a held changelog of $describe; its reload will", e) }
+    catch { case NonFatal(e) => log.info(s"keyedstate: no held changelog of $describe dropped (${e.getMessage}); the reload drops any") }
 
   /** A bulk load (a first batch over a backlog, a catch-up that brings new keys): the version
    *  added at least snapshotBulkKeys keys, at least as many as were there before. The server
@@ -525,18 +531,28 @@ private object CommitWrites {
   }
 
   final class Write(write: () => Boolean) {
-    @volatile private var runner: Thread = _
+    private var runner: Thread = _ // under this Write's lock, like `stopped`
+    private var stopped = false
     private[CommitWrites] val task = new FutureTask[(Boolean, Long)](new Callable[(Boolean, Long)] {
       override def call(): (Boolean, Long) = {
-        runner = Thread.currentThread()
+        Write.this.synchronized {
+          runner = Thread.currentThread()
+          if (stopped) runner.interrupt() // asked before it started
+        }
         try {
           val t0 = System.nanoTime()
           val written = write()
           (written, (System.nanoTime() - t0) / 1000000)
-        } finally { runner = null; Thread.interrupted() } // the pool thread is reused
+        } finally Write.this.synchronized { runner = null }
       }
     })
-    private[CommitWrites] def interrupt(): Unit = { val t = runner; if (t != null) t.interrupt() }
+
+    /** Interrupts the write, as a task kill would if it ran on the task thread; never another
+     *  write the same pool thread runs later (the pool clears the flag between tasks). */
+    def interrupt(): Unit = synchronized {
+      stopped = true
+      if (runner != null) runner.interrupt()
+    }
   }
 
   /**
@@ -550,7 +566,7 @@ private object CommitWrites {
     while (true) {
       try return (Right(write.task.get()), interrupted)
       catch {
-        case _: InterruptedException => if (!interrupted) { interrupted = true; write.interrupt() }
+        case _: InterruptedException => interrupted = true; write.interrupt()
         case e: ExecutionException => return (Left(e.getCause), interrupted)
       }
     }
