@@ -128,18 +128,24 @@ final class StateServerProcess private (
           s"(${ServerLaunch.ConfPrefix}bridgeTimeout = $timeoutMs ms): it is considered hung and is stopped. " +
           s"The task fails; its retry starts a new server and reloads the state from the checkpoint. " +
           s"Server log: $logFile${output.tail()}", e)
-    case _ if !process.waitFor(200, TimeUnit.MILLISECONDS) && process.isAlive =>
+    case _ if !hung && !exited(200) =>
       new StateServerException(s"keyedstate: $what failed: ${StateServerProcess.pythonMessage(e)}", e)
     case _ =>
       // Hung: another exchange (a concurrent task's) timed out first and stopped it.
       val code = if (hung) s"stopped as hung: an exchange got no answer within the bridge timeout, " +
           s"${ServerLaunch.ConfPrefix}bridgeTimeout = $timeoutMs ms"
-        else if (process.isAlive) "killed as hung" else s"exit code ${process.exitValue()}"
+        else s"exit code ${process.exitValue()}"
       new StateServerDiedException(
         s"keyedstate state server (pid $pid) died during $what ($code). " +
           s"The task fails; its retry starts a new server and reloads the state from the " +
           s"checkpoint. Server log: $logFile${output.tail()}", e)
   }
+
+  /** Whether the process has exited, waiting up to `ms` for it; an interrupt (a killed task)
+   *  ends the wait and is kept for the caller. */
+  private def exited(ms: Long): Boolean =
+    try process.waitFor(ms, TimeUnit.MILLISECONDS) || !process.isAlive
+    catch { case _: InterruptedException => Thread.currentThread().interrupt(); !process.isAlive }
 
   def destroy(): Unit = {
     channels.forEach(c => c.close())
