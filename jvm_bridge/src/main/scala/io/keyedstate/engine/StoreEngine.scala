@@ -40,8 +40,8 @@ final class StoreVersion(val version: Long, val uniqueId: Option[String], val bu
  * lifecycle. It alone knows which version is held -- by the state server's store, the near cache
  * and the native reader alike (`loaded`) -- and it invalidates all of them together. It loads
  * versions ([[VersionLoader]]), commits them (the changelog to the checkpoint: that is the
- * commit; and to the server in one frame, applied only once the file is durable), composes the read tiers ([[CommittedReads]])
- * and runs maintenance ([[SnapshotUploader]], cleanup).
+ * commit; and to the server in one frame, applied only once the file is durable), composes the
+ * read tiers ([[CommittedReads]]) and runs maintenance ([[SnapshotUploader]], cleanup).
  */
 final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema: StructType,
     encoderSpec: KeyStateEncoderSpec, storeConf: StateStoreConf, hadoopConf: Configuration,
