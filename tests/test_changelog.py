@@ -157,3 +157,64 @@ def test_codec_2_with_key_groups_that_disagree_with_the_records_is_refused():
     tampered = head + len(short).to_bytes(4, "big") + short + zstandard.ZstdCompressor().compress(rest)
     with pytest.raises(cl.CorruptChangelogError, match="key groups and records disagree"):
         cl.decode(tampered, "/ck/2.ks-changelog")
+
+
+def _parse_with_entries(log):
+    try:
+        return [(r.op, r.key, r.value) for r in log.records()], None
+    except cl.CorruptChangelogError as exc:
+        return None, str(exc)
+
+
+def _parse_with_feed(log, per_call, ops_of_records):
+    """The records as feed passes them on, ``per_call`` at a time, with the tally checked
+    against the ops of what was passed."""
+    calls = []
+    pos = done = 0
+    try:
+        while True:
+            fed = log.feed(lambda k, v: calls.append(("put", k, v)), lambda k: calls.append(("delete", k, None)),
+                           pos, done, per_call)
+            passed = calls[len(calls) - fed.records:] if fed.records else []
+            ops = ops_of_records[done:done + fed.records]
+            assert fed.key_delta == ops.count(cl.OP_PUT_NEW) - ops.count(cl.OP_DELETE_EXISTING)
+            assert fed.deletes == sum(op in cl.DELETES for op in ops)
+            assert fed.unknown_puts == [k for (_, k, _), op in zip(passed, ops) if op == cl.OP_PUT]
+            assert fed.unknown_deletes == [k for (_, k, _), op in zip(passed, ops) if op == cl.OP_DELETE]
+            pos, done = fed.end, done + fed.records
+            if pos >= len(log.payload):
+                break
+    except cl.CorruptChangelogError as exc:
+        return None, str(exc)
+    return calls, None
+
+
+def _variants():
+    """A payload of every op, and ways to break it: each truncation, a length that overruns,
+    an unknown op, a trailer count that disagrees."""
+    records = [(cl.OP_PUT, b"\x00\x00\x00\x01k1", b"v1"), (cl.OP_PUT_NEW, b"\x00\x00\x00\x02k2", b""),
+               (cl.OP_PUT_EXISTING, b"\x00\x00\x00\x03k3", b"v333"), (cl.OP_DELETE, b"\x00\x00\x00\x04k4", None),
+               (cl.OP_DELETE_EXISTING, b"\x00\x00\x00\x05k5", None), (cl.OP_PUT_NEW, b"", b"v6")]
+    payload = b"".join(cl.encode_record(*r) for r in records)
+    out = [(payload, len(records)), (payload, len(records) + 1), (payload, len(records) - 1)]
+    out += [(payload[:cut], len(records)) for cut in range(len(payload))]
+    for at in range(len(payload)):
+        broken = bytearray(payload)
+        broken[at] ^= 0x80
+        out.append((bytes(broken), len(records)))
+    return [(p, n, records) for p, n in out]
+
+
+@pytest.mark.parametrize("per_call", [None, 1, 2, 4])
+def test_the_servers_parser_agrees_with_the_tools_parser_on_every_input(per_call):
+    """``feed`` (the state server's apply) and ``entries`` (the offline tools) must take the
+    same records from a valid payload and refuse a broken one with the same message: one byte
+    format, two parsers, never two verdicts."""
+    for payload, count, records in _variants():
+        log = cl.Changelog(1, 16, count, payload, "/ckpt/1.ks-changelog")
+        expected, error = _parse_with_entries(log)
+        got, got_error = _parse_with_feed(log, per_call, [r[0] for r in (expected or records)])
+        if error is None:
+            assert got_error is None and got == [("put" if v is not None else "delete", k, v) for _, k, v in expected]
+        else:
+            assert got is None and got_error == error, payload.hex()

@@ -54,8 +54,8 @@ def test_a_large_changelog_is_written_in_chunks_with_exact_counts(store, monkeyp
     from keyedstate.server import store as store_module
 
     writes = []
-    real = store_module.to_write_batch
-    monkeypatch.setattr(store_module, "to_write_batch", lambda entries: writes.append(1) or real(entries))
+    real = cl.Changelog.feed
+    monkeypatch.setattr(cl.Changelog, "feed", lambda *args: writes.append(1) or real(*args))
     monkeypatch.setattr(store_module, "APPLY_CHUNK_BYTES", 1)  # chunks of the floor, 10,000 records
     first = [key(g % 16, b"k%05d" % g) for g in range(20_000)]
     assert store.apply(cl.encode(1, 16, [(cl.OP_PUT_NEW, k, b"1") for k in first]), "v1") == 20_000

@@ -28,10 +28,12 @@ accept both.
 Ops carry what the writer knew of the key's existence before the record, so that an exact key
 count costs no read when the JVM's near cache already knew (see ``OP_*``).
 
-:func:`decode` reads the header once and checks framing and checksum; :meth:`Changelog.records`
-is the one parser of the records, shared by the state server's apply, offline rebuilds and the
-rescale's routing; it checks every length against the payload and the count against the trailer,
-and names the file in every error. A foreign or truncated file is never taken for an empty version.
+:func:`decode` reads the header once and checks framing and checksum. Two parsers read the
+records, with the same checks (every length against the payload, the count against the trailer,
+the file named in every error) and a test that holds them to the same verdicts:
+:meth:`Changelog.entries` (and :meth:`Changelog.records` on it), for offline rebuilds and the
+rescale's routing, and :meth:`Changelog.feed`, the state server's, which fills a write batch
+without a Python object per record. A foreign or truncated file is never taken for an empty version.
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ import json
 import struct
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 MAGIC = b"KSCHLOG1"
 FORMAT_VERSION = 1
@@ -83,6 +85,17 @@ class Entry(NamedTuple):
     value: bytes | None
     start: int
     end: int
+
+
+class Fed(NamedTuple):
+    """What :meth:`Changelog.feed` passed on: where it stopped and what the records' ops said."""
+
+    end: int  # byte offset in the payload after the last record fed (len(payload): all were)
+    records: int
+    key_delta: int  # keys the writer knew it added, less those it knew it deleted
+    deletes: int
+    unknown_puts: list[bytes]  # keys put whose previous existence the writer did not know
+    unknown_deletes: list[bytes]  # keys deleted whose previous existence the writer did not know
 
 
 @dataclass(frozen=True)
@@ -133,6 +146,62 @@ class Changelog:
         if count != self.record_count:
             raise CorruptChangelogError(
                 f"{source} holds {count} records but its trailer says {self.record_count}: corrupt")
+
+    def feed(self, put: Callable[[bytes, bytes], object], delete: Callable[[bytes], object], start: int = 0,
+             records_before: int = 0, max_records: int | None = None) -> Fed:
+        """Call ``put(key, value)`` or ``delete(key)`` for each record from byte ``start`` of the
+        payload on, at most ``max_records`` of them (None: to the end); ``records_before`` is how
+        many records precede ``start``. This is the state server's parser: it makes no generator
+        or tuple per record, so a write batch is filled at about half the cost per record of
+        :meth:`entries` (W1 applies 1M records a batch on 2 cores). It checks what
+        :meth:`entries` checks, and the trailer's count when it reaches the end. A record that
+        does not parse raises before anything of it is passed on."""
+        buf, source = self.payload, self.source
+        pos, end = start, len(buf)
+        cap = end if max_records is None else max_records  # a record takes at least 5 bytes
+        unpack = _unpack_u32
+        n = delta = deletes = 0
+        unknown_puts: list[bytes] = []
+        unknown_deletes: list[bytes] = []
+        try:
+            while pos < end and n < cap:
+                op = buf[pos]
+                key_end = pos + 5 + unpack(buf, pos + 1)[0]
+                if op == OP_PUT_EXISTING or op == OP_PUT_NEW or op == OP_PUT:
+                    value_start = key_end + 4
+                    record_end = value_start + unpack(buf, key_end)[0]
+                    if record_end > end:
+                        raise CorruptChangelogError(
+                            f"{source}: record {records_before + n} at byte {pos} overruns the file")
+                    key = buf[pos + 5:key_end]
+                    put(key, buf[value_start:record_end])
+                    if op == OP_PUT_NEW:
+                        delta += 1
+                    elif op == OP_PUT:
+                        unknown_puts.append(key)
+                elif op == OP_DELETE_EXISTING or op == OP_DELETE:
+                    if key_end > end:
+                        raise CorruptChangelogError(
+                            f"{source}: record {records_before + n} at byte {pos} overruns the file")
+                    key = buf[pos + 5:key_end]
+                    delete(key)
+                    deletes += 1
+                    if op == OP_DELETE_EXISTING:
+                        delta -= 1
+                    else:
+                        unknown_deletes.append(key)
+                    record_end = key_end
+                else:
+                    raise CorruptChangelogError(f"{source}: unknown record op {op} at byte {pos}")
+                pos = record_end
+                n += 1
+        except struct.error:
+            raise CorruptChangelogError(
+                f"{source}: record {records_before + n} at byte {pos} overruns the file") from None
+        if pos >= end and records_before + n != self.record_count:
+            raise CorruptChangelogError(
+                f"{source} holds {records_before + n} records but its trailer says {self.record_count}: corrupt")
+        return Fed(pos, n, delta, deletes, unknown_puts, unknown_deletes)
 
 
 def decode(data: bytes | bytearray | memoryview, source: str) -> Changelog:

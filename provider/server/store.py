@@ -10,7 +10,6 @@ interprets them beyond prefixes.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import queue
 import shutil
@@ -295,9 +294,9 @@ class VersionedStore:
             total = 0
             written = False
             try:
-                for entries in self._chunks(log_):
-                    batch, delta, unknown_puts, unknown_deletes, deletes = to_write_batch(entries)
-                    self._deletes_since_compaction += deletes
+                for batch, fed in self._write_batches(log_):
+                    delta, unknown_puts, unknown_deletes = fed.key_delta, fed.unknown_puts, fed.unknown_deletes
+                    self._deletes_since_compaction += fed.deletes
                     # Only keys whose previous existence the writer did not know cost a read here
                     # (a key occurs once in a changelog, so chunk by chunk is the same).
                     if unknown_puts or unknown_deletes:
@@ -464,21 +463,26 @@ class VersionedStore:
             raise StoreStateError(f"{self.name}: no version is loaded")
         return db
 
-    def _chunks(self, log_: changelog.Changelog) -> Iterator[Iterable[changelog.Entry]]:
-        """The changelog's records in writes of at most :data:`APPLY_CHUNK_BYTES` of records, or,
-        under a memoryBudget, of about an eighth of the process's pool each, flushed in between:
-        one write lands whole in one memtable, so a large batch written at once would hold a
-        write batch and a memtable of its size (and overrun the pool). Each chunk is read lazily
-        and must be consumed before the next is asked for; the last check of the record count
-        runs as the records end."""
+    def _write_batches(self, log_: changelog.Changelog) -> Iterator[tuple[WriteBatch, changelog.Fed]]:
+        """The changelog's records as write batches of at most :data:`APPLY_CHUNK_BYTES` of
+        records, or, under a memoryBudget, of about an eighth of the process's pool each, flushed
+        in between: one write lands whole in one memtable, so a large batch written at once would
+        hold a write batch and a memtable of its size (and overrun the pool). Each batch is filled
+        when asked for and must be written before the next is; the trailer's record count is
+        checked as the last one is filled."""
         chunk_bytes = APPLY_CHUNK_BYTES if self._pool is None else self._pool.capacity // 8
-        entries = log_.entries()
-        if self._pool is None and len(log_.payload) <= chunk_bytes:
-            yield entries
-            return
-        per_chunk = max(10_000, chunk_bytes * log_.record_count // max(1, len(log_.payload)))
-        while (first := next(entries, None)) is not None:
-            yield itertools.chain((first,), itertools.islice(entries, per_chunk - 1))
+        size = len(log_.payload)
+        per_chunk = None
+        if self._pool is not None or size > chunk_bytes:
+            per_chunk = max(10_000, chunk_bytes * log_.record_count // max(1, size))
+        pos = done = 0
+        while True:
+            batch = WriteBatch(raw_mode=True)
+            fed = log_.feed(batch.put, batch.delete, pos, done, per_chunk)
+            yield batch, fed
+            pos, done = fed.end, done + fed.records
+            if pos >= size:
+                return
             if self._pool is not None:
                 self._flush_if_dirty()
 
@@ -512,29 +516,3 @@ def _multi_get(db: Rdict, keys: list[bytes]) -> Iterator[bytes | None]:
 def _count_present(db: Rdict, keys: list[bytes]) -> int:
     """How many of ``keys`` the database holds."""
     return sum(v is not None for v in _multi_get(db, keys))
-
-
-def to_write_batch(entries: Iterable[changelog.Entry]) -> tuple[WriteBatch, int, list[bytes], list[bytes], int]:
-    """Changelog records (:meth:`Changelog.entries`) as one RocksDB write batch, plus the
-    key-count delta their writer knew, the keys whose previous existence it did not (put,
-    delete), and the number of deletes."""
-    batch = WriteBatch(raw_mode=True)
-    put, delete = batch.put, batch.delete
-    delta = deletes = 0
-    unknown_puts: list[bytes] = []
-    unknown_deletes: list[bytes] = []
-    for op, key, value, _, _ in entries:
-        if value is not None:
-            put(key, value)
-            if op == changelog.OP_PUT_NEW:
-                delta += 1
-            elif op == changelog.OP_PUT:
-                unknown_puts.append(key)
-        else:
-            delete(key)
-            deletes += 1
-            if op == changelog.OP_DELETE_EXISTING:
-                delta -= 1
-            else:
-                unknown_deletes.append(key)
-    return batch, delta, unknown_puts, unknown_deletes, deletes
