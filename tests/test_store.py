@@ -299,3 +299,21 @@ def test_a_held_changelog_is_applied_only_when_released_and_dropped_otherwise(tm
     finally:
         s.close()  # drops what is held
     assert s._held is None
+
+
+def test_under_a_memory_budget_every_apply_leaves_its_memtable_flushed(tmp_path):
+    """Under a memoryBudget a version's writes are flushed once written, the last chunk's too:
+    a memtable left behind would grow across versions, put the next apply's first chunk on top
+    of it (the bound the chunks exist for) and move the flush onto the JVM's next read."""
+    from keyedstate.formats.rocksdb import MemoryPool
+
+    s = VersionedStore("pooled", tmp_path / "store", key_groups=16, snapshot_interval=100, pool=MemoryPool(64 << 20))
+    s.restore(0, None, "lineage-1", 0)
+    try:
+        for version in (1, 2, 3):
+            records = [(cl.OP_PUT_NEW, key(g % 16, b"v%d-%05d" % (version, g)), b"x" * 20) for g in range(20_000)]
+            assert s.apply(cl.encode(version, 16, records), f"v{version}") == 20_000 * version
+            assert s._db.property_int_value("rocksdb.num-entries-active-mem-table") == 0
+            assert s._db.property_int_value("rocksdb.num-entries-imm-mem-tables") == 0
+    finally:
+        s.close()

@@ -115,7 +115,8 @@ class Changelog:
             yield Record(op, key, value)
 
     def entries(self) -> Iterator[Entry]:
-        """Every record with its place in the payload, in order: the one parser of records. It
+        """Every record with its place in the payload, in order (the offline tools' parser;
+        :meth:`feed` is the state server's, with the same checks). It
         fails naming the file on any length, op or count that does not fit the payload (a CRC
         only proves the bytes are the writer's, not that they parse)."""
         buf, source = self.payload, self.source
@@ -153,9 +154,12 @@ class Changelog:
         payload on, at most ``max_records`` of them (None: to the end); ``records_before`` is how
         many records precede ``start``. This is the state server's parser: it makes no generator
         or tuple per record, so a write batch is filled at about half the cost per record of
-        :meth:`entries` (W1 applies 1M records a batch on 2 cores). It checks what
-        :meth:`entries` checks, and the trailer's count when it reaches the end. A record that
-        does not parse raises before anything of it is passed on."""
+        :meth:`entries` (measured: 1.1-1.4 against 2.2-2.6 us). It checks what :meth:`entries`
+        checks, and the trailer's count when it reaches the end. A record that does not parse
+        raises before anything of it is passed on. The callbacks must not raise
+        ``struct.error`` (it is read as a record that overruns the payload)."""
+        if max_records is not None and max_records < 1:
+            raise ValueError(f"max_records must be at least 1, not {max_records}")
         buf, source = self.payload, self.source
         pos, end = start, len(buf)
         cap = end if max_records is None else max_records  # a record takes at least 5 bytes

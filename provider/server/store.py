@@ -464,12 +464,13 @@ class VersionedStore:
         return db
 
     def _write_batches(self, log_: changelog.Changelog) -> Iterator[tuple[WriteBatch, changelog.Fed]]:
-        """The changelog's records as write batches of at most :data:`APPLY_CHUNK_BYTES` of
-        records, or, under a memoryBudget, of about an eighth of the process's pool each, flushed
-        in between: one write lands whole in one memtable, so a large batch written at once would
-        hold a write batch and a memtable of its size (and overrun the pool). Each batch is filled
-        when asked for and must be written before the next is; the trailer's record count is
-        checked as the last one is filled."""
+        """The changelog's records as write batches of about :data:`APPLY_CHUNK_BYTES` of
+        records (the record count that makes, 10,000 at least), or, under a memoryBudget, of about
+        an eighth of the process's pool each, each flushed once written: one write lands whole in
+        one memtable, so a large batch written at once would hold a write batch and a memtable of
+        its size (and overrun the pool). Each batch is filled when asked for and must be written
+        before the next is; the trailer's record count is checked as the last one is filled, so
+        a lying trailer is refused before the last batch is written."""
         chunk_bytes = APPLY_CHUNK_BYTES if self._pool is None else self._pool.capacity // 8
         size = len(log_.payload)
         per_chunk = None
@@ -480,11 +481,11 @@ class VersionedStore:
             batch = WriteBatch(raw_mode=True)
             fed = log_.feed(batch.put, batch.delete, pos, done, per_chunk)
             yield batch, fed
+            if self._pool is not None:  # the last batch too: no version leaves a memtable behind
+                self._flush_if_dirty()
             pos, done = fed.end, done + fed.records
             if pos >= size:
                 return
-            if self._pool is not None:
-                self._flush_if_dirty()
 
     def _flush_if_dirty(self) -> None:
         if self._dirty and self._db is not None:
