@@ -317,3 +317,50 @@ def test_under_a_memory_budget_every_apply_leaves_its_memtable_flushed(tmp_path)
             assert s._db.property_int_value("rocksdb.num-entries-imm-mem-tables") == 0
     finally:
         s.close()
+
+
+def test_a_shipped_changelog_lets_go_of_its_frame_once_decoded(tmp_path):
+    """Decoding copies the records out, so the frame they came in (a seed's: 116 MiB a
+    partition) must not stay viewed through the apply, now or behind, held or not: a frame
+    still viewed cannot be freed (bytearray.clear raises BufferError)."""
+    from keyedstate.server.store import Applier
+
+    s = VersionedStore("test", tmp_path / "store", key_groups=16, snapshot_interval=100, applier=Applier())
+    s.restore(0, None, "lineage-1", 0)
+    try:
+        frames = [bytearray(cl.encode(v, 16, [(cl.OP_PUT_NEW, key(v, b"k%d" % v), b"%d" % v)])) for v in (1, 2, 3)]
+        assert s.apply(memoryview(frames[0])[0:], "v1") == 1  # now
+        s.submit(memoryview(frames[1])[0:], "v2")  # behind
+        s.hold(memoryview(frames[2])[0:], "v3")  # held while its file is written, then behind
+        s.release(apply=True)
+        assert s.get(key(3, b"k3")) == b"3"  # waits for the applies
+        for frame in frames:
+            frame.clear()
+    finally:
+        s.close()
+
+
+def test_the_data_channel_frees_a_frame_applied_now_before_writing_it(tmp_path):
+    """An APPLY that must finish before the reply (a seed's, a forced snapshot's) copies its
+    records out of the frame and frees the frame before writing them, so the two are not held
+    together (W5's seed: 116 MiB each, per partition)."""
+    from keyedstate.formats import frames
+    from keyedstate.server.data import DataServer
+    from keyedstate.server.registry import StoreRegistry
+
+    registry = StoreRegistry(tmp_path / "work")
+    handle, store = registry.open("s", {"keyGroups": 16, "snapshotInterval": 100, "snapshotBulkKeys": 0})
+    store.restore(0, None, "lineage-1", 0)
+    server = DataServer(registry, tmp_path / "data.sock", b"secret")
+    seen: list[int] = []
+    real_apply = store.apply
+    store.apply = lambda log_, source, ttl=None: seen.append(len(body)) or real_apply(log_, source, ttl)
+    try:
+        records = [(cl.OP_PUT_NEW, key(g % 16, b"k%04d" % g), b"v") for g in range(1_000)]
+        body = bytearray(bytes([frames.APPLY_NOW, 0]) + cl.encode(1, 16, records))
+        status, reply = server._dispatch(frames.OP_APPLY, handle, body)
+        assert status == frames.STATUS_OK and reply == frames.count_reply(1_000)
+        assert seen == [0] and store.get(key(7, b"k0007")) == b"v"
+    finally:
+        registry.close(handle)
+        server._sock.close()

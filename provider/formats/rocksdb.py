@@ -6,11 +6,12 @@ choices that decide what the files contain live here once.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
 
 from rocksdict import (AccessType, BlockBasedOptions, Cache, DBCompressionType, MemtableFactory, Options, Rdict,
                        WriteBatch, WriteBufferManager, WriteOptions)
+
+from . import changelog
 
 
 class MemoryPool:
@@ -130,14 +131,10 @@ def check_scan_end(db: Rdict, last: bytes | None, from_key: bytes | None = None)
                         f"though key {it.key().hex()} follows")
 
 
-def write_records(db: Rdict, records: Iterable[tuple[int, bytes, bytes | None]]) -> None:
-    """Write changelog records ``(op, key, value or None for a delete)`` into ``db`` as one
-    batch: the one replay loop of the offline tools (the server's hot path has its own, in
-    ``server/store.py``). Errors of the iterator (a corrupt changelog) leave ``db`` untouched."""
+def write_changelog(db: Rdict, log_: changelog.Changelog) -> None:
+    """Write a changelog's records into ``db`` as one write batch: the replay of the offline
+    tools (the state server writes its chunks with the same parser, :meth:`Changelog.feed`).
+    A corrupt changelog raises before anything is written."""
     batch = WriteBatch(raw_mode=True)
-    for _, key, value in records:
-        if value is None:
-            batch.delete(key)
-        else:
-            batch.put(key, value)
+    log_.feed(batch.put, batch.delete)
     db.write(batch)

@@ -357,7 +357,7 @@ def apply_changelog(db: Rdict, path: Path, version: int, key_groups: int | None)
     the previous file's, since the count is fixed for a checkpoint)."""
     log_ = read_changelog(path, version, key_groups)
     try:
-        rocksdb.write_records(db, log_.records())
+        rocksdb.write_changelog(db, log_)
     except changelog.CorruptChangelogError as exc:
         raise CheckpointError(str(exc)) from exc
     return log_.key_groups

@@ -417,7 +417,7 @@ class Checkpoint:
 
 def _apply(db, log_: changelog.Changelog) -> None:
     try:
-        rocksdb.write_records(db, log_.records())
+        rocksdb.write_changelog(db, log_)
     except changelog.CorruptChangelogError as exc:
         raise CheckpointProblem(str(exc)) from None
 

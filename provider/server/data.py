@@ -15,6 +15,7 @@ import socket
 import threading
 from pathlib import Path
 
+from ..formats import changelog
 from ..formats import frames as f
 from .registry import StoreRegistry
 
@@ -165,7 +166,10 @@ class DataServer:
             if request.mode == f.APPLY_BEHIND:
                 store.submit(request.changelog, source, request.ttl)
                 return f.STATUS_OK, f.count_reply(0)
-            return f.STATUS_OK, f.count_reply(store.apply(request.changelog, source, request.ttl))
+            log_ = changelog.decode(request.changelog, source)  # copies the records out of the frame
+            request.changelog.release()
+            _free(body)
+            return f.STATUS_OK, f.count_reply(store.apply(log_, source, request.ttl))
         if op == f.OP_RELEASE:
             apply = f.release_request(body)
             self._store(handle).release(apply)
@@ -179,6 +183,16 @@ class DataServer:
             return self.registry.get(handle)
         except KeyError as exc:  # a frame naming no open store: that exchange fails
             raise _UnknownStore(exc.args[0]) from None
+
+
+def _free(body: bytearray) -> None:
+    """Free a frame's bytes once its records are copied out, so that a large changelog (a seed's
+    is 116 MiB a partition) is not held through its apply beside the copy. A view of it still
+    open would make that fail: then it is freed with the next frame, as before."""
+    try:
+        body.clear()
+    except BufferError:
+        log.debug("a frame of %d bytes is still viewed; freed later", len(body))
 
 
 def _reply(conn: socket.socket, status: int, reply: bytes) -> None:
