@@ -292,11 +292,23 @@ def _vm_hwm(pid: int) -> int | None:
     return None
 
 
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time a process has used."""
+    try:
+        fields = Path("/proc", str(pid), "stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
+
+
 class RssSampler:
     """Peak RSS (VmHWM) of the JVM, the keyedstate state servers and the PySpark workers."""
 
     def __init__(self) -> None:
         self.peaks: dict[str, dict[int, int]] = {"jvm": {}, "state_servers": {}, "python_workers": {}}
+        # CPU seconds (user + system) each process had used at its last sample: what a change
+        # to one side's work saves, which batch times on a shared 2-core machine blur.
+        self.cpu: dict[str, dict[int, float]] = {"jvm": {}, "state_servers": {}, "python_workers": {}}
 
     def sample(self) -> None:
         table = _proc_table()
@@ -314,6 +326,14 @@ class RssSampler:
             hwm = _vm_hwm(pid)
             if hwm is not None:
                 self.peaks[kind][pid] = max(hwm, self.peaks[kind].get(pid, 0))
+            cpu = _cpu_seconds(pid)
+            if cpu is not None:
+                self.cpu[kind][pid] = max(cpu, self.cpu[kind].get(pid, 0.0))
+
+    def cpu_totals(self) -> dict[str, float]:
+        """CPU seconds used so far by the JVM and by the state servers together."""
+        return {"jvm": round(sum(self.cpu["jvm"].values()), 2),
+                "state_servers": round(sum(self.cpu["state_servers"].values()), 2)}
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -322,6 +342,9 @@ class RssSampler:
             "state_server_processes": len(self.peaks["state_servers"]),
             # Forked workers share pages with the daemon, so this sum over-counts.
             "rss_python_workers_peak_bytes_sum": sum(self.peaks["python_workers"].values()) or None,
+            # Up to the last sample (just before the query stops), not the processes' exit.
+            "cpu_jvm_s": round(sum(self.cpu["jvm"].values()), 2) or None,
+            "cpu_state_servers_s": round(sum(self.cpu["state_servers"].values()), 2) or None,
         }
 
 
@@ -621,6 +644,8 @@ def _drive(spark, spec: RunSpec, params: Params, source_rows: int, checkpoint: P
                 rec["phase"] = phase if phase != "measure" else (
                     "warmup" if p["batchId"] < first_measured else "measured")
                 rec["state_dir_bytes"] = _dir_bytes(state_dir)
+                sampler.sample()
+                rec["cpu_s"] = sampler.cpu_totals()  # when the batch's progress was seen
                 result["batches"].append(rec)
                 seen.add(p["batchId"])
                 new = True
