@@ -329,9 +329,10 @@ def test_a_shipped_changelog_lets_go_of_its_frame_once_decoded(tmp_path):
     s.restore(0, None, "lineage-1", 0)
     try:
         frames = [bytearray(cl.encode(v, 16, [(cl.OP_PUT_NEW, key(v, b"k%d" % v), b"%d" % v)])) for v in (1, 2, 3)]
-        assert s.apply(memoryview(frames[0])[0:], "v1") == 1  # now
-        s.submit(memoryview(frames[1])[0:], "v2")  # behind
-        s.hold(memoryview(frames[2])[0:], "v3")  # held while its file is written, then behind
+        views = [memoryview(frame)[0:] for frame in frames]  # kept here, as a caller's would be
+        assert s.apply(views[0], "v1") == 1  # now
+        s.submit(views[1], "v2")  # behind
+        s.hold(views[2], "v3")  # held while its file is written, then behind
         s.release(apply=True)
         assert s.get(key(3, b"k3")) == b"3"  # waits for the applies
         for frame in frames:

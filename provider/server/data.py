@@ -137,6 +137,7 @@ class DataServer:
             except Exception as exc:  # reported to the JVM, which fails the task
                 log.exception("data op %s on store %s failed", op, handle)
                 status, reply = f.STATUS_ERROR, f"{type(exc).__name__}: {exc}".encode()
+            body = None  # a changelog applied behind or held must not stay alive here until the next frame
             _reply(conn, status, reply)
 
     def _dispatch(self, op: int, handle: int, body: bytearray) -> tuple[int, bytes]:

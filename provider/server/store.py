@@ -63,6 +63,7 @@ class Applier:
         while True:
             store, data, source, ttl = self._queue.get()
             store._apply_submitted(data, source, ttl)
+            del store, data, source, ttl  # not held while waiting for the next one
 
 
 class VersionedStore:
@@ -205,8 +206,9 @@ class VersionedStore:
                 self._scan_expired(ttl)
             return self.num_keys
 
-    def submit(self, data: bytes, source: str, ttl: TtlScan | None = None) -> None:
-        """Queue a committed version's changelog for the background applier (write-behind)."""
+    def submit(self, data: bytes | memoryview, source: str, ttl: TtlScan | None = None) -> None:
+        """Queue a committed version's changelog for the background applier (write-behind); a
+        memoryview is released once decoded."""
         if self._applier is None:
             self.apply(data, source, ttl)
             return
@@ -500,10 +502,11 @@ def _decoded(data: bytes | memoryview | changelog.Changelog, source: str) -> cha
     (a seed's is 116 MiB a partition) instead of staying held beside their copy."""
     if isinstance(data, changelog.Changelog):
         return data
-    log_ = changelog.decode(data, source)
-    if isinstance(data, memoryview):
-        data.release()
-    return log_
+    try:
+        return changelog.decode(data, source)
+    finally:  # a changelog that fails to decode is not applied either
+        if isinstance(data, memoryview):
+            data.release()
 
 
 APPLY_CHUNK_BYTES = 16 << 20
