@@ -157,8 +157,9 @@ class Changelog:
         :meth:`entries` (measured: 1.1-1.4 against 2.2-2.6 us). It checks what :meth:`entries`
         checks, and the trailer's count when it reaches the end. A record that does not parse
         raises before anything of it is passed on. ``unknown_keys=False``: the keys whose
-        existence the writer did not know are not collected (a replay that counts nothing). The callbacks must not raise
-        ``struct.error`` (it is read as a record that overruns the payload)."""
+        existence the writer did not know are not collected (a replay that counts nothing).
+        The callbacks must not raise ``struct.error`` (it reads as a record that overruns the
+        payload)."""
         if max_records is not None and max_records < 1:
             raise ValueError(f"max_records must be at least 1, not {max_records}")
         buf, source = self.payload, self.source
