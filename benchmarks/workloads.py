@@ -292,11 +292,20 @@ def _vm_hwm(pid: int) -> int | None:
     return None
 
 
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (field 3 on: state, ppid, ...),
+    or None for a process that is gone."""
+    try:
+        stat = Path("/proc", str(pid), "stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2:].split()
+
+
 def _cpu_seconds(pid: int) -> float | None:
     """User + system CPU time a process has used."""
-    try:
-        fields = Path("/proc", str(pid), "stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+    fields = _stat_fields(pid)
+    if fields is None:
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
 
@@ -336,6 +345,7 @@ class RssSampler:
                 "state_servers": round(sum(self.cpu["state_servers"].values()), 2)}
 
     def summary(self) -> dict[str, Any]:
+        cpu = self.cpu_totals()
         return {
             "rss_jvm_peak_bytes": max(self.peaks["jvm"].values(), default=None),
             "rss_state_servers_peak_bytes": sum(self.peaks["state_servers"].values()) or None,
@@ -343,8 +353,8 @@ class RssSampler:
             # Forked workers share pages with the daemon, so this sum over-counts.
             "rss_python_workers_peak_bytes_sum": sum(self.peaks["python_workers"].values()) or None,
             # Up to the last sample (just before the query stops), not the processes' exit.
-            "cpu_jvm_s": round(sum(self.cpu["jvm"].values()), 2) or None,
-            "cpu_state_servers_s": round(sum(self.cpu["state_servers"].values()), 2) or None,
+            "cpu_jvm_s": cpu["jvm"] or None,
+            "cpu_state_servers_s": cpu["state_servers"] or None,
         }
 
 
@@ -359,12 +369,9 @@ def _tree_jiffies() -> int:
     table = _proc_table()
     total = 0
     for pid in [os.getpid(), *_descendants(table, os.getpid())]:
-        try:
-            stat = Path("/proc", str(pid), "stat").read_text()
-        except OSError:
-            continue
-        f = stat[stat.rindex(")") + 2:].split()
-        total += sum(int(x) for x in f[11:15])  # utime stime cutime cstime
+        f = _stat_fields(pid)
+        if f is not None:
+            total += sum(int(x) for x in f[11:15])  # utime stime cutime cstime
     return total
 
 
