@@ -225,3 +225,42 @@ def test_a_version_whose_changelog_was_not_written_is_never_applied_or_snapshott
         if fresh is not None:
             fresh.close()
         disarm(spark)
+
+
+def test_a_task_killed_while_its_changelog_is_written_ends_the_write_and_keeps_the_interrupt(spark):
+    """Spark kills a task by interrupting its thread. A write-behind commit waits for its
+    changelog's file on another thread: the kill must reach that write (the commit then ends
+    without waiting it out), the task thread must keep its interrupt for Spark, and what the
+    commit answers must be what the checkpoint holds, for this store and for a fresh load. The
+    object store's rename (copy, delay, delete) is held open so that the kill lands in it."""
+    location, _ = objtest_location(spark, "killed")
+    delay_ms = 20_000
+    layer = LayerStore(spark, location)
+    fresh = None
+    try:
+        s = layer.store(0)
+        layer.put(s, (1,), (10,))
+        assert s.commit() == 1
+        arm(spark, {"rename.delayMs": delay_ms})  # every rename waits between its copy and delete
+        s = layer.store(1)
+        layer.put(s, (1,), (20,))
+        version, error, kept_interrupt, ms_after_kill = spark._jvm.io.keyedstate.testing.StateStores \
+            .commitKilledWhileIn(s, "CommitWrites", 60_000)
+        disarm(spark)
+        assert kept_interrupt, "the task thread lost Spark's interrupt"
+        assert ms_after_kill < delay_ms / 2, f"the commit waited out the write ({ms_after_kill} ms after the kill)"
+        # The rename had published the file before the kill: the version is durable, whichever
+        # way the commit answered, and every load must read it.
+        expected = 20
+        if error is not None:
+            assert version is None and "interrupt" in error.lower(), error
+        else:
+            assert version == 2
+        assert layer.get(layer.store(2), 1) == expected
+        fresh = LayerStore(spark, location)  # another executor
+        assert fresh.get(fresh.store(2), 1) == expected
+    finally:
+        disarm(spark)
+        layer.close()
+        if fresh is not None:
+            fresh.close()

@@ -75,6 +75,49 @@ public final class StateStores {
         return out;
     }
 
+    /**
+     * Commits {@code store} on a thread of its own and interrupts that thread, as Spark's task
+     * kill does, once the thread waits in a frame whose class name contains {@code waitingIn}
+     * (polled from its stack). Returns {committed version or null, the exception's message or
+     * null, whether the thread's interrupt flag was still set when commit ended, ms from the
+     * interrupt to commit's end}.
+     */
+    public static Object[] commitKilledWhileIn(org.apache.spark.sql.execution.streaming.state.StateStore store,
+                                               String waitingIn, long timeoutMs) throws InterruptedException {
+        Object[] out = new Object[4];
+        long[] ended = new long[1];
+        Thread task = new Thread(() -> {
+            try {
+                out[0] = store.commit();
+            } catch (Throwable e) {
+                out[1] = String.valueOf(e);
+            }
+            out[2] = Thread.currentThread().isInterrupted();
+            ended[0] = System.nanoTime();
+        }, "killed-commit");
+        task.start();
+        long deadline = System.nanoTime() + timeoutMs * 1_000_000L;
+        while (!waitsIn(task, waitingIn)) {
+            if (!task.isAlive() || System.nanoTime() > deadline) {
+                task.join();
+                throw new IllegalStateException("the commit never waited in " + waitingIn + ": " + out[0] + " " + out[1]);
+            }
+            Thread.sleep(5);
+        }
+        long killed = System.nanoTime();
+        task.interrupt();
+        task.join();
+        out[3] = (ended[0] - killed) / 1_000_000L;
+        return out;
+    }
+
+    private static boolean waitsIn(Thread thread, String className) {
+        for (StackTraceElement frame : thread.getStackTrace()) {
+            if (frame.getClassName().contains(className)) return true;
+        }
+        return false;
+    }
+
     /** A function that appends every chunk it is handed to one array and counts their sizes
      *  (py4j cannot implement a Scala function). */
     public static ChunkCollector chunkCollector() {

@@ -56,7 +56,9 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
 
   /**
    * Writes `path` atomically unless a file of that name exists; returns false (and leaves the
-   * existing file untouched) when it does: another attempt of the same version was first.
+   * existing file untouched) when it does: another attempt of the same version was first. So
+   * does a close that fails once the file is there: on an object store a rename copies, then
+   * deletes, and a task killed in between leaves this attempt's own complete file.
    */
   def createOnce(path: Path, data: ByteBuffer): Boolean = {
     if (fm.exists(path)) return false
@@ -71,7 +73,8 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
     }
     try { out.close(); true } catch {
       case NonFatal(e) if exists(path) =>
-        LogHolder.log.info(s"keyedstate: $path was written by another attempt first; keeping it ($e)")
+        LogHolder.log.info(s"keyedstate: $path exists after its write failed (another attempt's, or this one's " +
+          s"published before the failure); keeping it ($e)")
         false
       case NonFatal(e) => throw unwritable(path, e)
     }

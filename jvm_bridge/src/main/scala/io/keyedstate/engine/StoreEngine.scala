@@ -265,8 +265,9 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       }
       if (!created) {
         // Another attempt of this version committed first (a retried or speculative task under
-        // checkpoint format 1): its file is the version. Loads take it from there.
-        log.warn(s"keyedstate: version $newVersion of $describe was committed by another attempt; using it")
+        // checkpoint format 1), or this one's file was published before its write failed (a
+        // killed task): the file is the version. Loads take it from there.
+        log.warn(s"keyedstate: version $newVersion of $describe was already in the checkpoint; using that file")
         invalidate()
         return CommitResult(newVersion, 0, cleaned, cleanupMs, newId, v.uniqueId)
       }
