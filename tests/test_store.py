@@ -47,6 +47,34 @@ def test_unknown_puts_and_deletes_are_counted_exactly_across_multi_get_slices(st
     assert store.get_many(asked) == [b"2"] * 25 + [None] * 13 + [b"1"] * 2 + [b"2"] * 30 + [None]
 
 
+def test_a_memtable_of_mostly_superseded_records_is_flushed(tmp_path, monkeypatch):
+    """A store whose keys are rewritten every batch flushes once its memtable holds twice its
+    keys in records (a flush keeps one a key); one that grows keeps writing into its memtable."""
+    from keyedstate.server import store as store_module
+
+    monkeypatch.setattr(store_module, "SUPERSEDED_FLUSH_BYTES", 1 << 10)
+    rewritten = VersionedStore("rewritten", tmp_path / "r", key_groups=16, snapshot_interval=100)
+    growing = VersionedStore("growing", tmp_path / "g", key_groups=16, snapshot_interval=100)
+    entries = []
+    try:
+        for s in (rewritten, growing):
+            s.restore(0, None, "lineage", 0)
+        for version in range(1, 8):
+            op = cl.OP_PUT_NEW if version == 1 else cl.OP_PUT_EXISTING
+            rewritten.apply(cl.encode(version, 16, [(op, key(g % 16, b"k%04d" % g), b"v%d" % version)
+                                                    for g in range(1_000)]), f"v{version}")
+            growing.apply(cl.encode(version, 16, [(cl.OP_PUT_NEW, key(g % 16, b"k%d-%04d" % (version, g)), b"v")
+                                                  for g in range(1_000)]), f"v{version}")
+            entries.append(rewritten._require_db().property_int_value("rocksdb.num-entries-active-mem-table"))
+        assert entries == [1_000, 0, 1_000, 0, 1_000, 0, 1_000]
+        assert growing._require_db().property_int_value("rocksdb.num-entries-active-mem-table") == 7_000
+        assert rewritten.num_keys == 1_000 and growing.num_keys == 7_000
+        assert rewritten.get_many([key(5, b"k0005"), key(999 % 16, b"k0999")]) == [b"v7", b"v7"]
+    finally:
+        rewritten.close()
+        growing.close()
+
+
 def test_a_large_changelog_is_written_in_chunks_with_exact_counts(store, monkeypatch):
     """A changelog larger than APPLY_CHUNK_BYTES goes to RocksDB in several write batches (one
     batch of a seed held a copy of all of it); every record lands once, the count stays exact
