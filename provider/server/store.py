@@ -99,7 +99,7 @@ class VersionedStore:
         # written: applied (behind) only once the JVM says the file is durable (see hold).
         self._held: tuple[bytes | memoryview, str, TtlScan | None] | None = None
         self._dirty = False  # the mutable memtable holds writes (vector memtables are unreadable)
-        self._unflushed = (0, 0)  # records and changelog bytes written since the last flush
+        self._unflushed = (0, 0)  # puts, and changelog bytes, written since the last flush
         self._deletes_since_compaction = 0
         # Incremental TTL cleanup: where the next scan resumes, and what the last one found
         # (the version it scanned, ms, keys) for the JVM to delete through its next changelog.
@@ -295,12 +295,13 @@ class VersionedStore:
                 raise StoreStateError(
                     f"{source} was written with {log_.key_groups} key groups but the store uses "
                     f"{self.key_groups}; the keyGroups conf cannot change for an existing checkpoint")
-            total = 0
+            total = puts = 0
             written = False
             try:
                 for batch, fed in self._write_batches(log_):
                     delta, unknown_puts, unknown_deletes = fed.key_delta, fed.unknown_puts, fed.unknown_deletes
                     self._deletes_since_compaction += fed.deletes
+                    puts += fed.records - fed.deletes
                     # Only keys whose previous existence the writer did not know cost a read here
                     # (a key occurs once in a changelog, so chunk by chunk is the same).
                     if unknown_puts or unknown_deletes:
@@ -323,22 +324,26 @@ class VersionedStore:
                 raise
             self.version = log_.version
             self.num_keys += total
-            records, size = self._unflushed
-            self._unflushed = (records + log_.record_count, size + len(log_.payload))
-            if self._superseded():
-                self._flush_if_dirty()
+            if self._dirty:  # (under a memoryBudget every chunk is flushed already)
+                unflushed_puts, size = self._unflushed
+                self._unflushed = (unflushed_puts + puts, size + len(log_.payload))
+                if self._superseded():
+                    self._flush_if_dirty()
             if stage_snapshot and (self.version % self.snapshot_interval == 0 or self._bulk(total)):
                 self._stage()
 
     def _superseded(self) -> bool:
-        """Whether the memtable holds mostly records that newer ones replace: more records since
-        the last flush than :data:`SUPERSEDED_FLUSH_RATIO` times the store's keys, and at least
-        :data:`SUPERSEDED_FLUSH_BYTES` of them. A flush keeps one record a key. Without it a store
-        whose keys are all rewritten every batch (an aggregation) fills RocksDB's two 64 MiB
-        memtables with old values: W1's 250k-key stores held up to 128 MiB each for ~8 MB of
-        state. A store that grows, or rewrites few of its keys, flushes as before."""
-        records, size = self._unflushed
-        return size >= SUPERSEDED_FLUSH_BYTES and records >= SUPERSEDED_FLUSH_RATIO * self.num_keys
+        """Whether the memtable holds mostly values that newer records replace: puts since the
+        last flush at least :data:`SUPERSEDED_FLUSH_RATIO` (2) times the store's keys, and at
+        least :data:`SUPERSEDED_FLUSH_BYTES` of changelog. Since the puts' live keys are among
+        the store's keys, at least half of those puts are then overwritten or deleted, and a
+        flush keeps one record a key. Without it a store whose keys are all rewritten every
+        batch (an aggregation) fills RocksDB's two 64 MiB memtables with old values: W1's
+        250k-key stores held up to 128 MiB each for ~8 MB of state. Deletes do not count: a
+        store that deletes what it put long ago (eviction) holds no more than its tombstones.
+        A store that grows, or rewrites few of its keys, flushes as before."""
+        puts, size = self._unflushed
+        return size >= SUPERSEDED_FLUSH_BYTES and puts >= SUPERSEDED_FLUSH_RATIO * self.num_keys
 
     def _bulk(self, added: int) -> bool:
         """Whether the version just applied is a bulk load (a first batch over a backlog, a
