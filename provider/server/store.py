@@ -331,7 +331,7 @@ class VersionedStore:
                     # In the background, as RocksDB flushes a full memtable: the applier goes on
                     # with the next store's changelog. _dirty stays set, so that a read, a sync
                     # or a snapshot still waits for this flush before it looks at the files.
-                    self._require_db().flush(wait=False)
+                    db.flush(wait=False)
                     self._unflushed = (0, 0)
             if stage_snapshot and (self.version % self.snapshot_interval == 0 or self._bulk(total)):
                 self._stage()
