@@ -1,4 +1,6 @@
 """Changelog framing: round trips, and refusal of foreign, truncated or corrupt files."""
+import mmap
+
 import pytest
 
 from keyedstate.formats import changelog as cl
@@ -170,7 +172,7 @@ def _parse_with_feed(log, per_call, ops_of_records):
     """The records as feed passes them on, ``per_call`` at a time, with the tally checked
     against the ops of what was passed."""
     calls = []
-    pos = done = 0
+    pos, done = log.first, 0
     try:
         while True:
             fed = log.feed(lambda k, v: calls.append(("put", k, v)), lambda k: calls.append(("delete", k, None)),
@@ -182,7 +184,7 @@ def _parse_with_feed(log, per_call, ops_of_records):
             assert fed.unknown_puts == [k for (_, k, _), op in zip(passed, ops) if op == cl.OP_PUT]
             assert fed.unknown_deletes == [k for (_, k, _), op in zip(passed, ops) if op == cl.OP_DELETE]
             pos, done = fed.end, done + fed.records
-            if pos >= len(log.payload):
+            if pos >= log.end:
                 break
     except cl.CorruptChangelogError as exc:
         return None, str(exc)
@@ -218,3 +220,58 @@ def test_the_servers_parser_agrees_with_the_tools_parser_on_every_input(per_call
             assert got_error is None and got == [("put" if v is not None else "delete", k, v) for _, k, v in expected]
         else:
             assert got is None and got_error == error, payload.hex()
+
+
+def _in_a_mapping(payload: bytes, head: int = 7, tail: int = 5) -> tuple[mmap.mmap, int, int]:
+    """``payload`` inside an anonymous mapping, between bytes no parser may read (op 0xFF, and
+    lengths that would overrun): as the state server receives a large frame."""
+    mapping = mmap.mmap(-1, head + len(payload) + tail, flags=mmap.MAP_PRIVATE)
+    mapping[:head] = b"\xff" * head
+    mapping[head:head + len(payload)] = payload
+    mapping[head + len(payload):] = b"\x01" * tail
+    return mapping, head, head + len(payload)
+
+
+@pytest.mark.parametrize("per_call", [None, 2])
+def test_records_read_in_place_from_a_mapping_parse_as_their_copy(per_call):
+    """The state server reads a large shipped frame's records where they were received
+    (``payload[first:end]`` of a mapping, whose slices are bytes): both parsers take the same
+    records as from a copy, and refuse what they refuse, never reading outside the bounds."""
+    for payload, count, records in _variants():
+        copy = cl.Changelog(1, 16, count, payload, "/ckpt/1.ks-changelog")
+        mapping, first, end = _in_a_mapping(payload)
+        log = cl.Changelog(1, 16, count, mapping, "/ckpt/1.ks-changelog", first=first, end=end)
+        expected, error = _parse_with_entries(copy)
+        got, got_error = _parse_with_entries(log)
+        fed, fed_error = _parse_with_feed(log, per_call, [r[0] for r in (expected or records)])
+        if error is None:
+            assert (got_error, fed_error) == (None, None) and got == expected
+            assert fed == [("put" if v is not None else "delete", k, v) for _, k, v in expected]
+        else:  # the same verdict, at the same record (its byte offset counts from the mapping's start)
+            assert got is None and fed is None and got_error == fed_error, payload.hex()
+            assert got_error.split(" at byte")[0] == error.split(" at byte")[0]
+
+
+def test_decode_reads_a_format_1_changelog_in_place_and_gives_back_what_was_applied():
+    records = [(cl.OP_PUT_NEW, b"\x00\x00\x00\x01" + b"%08d" % i, b"v%030d" % i) for i in range(2_000)]
+    data = cl.encode(3, 16, records)
+    mapping = mmap.mmap(-1, 2 + len(data), flags=mmap.MAP_PRIVATE)
+    mapping[2:] = data
+    log = cl.decode(mapping, "frame", offset=2)
+    assert log.payload is mapping  # not copied
+    assert (log.version, log.first, log.end) == (3, 2 + cl.HEADER.size, 2 + len(data) - cl.TRAILER.size)
+    assert list(log.records()) == list(cl.decode(data, "bytes").records())
+    assert isinstance(cl.decode(bytearray(data), "frame").payload, bytes)  # a bytearray is copied out
+    half = log.feed(lambda k, v: None, lambda k: None, max_records=1_000)
+    log.discard_before(half.end)
+    cut = half.end // mmap.PAGESIZE * mmap.PAGESIZE
+    assert cut > 0 and mapping[:cut] == bytes(cut) and mapping[cut:half.end] == data[cut - 2:half.end - 2]
+    put: list[tuple[bytes, bytes]] = []
+    rest = log.feed(lambda k, v: put.append((k, v)), lambda k: None, half.end, half.records)
+    assert rest.end == log.end and put == [(k, v) for _, k, v in records[1_000:]]
+
+    broken = mmap.mmap(-1, len(data), flags=mmap.MAP_PRIVATE)
+    broken[:] = data
+    broken[40] ^= 0x01
+    with pytest.raises(cl.CorruptChangelogError, match="CRC"):
+        cl.decode(broken, "frame")

@@ -38,6 +38,7 @@ without a Python object per record. A foreign or truncated file is never taken f
 from __future__ import annotations
 
 import json
+import mmap
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -90,7 +91,7 @@ class Entry(NamedTuple):
 class Fed(NamedTuple):
     """What :meth:`Changelog.feed` passed on: where it stopped and what the records' ops said."""
 
-    end: int  # byte offset in the payload after the last record fed (len(payload): all were)
+    end: int  # byte offset in the payload after the last record fed (Changelog.end: all were)
     records: int
     key_delta: int  # keys the writer knew it added, less those it knew it deleted
     deletes: int
@@ -105,9 +106,31 @@ class Changelog:
     version: int
     key_groups: int
     record_count: int
-    payload: bytes  # the records, between header and trailer
+    payload: bytes  # holds the records at payload[first:end] (see decode)
     source: str  # names the file in errors
     meta: dict[str, Any] = field(default_factory=dict)  # format 2's metadata (empty for format 1)
+    first: int = 0  # offset of the first record in payload
+    end: int = -1  # offset after the last record (-1: len(payload))
+
+    def __post_init__(self) -> None:
+        if self.end < 0:
+            object.__setattr__(self, "end", len(self.payload))
+
+    @property
+    def size(self) -> int:
+        """The records' bytes."""
+        return self.end - self.first
+
+    def discard_before(self, pos: int) -> None:
+        """Give the memory of the records before offset ``pos`` back to the system, when they are
+        read in place from a shipped frame's anonymous mapping (see :func:`decode`): a state server
+        then holds only what it has not applied yet of a large changelog (W5's seed: 114 MiB a
+        partition), not all of it until its last record is written. Those records read as zeros
+        afterwards, so nothing may read them again; a payload of bytes is left as it is."""
+        if isinstance(self.payload, mmap.mmap):
+            cut = min(pos, self.end) // mmap.PAGESIZE * mmap.PAGESIZE
+            if cut > 0:
+                self.payload.madvise(mmap.MADV_DONTNEED, 0, cut)
 
     def records(self) -> Iterator[Record]:
         """Every record, in order (see :meth:`entries`)."""
@@ -120,7 +143,7 @@ class Changelog:
         fails naming the file on any length, op or count that does not fit the payload (a CRC
         only proves the bytes are the writer's, not that they parse)."""
         buf, source = self.payload, self.source
-        pos, end, count = 0, len(buf), 0
+        pos, end, count = self.first, self.end, 0
         puts, deletes, unpack = PUTS, DELETES, _unpack_u32
         try:
             while pos < end:
@@ -148,10 +171,11 @@ class Changelog:
             raise CorruptChangelogError(
                 f"{source} holds {count} records but its trailer says {self.record_count}: corrupt")
 
-    def feed(self, put: Callable[[bytes, bytes], object], delete: Callable[[bytes], object], start: int = 0,
-             records_before: int = 0, max_records: int | None = None, unknown_keys: bool = True) -> Fed:
+    def feed(self, put: Callable[[bytes, bytes], object], delete: Callable[[bytes], object],
+             start: int | None = None, records_before: int = 0, max_records: int | None = None,
+             unknown_keys: bool = True) -> Fed:
         """Call ``put(key, value)`` or ``delete(key)`` for each record from byte ``start`` of the
-        payload on, at most ``max_records`` of them (None: to the end); ``records_before`` is how
+        payload on (None: the first record), at most ``max_records`` of them (None: to the end); ``records_before`` is how
         many records precede ``start``. This is the state server's parser: it makes no generator
         or tuple per record, so a write batch is filled at about half the cost per record of
         :meth:`entries` (measured: 1.1-1.4 against 2.2-2.6 us). It checks what :meth:`entries`
@@ -163,7 +187,7 @@ class Changelog:
         if max_records is not None and max_records < 1:
             raise ValueError(f"max_records must be at least 1, not {max_records}")
         buf, source = self.payload, self.source
-        pos, end = start, len(buf)
+        pos, end = (self.first if start is None else start), self.end
         cap = end if max_records is None else max_records  # a record takes at least 5 bytes
         unpack = _unpack_u32
         n = delta = deletes = 0
@@ -210,15 +234,21 @@ class Changelog:
         return Fed(pos, n, delta, deletes, unknown_puts, unknown_deletes)
 
 
-def decode(data: bytes | bytearray | memoryview, source: str) -> Changelog:
-    """Check the framing and checksum of a changelog of either format; ``source`` names it in errors."""
-    view = memoryview(data)
+def decode(data: bytes | bytearray | memoryview | mmap.mmap, source: str, offset: int = 0) -> Changelog:
+    """Check the framing and checksum of the changelog of either format at ``data[offset:]``;
+    ``source`` names it in errors. The records are copied out, except from an anonymous mapping
+    (the state server receives large frames into one, ``server/data.py``): a format-1 changelog
+    there is read in place, since slicing a mapping makes bytes as slicing bytes does, so a
+    large changelog is held once, not once in its frame and once in its copy."""
+    view = memoryview(data)[offset:]
     if bytes(view[:8]) == MAGIC_V2:
         return _decode_v2(view, source)
-    return _decode_v1(view, source)
+    in_place = (data, offset) if isinstance(data, mmap.mmap) else None
+    return _decode_v1(view, source, in_place=in_place)
 
 
-def _decode_v1(view: memoryview, source: str, meta: dict[str, Any] | None = None) -> Changelog:
+def _decode_v1(view: memoryview, source: str, meta: dict[str, Any] | None = None,
+               in_place: tuple[mmap.mmap, int] | None = None) -> Changelog:
     if len(view) < HEADER.size or bytes(view[:8]) != MAGIC:
         raise CorruptChangelogError(
             f"{source} is not a keyedstate changelog (bad magic; written by another state "
@@ -234,6 +264,10 @@ def _decode_v1(view: memoryview, source: str, meta: dict[str, Any] | None = None
     if end != END or zlib.crc32(body) != crc:
         raise CorruptChangelogError(
             f"{source} is truncated or corrupt (trailer or CRC-32 mismatch, {len(view)} bytes)")
+    if in_place is not None:
+        mapping, offset = in_place
+        return Changelog(version, key_groups, count, mapping, source, meta or {},  # type: ignore[arg-type]
+                         first=offset + HEADER.size, end=offset + len(body))
     return Changelog(version, key_groups, count, bytes(body[HEADER.size:]), source, meta or {})
 
 

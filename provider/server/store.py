@@ -97,7 +97,7 @@ class VersionedStore:
         self._failure: str | None = None
         # A committed version's changelog shipped while its checkpoint file is still being
         # written: applied (behind) only once the JVM says the file is durable (see hold).
-        self._held: tuple[bytes | memoryview, str, TtlScan | None] | None = None
+        self._held: tuple[bytes | memoryview | changelog.Changelog, str, TtlScan | None] | None = None
         self._dirty = False  # the mutable memtable holds writes (vector memtables are unreadable)
         self._unflushed = (0, 0)  # puts, and changelog bytes, written since the last flush
         self._deletes_since_compaction = 0
@@ -207,7 +207,7 @@ class VersionedStore:
                 self._scan_expired(ttl)
             return self.num_keys
 
-    def submit(self, data: bytes | memoryview, source: str, ttl: TtlScan | None = None) -> None:
+    def submit(self, data: bytes | memoryview | changelog.Changelog, source: str, ttl: TtlScan | None = None) -> None:
         """Queue a committed version's changelog for the background applier (write-behind); a
         memoryview is released once decoded."""
         if self._applier is None:
@@ -219,7 +219,7 @@ class VersionedStore:
             self._pending += 1
         self._applier.submit(self, data, source, ttl)
 
-    def hold(self, data: bytes | memoryview, source: str, ttl: TtlScan | None = None) -> None:
+    def hold(self, data: bytes | memoryview | changelog.Changelog, source: str, ttl: TtlScan | None = None) -> None:
         """Keep a version's changelog, unapplied, while the JVM writes its checkpoint file (the
         two overlap); :meth:`release` then applies it behind or drops it. Until then the store
         serves and snapshots the version before it: a version the checkpoint may lack is never
@@ -326,7 +326,7 @@ class VersionedStore:
             self.num_keys += total
             if self._dirty:  # (under a memoryBudget every chunk is flushed already)
                 unflushed_puts, size = self._unflushed
-                self._unflushed = (unflushed_puts + puts, size + len(log_.payload))
+                self._unflushed = (unflushed_puts + puts, size + log_.size)
                 if self._superseded():
                     # In the background, as RocksDB flushes a full memtable: the applier goes on
                     # with the next store's changelog. _dirty stays set, so that a read, a sync
@@ -502,19 +502,20 @@ class VersionedStore:
         before the next is; the trailer's record count is checked as the last one is filled, so
         a lying trailer is refused before the last batch is written."""
         chunk_bytes = APPLY_CHUNK_BYTES if self._pool is None else self._pool.capacity // 8
-        size = len(log_.payload)
+        size = log_.size
         per_chunk = None
         if self._pool is not None or size > chunk_bytes:
             per_chunk = max(10_000, chunk_bytes * log_.record_count // max(1, size))
-        pos = done = 0
+        pos, done = log_.first, 0
         while True:
             batch = WriteBatch(raw_mode=True)
             fed = log_.feed(batch.put, batch.delete, pos, done, per_chunk)
             yield batch, fed
+            log_.discard_before(fed.end)  # written: a shipped frame's pages go back as it is applied
             if self._pool is not None:  # the last batch too: no version leaves a memtable behind
                 self._flush_if_dirty()
             pos, done = fed.end, done + fed.records
-            if pos >= size:
+            if pos >= log_.end:
                 return
 
     def _flush_if_dirty(self) -> None:
@@ -537,12 +538,14 @@ def _decoded(data: bytes | memoryview | changelog.Changelog, source: str) -> cha
             data.release()
 
 
-APPLY_CHUNK_BYTES = 16 << 20
+APPLY_CHUNK_BYTES = 4 << 20
 """Changelog bytes written to RocksDB in one write batch when no memoryBudget bounds the
 process (under one, an eighth of its pool). A write batch holds a copy of every record it
 writes: W5's seed changelog (116 MiB, 2.5M records) written as one batch held 102 MiB more
 beside the decoded changelog (in-process, applying it peaked at +369 MiB, in 16 MiB writes at
-+275 MiB)."""
++275 MiB). In-process, one server applying two W5 seed frames at once, read in place: peak
++399 MiB in 16 MiB writes, +317 in 8, +288 in 4, +280 in 2, in 5.4-6.4 s (1 MiB: 7.9 s); W1's
+11 MiB changelogs applied in 89-93 ms a version in 4 MiB writes, 98-101 ms in one."""
 
 
 SUPERSEDED_FLUSH_RATIO = 2
