@@ -413,3 +413,20 @@ def test_the_data_channel_applies_a_large_frame_in_place_holding_it_once(tmp_pat
         registry.close(handle)
         server._sock.close()
 
+
+def test_a_store_without_a_memory_budget_caches_8_mib_of_blocks_as_sparks_provider_does(tmp_path):
+    """RocksDB's own default is 32 MiB a database, which the counting multi-gets of a seed fill
+    and keep (62 MiB a server on W5); Spark's RocksDB provider defaults to 8 MiB a store."""
+    from keyedstate.formats import rocksdb
+
+    s = VersionedStore("test", tmp_path / "store", key_groups=16, snapshot_interval=100)
+    s.restore(0, None, "lineage-1", 0)
+    try:
+        records = [(cl.OP_PUT, key(i % 16, b"%08d" % i), b"v" * 200) for i in range(100_000)]
+        assert s.apply(cl.encode(1, 16, records), "v1") == 100_000
+        assert s.get_many([k for _, k, _ in records]) == [v for _, _, v in records]
+        db = s._require_db()
+        assert db.property_int_value("rocksdb.block-cache-capacity") == rocksdb.STORE_BLOCK_CACHE_BYTES == 8 << 20
+        assert 4 << 20 < db.property_int_value("rocksdb.block-cache-usage") <= 8 << 20
+    finally:
+        s.close()

@@ -59,6 +59,8 @@ def _options(bulk_load: bool, pool: MemoryPool | None = None) -> Options:
         table.set_pin_l0_filter_and_index_blocks_in_cache(True)
         options.set_write_buffer_manager(pool.write_buffers)
         options.set_target_file_size_base(pool.sst_file_bytes)
+    else:
+        table.set_block_cache(Cache(STORE_BLOCK_CACHE_BYTES))
     options.set_block_based_table_factory(table)
     if bulk_load:
         # A vector memtable takes a whole changelog at ~0.07 us a key instead of ~1 us for the
@@ -68,6 +70,13 @@ def _options(bulk_load: bool, pool: MemoryPool | None = None) -> Options:
         options.set_allow_concurrent_memtable_write(False)
     return options
 
+
+STORE_BLOCK_CACHE_BYTES = 8 << 20
+"""A database's block cache when no memoryBudget pools them: Spark's RocksDB provider's default
+(blockCacheSizeMB, 8 per store instance). RocksDB's own default is 32 MiB a database, which a
+store's counting reads fill and keep: after W5's seed (its 2.5M keys of unknown existence
+counted by multi-gets) each store held 31 MiB of blocks, 62 MiB a state server. The JVM's
+point reads have their own cache (nativeBlockCacheBytes)."""
 
 SST_FILE_BYTES = 64 << 20
 """Size of the SST files written outside a database (a rescale's): RocksDB's default target
