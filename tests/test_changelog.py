@@ -247,9 +247,8 @@ def test_records_read_in_place_from_a_mapping_parse_as_their_copy(per_call):
         if error is None:
             assert (got_error, fed_error) == (None, None) and got == expected
             assert fed == [("put" if v is not None else "delete", k, v) for _, k, v in expected]
-        else:  # the same verdict, at the same record (its byte offset counts from the mapping's start)
-            assert got is None and fed is None and got_error == fed_error, payload.hex()
-            assert got_error.split(" at byte")[0] == error.split(" at byte")[0]
+        else:  # the same verdict, in the same words (a byte offset counts from the first record)
+            assert got is None and fed is None and got_error == fed_error == error, payload.hex()
 
 
 def test_decode_reads_a_format_1_changelog_in_place_and_gives_back_what_was_applied():

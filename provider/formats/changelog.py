@@ -106,7 +106,7 @@ class Changelog:
     version: int
     key_groups: int
     record_count: int
-    payload: bytes  # holds the records at payload[first:end] (see decode)
+    payload: bytes  # holds the records at payload[first:end]: bytes, or a frame's mapping (see decode)
     source: str  # names the file in errors
     meta: dict[str, Any] = field(default_factory=dict)  # format 2's metadata (empty for format 1)
     first: int = 0  # offset of the first record in payload
@@ -154,19 +154,19 @@ class Changelog:
                     value_start = key_end + 4
                     record_end = value_start + unpack(buf, key_end)[0]
                     if record_end > end:
-                        raise CorruptChangelogError(f"{source}: record {count} at byte {pos} overruns the file")
+                        raise CorruptChangelogError(f"{source}: record {count} at byte {pos - self.first} overruns the file")
                     yield Entry(op, buf[key_start:key_end], buf[value_start:record_end], pos, record_end)
                 elif op in deletes:
                     if key_end > end:
-                        raise CorruptChangelogError(f"{source}: record {count} at byte {pos} overruns the file")
+                        raise CorruptChangelogError(f"{source}: record {count} at byte {pos - self.first} overruns the file")
                     yield Entry(op, buf[key_start:key_end], None, pos, key_end)
                     record_end = key_end
                 else:
-                    raise CorruptChangelogError(f"{source}: unknown record op {op} at byte {pos}")
+                    raise CorruptChangelogError(f"{source}: unknown record op {op} at byte {pos - self.first}")
                 pos = record_end
                 count += 1
         except struct.error:
-            raise CorruptChangelogError(f"{source}: record {count} at byte {pos} overruns the file") from None
+            raise CorruptChangelogError(f"{source}: record {count} at byte {pos - self.first} overruns the file") from None
         if count != self.record_count:
             raise CorruptChangelogError(
                 f"{source} holds {count} records but its trailer says {self.record_count}: corrupt")
@@ -202,7 +202,7 @@ class Changelog:
                     record_end = value_start + unpack(buf, key_end)[0]
                     if record_end > end:
                         raise CorruptChangelogError(
-                            f"{source}: record {records_before + n} at byte {pos} overruns the file")
+                            f"{source}: record {records_before + n} at byte {pos - self.first} overruns the file")
                     key = buf[pos + 5:key_end]
                     put(key, buf[value_start:record_end])
                     if op == OP_PUT_NEW:
@@ -212,7 +212,7 @@ class Changelog:
                 elif op == OP_DELETE_EXISTING or op == OP_DELETE:
                     if key_end > end:
                         raise CorruptChangelogError(
-                            f"{source}: record {records_before + n} at byte {pos} overruns the file")
+                            f"{source}: record {records_before + n} at byte {pos - self.first} overruns the file")
                     key = buf[pos + 5:key_end]
                     delete(key)
                     deletes += 1
@@ -222,12 +222,12 @@ class Changelog:
                         unknown_deletes.append(key)
                     record_end = key_end
                 else:
-                    raise CorruptChangelogError(f"{source}: unknown record op {op} at byte {pos}")
+                    raise CorruptChangelogError(f"{source}: unknown record op {op} at byte {pos - self.first}")
                 pos = record_end
                 n += 1
         except struct.error:
             raise CorruptChangelogError(
-                f"{source}: record {records_before + n} at byte {pos} overruns the file") from None
+                f"{source}: record {records_before + n} at byte {pos - self.first} overruns the file") from None
         if pos >= end and records_before + n != self.record_count:
             raise CorruptChangelogError(
                 f"{source} holds {records_before + n} records but its trailer says {self.record_count}: corrupt")

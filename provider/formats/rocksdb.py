@@ -93,7 +93,8 @@ def sst_options() -> Options:
 def open_db(path: Path, *, bulk_load: bool = True, pool: MemoryPool | None = None) -> Rdict:
     """Open (creating) a database for writing whole changelogs at a time; the WAL is off
     because durability comes from the changelogs in the checkpoint. ``pool``: the process's
-    memory bound (None: RocksDB's defaults per database)."""
+    memory bound (None: each database has its own :data:`STORE_BLOCK_CACHE_BYTES` of block
+    cache and RocksDB's default memtables)."""
     options = _options(bulk_load, pool)
     # Explicit column-family options: otherwise rocksdict takes them from the directory's
     # OPTIONS file, and RocksDB refuses a vector memtable without its other settings.

@@ -124,7 +124,13 @@ class DataServer:
                 _reply(conn, f.STATUS_ERROR, f"malformed frame: a body of {length - 5} bytes is more than "
                                              f"op {op} can have ({f.max_body(op)})".encode())
                 return
-            body = _frame_body(length - 5)
+            try:
+                body = _frame_body(length - 5)
+            except (OSError, MemoryError) as exc:  # the body stays unread: the stream is out of step
+                log.error("data channel: no memory for a frame of %d bytes (op %d): %s", length - 5, op, exc)
+                _reply(conn, f.STATUS_ERROR, f"the state server could not allocate {length - 5} bytes for a "
+                                             f"frame of op {op}: {exc}".encode())
+                return
             if body and not _recv_exact(conn, memoryview(body)):
                 raise _Closed("the peer closed the data channel in the middle of a frame")
             try:
@@ -141,7 +147,7 @@ class DataServer:
             body = None  # a changelog applied behind or held must not stay alive here until the next frame
             _reply(conn, status, reply)
 
-    def _dispatch(self, op: int, handle: int, body: bytearray) -> tuple[int, bytes]:
+    def _dispatch(self, op: int, handle: int, body: bytearray | mmap.mmap) -> tuple[int, bytes]:
         if op == f.OP_HELLO:
             raise f.FrameError("a second hello on one connection")
         if op not in (f.OP_GET, f.OP_MULTI_GET, f.OP_SCAN, f.OP_APPLY, f.OP_TTL_CANDIDATES, f.OP_SYNC,
@@ -198,7 +204,8 @@ peaked at +278 MiB."""
 
 
 def _frame_body(size: int) -> bytearray | mmap.mmap:
-    """A buffer for a frame body of ``size`` bytes (see :data:`IN_PLACE_FRAME_BYTES`)."""
+    """A buffer for a frame body of ``size`` bytes (see :data:`IN_PLACE_FRAME_BYTES`). A mapping
+    takes memory only as bytes arrive, where a bytearray is zeroed whole at once."""
     return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE) if size >= IN_PLACE_FRAME_BYTES else bytearray(size)
 
 

@@ -199,8 +199,8 @@ class VersionedStore:
         return out, False
 
     def apply(self, data: bytes | memoryview | changelog.Changelog, source: str, ttl: TtlScan | None = None) -> int:
-        """Apply a committed version's changelog now (as shipped, or decoded); returns the new
-        exact key count. A memoryview is released once decoded (see :func:`_decoded`)."""
+        """Apply a committed version's changelog now (decoded, as the data channel passes it, or
+        its bytes, see :func:`_decoded`); returns the new exact key count."""
         with self._local_disk(f"applying {source}"), self._settled():
             self._apply(_decoded(data, source), source, stage_snapshot=True)
             if ttl is not None and ttl.interval and self.version % ttl.interval == 0:
@@ -208,8 +208,7 @@ class VersionedStore:
             return self.num_keys
 
     def submit(self, data: bytes | memoryview | changelog.Changelog, source: str, ttl: TtlScan | None = None) -> None:
-        """Queue a committed version's changelog for the background applier (write-behind); a
-        memoryview is released once decoded."""
+        """Queue a committed version's changelog for the background applier (write-behind)."""
         if self._applier is None:
             self.apply(data, source, ttl)
             return
@@ -526,9 +525,10 @@ class VersionedStore:
 
 
 def _decoded(data: bytes | memoryview | changelog.Changelog, source: str) -> changelog.Changelog:
-    """A shipped changelog, decoded. Decoding copies its records out, so a memoryview of the
-    frame it came in is released at once: the frame is then freed while the records are written
-    (a seed's is 116 MiB a partition) instead of staying held beside their copy."""
+    """A changelog, decoded. The data channel decodes what it receives (a large frame's records
+    in place, ``server/data.py``); bytes or a memoryview (in-process callers) are decoded here,
+    which copies the records out, and a memoryview is released at once, so that the buffer it
+    views can be freed while the records are written."""
     if isinstance(data, changelog.Changelog):
         return data
     try:
