@@ -374,6 +374,34 @@ def test_a_provider_closed_right_after_a_snapshot_version_uploads_it_first(spark
     snapshots = sorted(p.name for p in checkpoint.rglob("*.ks-snapshot"))
     assert snapshots == ["2.ks-snapshot"], sorted(str(p.relative_to(checkpoint)) for p in checkpoint.rglob("*"))
 
+
+def test_a_new_runs_first_load_waits_for_the_snapshot_the_last_run_is_uploading(spark):
+    """A query restarted in the same application loads each partition this executor served a
+    moment ago while the last run's snapshot upload is still in flight (it waits for its
+    version's apply behind; here an object store's slow publish): the load waits for that upload
+    and starts from its snapshot. Deterministic: the changelogs are gone by then, so a load that
+    did not wait could not replay them and would fail. Before, W5's restarted query replayed its
+    2.5M-record seed changelog on every partition."""
+    location, local = objtest_location(spark, "handover")
+    history, ids = {0: {}}, {}
+    old = Run(spark, location + "/state", "1", history, ids)  # snapshotInterval 1: every commit uploads
+    new = None
+    try:
+        old.commit(0)
+        wait_for(lambda: old.snapshot() or next(local.rglob("1.ks-snapshot"), None) is not None, timeout=30,
+                 what="the snapshot of version 1")
+        arm(spark, {"rename.delayMs": 1500})  # publishing a file now takes 1.5 s, as an object store's copy
+        old.commit(1)  # version 2: its snapshot's upload starts in the background
+        for changelog in local.rglob("*.ks-changelog"):
+            changelog.unlink()
+        assert next(local.rglob("2.ks-snapshot"), None) is None  # still being uploaded
+        new = Run(spark, location + "/state", "1", history, ids)
+        assert contents(new.layer, 2, None) == history[2]
+        assert next(local.rglob("2.ks-snapshot"), None) is not None
+    finally:
+        disarm(spark)
+        close_runs(spark, old, new)
+
 def test_short_runs_without_maintenance_get_snapshots_and_cleanup(tmp_path, unmaintained):
     """Issue 12's finding: runs shorter than the maintenance interval (scheduled availableNow
     jobs) left every changelog and no snapshot, so the checkpoint grew without bound and every

@@ -156,6 +156,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       return
     }
     val started = System.nanoTime()
+    if (!loadEmpty && version > 0) SnapshotKick.awaitUploads(files.dir.toString, describe)
     invalidate() // until the load completes (the cache empty, not cold)
     try {
       if (loadEmpty || version == 0) {
@@ -460,7 +461,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     // drop it, and the next run would replay every changelog since the previous snapshot (W5,
     // restarted after its seed: 2.5M records a partition, ~2.5 s and ~250 MiB of a state server
     // each). So that upload is finished first, as the JVM's exit does ([[SnapshotKick]]).
-    if (uploadAsked > lastSnapshot) uploadSnapshots(uploadAsked)
+    if (uploadAsked > lastSnapshot) SnapshotKick.uploading(files.dir.toString)(uploadSnapshots(uploadAsked))
     closed = true
     if (cache != null) cache.clear()
     if (native != null) { native.close(); native = null }
@@ -510,15 +511,58 @@ private object SnapshotKick {
   try ShutdownHookManager.get().addShutdownHook(drain, FileSystem.SHUTDOWN_HOOK_PRIORITY + 20, ExitWait.getSeconds + 5, TimeUnit.SECONDS)
   catch { case NonFatal(_) => } // first used while the JVM already exits: the servers' hook still drains
 
-  def request(engine: StoreEngine, version: Long): Unit = submit(engine.uploadSnapshots(version))
+  def request(engine: StoreEngine, version: Long): Unit = {
+    val dir = engine.files.dir.toString
+    begin(dir)
+    if (!submit(try engine.uploadSnapshots(version) finally end(dir))) end(dir)
+  }
+
+  /** Runs an upload of the store partition in `dir` on the caller's thread (a provider's close),
+   *  counted as in flight for [[awaitUploads]]. */
+  def uploading(dir: String)(upload: => Unit): Unit = { begin(dir); try upload finally end(dir) }
+
+  /**
+   * Waits, at most [[LoadWait]], until no upload of the store partition in `dir` is in flight in
+   * this JVM. A new run's first load of a partition this executor served just before (a query
+   * restarted in the same application) then starts from the snapshot the previous run's last
+   * snapshot commit asked for, instead of replaying every changelog since the one before: that
+   * upload waits for its version's apply behind, and a load that did not wait for it replayed
+   * W5's seed (2.5M records a partition, ~2.5 s and up to ~300 MiB of a state server each,
+   * beside the apply the upload was waiting for). A load on another executor cannot wait, and
+   * replays as before.
+   */
+  def awaitUploads(dir: String, describe: String): Unit = inFlight.synchronized {
+    if (!inFlight.contains(dir)) return
+    val started = System.nanoTime()
+    val deadline = started + LoadWait.toNanos
+    while (inFlight.contains(dir) && System.nanoTime() < deadline) {
+      inFlight.wait(math.max(1L, (deadline - System.nanoTime()) / 1000000))
+    }
+    val waited = (System.nanoTime() - started) / 1000000
+    if (inFlight.contains(dir)) log.warn(s"keyedstate: loading $describe without the snapshot upload " +
+      s"still in flight after $waited ms; the load replays the changelogs since the last snapshot uploaded")
+    else log.info(s"keyedstate: loading $describe waited $waited ms for the snapshot upload in flight")
+  }
+
+  private val LoadWait = Duration.ofSeconds(60)
+  private val inFlight = scala.collection.mutable.Map.empty[String, Int] // uploads in flight per partition directory
+
+  private def begin(dir: String): Unit = inFlight.synchronized { inFlight(dir) = inFlight.getOrElse(dir, 0) + 1 }
+
+  private def end(dir: String): Unit = inFlight.synchronized {
+    val left = inFlight.getOrElse(dir, 1) - 1
+    if (left <= 0) inFlight.remove(dir) else inFlight(dir) = left
+    inFlight.notifyAll()
+  }
 
   def cleanUp(engine: StoreEngine, loaded: (Long, Option[String])): Unit =
     cleaner.execute(() => engine.cleanupFiles(Some(loaded)))
 
-  private def submit(work: => Unit): Unit = {
+  /** Whether `work` was queued (not when the JVM exits). */
+  private def submit(work: => Unit): Boolean = {
     pending.incrementAndGet()
-    try thread.execute(() => try work finally pending.decrementAndGet())
-    catch { case _: RejectedExecutionException => pending.decrementAndGet() } // exiting
+    try { thread.execute(() => try work finally pending.decrementAndGet()); true }
+    catch { case _: RejectedExecutionException => pending.decrementAndGet(); false } // exiting
   }
 }
 
