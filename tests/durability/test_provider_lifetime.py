@@ -355,33 +355,40 @@ def test_a_snapshot_due_just_before_the_application_stops_reaches_the_checkpoint
         [sorted(f.name for f in p.iterdir()) for p in partitions]
 
 
-def test_a_provider_closed_right_after_a_snapshot_version_uploads_it_first(spark, tmp_path):
+def test_a_provider_closed_right_after_a_snapshot_version_uploads_it_first(spark):
     """Spark closes a stopped query's providers soon after the stop, and uploads (its
-    doMaintenance) only what is staged by then; a snapshot version's apply may still run behind.
-    The close finishes the upload that version's commit asked for before it closes the store, so
-    the next run loads the snapshot. Before, the close dropped the staged snapshot and the next
-    run replayed every changelog (W5, restarted right after its seed: 2.5M records a partition)."""
-    checkpoint = tmp_path / "state" / "0"
-    layer = LayerStore(spark, checkpoint, confs={PFX + "snapshotInterval": "2"})
+    doMaintenance) only what is staged by then; a snapshot version's apply may still run behind,
+    and its upload take a while (here an object store's slow publish). The close finishes the
+    upload that version's commit asked for before it closes the store, so the next run loads the
+    snapshot. Before, the close dropped the staged snapshot under the upload and the next run
+    replayed every changelog (W5, restarted right after its seed: 2.5M records a partition)."""
+    location, local = objtest_location(spark, "close")
+    layer = LayerStore(spark, location + "/state/0", confs={PFX + "snapshotInterval": "2"})
     try:
-        for version in range(2):
-            store = layer.store(version)
-            for k in range(version * 50, version * 50 + 100):
-                layer.put(store, (k,), (version,))
-            assert store.commit() == version + 1
+        store = layer.store(0)
+        for k in range(100):
+            layer.put(store, (k,), (0,))
+        assert store.commit() == 1
+        arm(spark, {"rename.delayMs": 1000})  # publishing a file now takes 1 s, as an object store's copy
+        store = layer.store(1)
+        for k in range(50, 150):
+            layer.put(store, (k,), (1,))
+        assert store.commit() == 2  # a snapshot is due: its upload starts in the background
     finally:
-        layer.close()  # at once: version 2's snapshot is asked for, perhaps not yet staged
-    snapshots = sorted(p.name for p in checkpoint.rglob("*.ks-snapshot"))
-    assert snapshots == ["2.ks-snapshot"], sorted(str(p.relative_to(checkpoint)) for p in checkpoint.rglob("*"))
+        layer.close()  # at once, while that upload is under way
+        disarm(spark)
+    snapshots = sorted(p.name for p in local.rglob("*.ks-snapshot"))
+    assert snapshots == ["2.ks-snapshot"], sorted(str(p.relative_to(local)) for p in local.rglob("*"))
 
 
 def test_a_new_runs_first_load_waits_for_the_snapshot_the_last_run_is_uploading(spark):
     """A query restarted in the same application loads each partition this executor served a
     moment ago while the last run's snapshot upload is still in flight (it waits for its
     version's apply behind; here an object store's slow publish): the load waits for that upload
-    and starts from its snapshot. Deterministic: the changelogs are gone by then, so a load that
-    did not wait could not replay them and would fail. Before, W5's restarted query replayed its
-    2.5M-record seed changelog on every partition."""
+    and starts from its snapshot. The changelogs are gone by then, so a load that did not wait
+    could not replay them and fails (the snapshot's manifest appears ~6 s after the commit, the
+    new run loads within about one). Before, W5's restarted query replayed its 2.5M-record seed
+    changelog on every partition."""
     location, local = objtest_location(spark, "handover")
     history, ids = {0: {}}, {}
     old = Run(spark, location + "/state", "1", history, ids)  # snapshotInterval 1: every commit uploads

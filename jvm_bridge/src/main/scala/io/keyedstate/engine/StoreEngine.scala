@@ -135,7 +135,13 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
 
   /** Makes every tier hold `version` (under checkpoint format 2 the one with `uniqueId`) and
    *  opens it for one task. */
-  def begin(version: Long, uniqueId: Option[String], loadEmpty: Boolean, writable: () => Boolean): StoreVersion = synchronized {
+  def begin(version: Long, uniqueId: Option[String], loadEmpty: Boolean, writable: () => Boolean): StoreVersion = {
+    // Not under the engine's monitor: Spark's maintenance may close this engine meanwhile.
+    if (!loadEmpty && version > 0 && !holds(version)) SnapshotKick.awaitUploads(files.dir.toString, version, describe)
+    opened(version, uniqueId, loadEmpty, writable)
+  }
+
+  private def opened(version: Long, uniqueId: Option[String], loadEmpty: Boolean, writable: () => Boolean): StoreVersion = synchronized {
     requireOpen()
     if (uniqueIds && uniqueId.isEmpty && version > 0 && !loadEmpty) {
       throw new IllegalStateException(s"keyedstate: checkpoint format 2 needs the unique id of version $version of $describe")
@@ -156,7 +162,6 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       return
     }
     val started = System.nanoTime()
-    if (!loadEmpty && version > 0) SnapshotKick.awaitUploads(files.dir.toString, describe)
     invalidate() // until the load completes (the cache empty, not cold)
     try {
       if (loadEmpty || version == 0) {
@@ -461,7 +466,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     // drop it, and the next run would replay every changelog since the previous snapshot (W5,
     // restarted after its seed: 2.5M records a partition, ~2.5 s and ~250 MiB of a state server
     // each). So that upload is finished first, as the JVM's exit does ([[SnapshotKick]]).
-    if (uploadAsked > lastSnapshot) SnapshotKick.uploading(files.dir.toString)(uploadSnapshots(uploadAsked))
+    if (uploadAsked > lastSnapshot) SnapshotKick.uploading(files.dir.toString, uploadAsked)(uploadSnapshots(uploadAsked))
     closed = true
     if (cache != null) cache.clear()
     if (native != null) { native.close(); native = null }
@@ -513,45 +518,64 @@ private object SnapshotKick {
 
   def request(engine: StoreEngine, version: Long): Unit = {
     val dir = engine.files.dir.toString
-    begin(dir)
-    if (!submit(try engine.uploadSnapshots(version) finally end(dir))) end(dir)
+    val upload = begin(dir, version)
+    if (!submit(try engine.uploadSnapshots(version) finally end(dir, upload))) end(dir, upload)
   }
 
-  /** Runs an upload of the store partition in `dir` on the caller's thread (a provider's close),
-   *  counted as in flight for [[awaitUploads]]. */
-  def uploading(dir: String)(upload: => Unit): Unit = { begin(dir); try upload finally end(dir) }
+  /** Runs the upload of `version`'s snapshot of the store partition in `dir` on the caller's
+   *  thread (a provider's close), counted as in flight for [[awaitUploads]]. */
+  def uploading(dir: String, version: Long)(work: => Unit): Unit = {
+    val upload = begin(dir, version)
+    try work finally end(dir, upload)
+  }
 
   /**
-   * Waits, at most [[LoadWait]], until no upload of the store partition in `dir` is in flight in
-   * this JVM. A new run's first load of a partition this executor served just before (a query
-   * restarted in the same application) then starts from the snapshot the previous run's last
-   * snapshot commit asked for, instead of replaying every changelog since the one before: that
-   * upload waits for its version's apply behind, and a load that did not wait for it replayed
-   * W5's seed (2.5M records a partition, ~2.5 s and up to ~300 MiB of a state server each,
-   * beside the apply the upload was waiting for). A load on another executor cannot wait, and
-   * replays as before.
+   * Waits, at most [[LoadWait]], until no upload of a snapshot at or below `version` of the store
+   * partition in `dir` is in flight in this JVM. A new run's first load of a partition this
+   * executor served just before (a query restarted in the same application) then starts from
+   * the snapshot the previous run's last snapshot commit asked for, instead of replaying every
+   * changelog since the one before: that upload waits for its version's apply behind, and a load
+   * that did not wait for it replayed W5's seed (2.5M records a partition, ~2.5 s and up to
+   * ~300 MiB of a state server each, beside the apply the upload was waiting for). A load on
+   * another executor cannot wait, and replays as before; so does a load once a wait for this
+   * partition gave up, until a newer upload begins.
    */
-  def awaitUploads(dir: String, describe: String): Unit = inFlight.synchronized {
-    if (!inFlight.contains(dir)) return
+  def awaitUploads(dir: String, version: Long, describe: String): Unit = {
     val started = System.nanoTime()
     val deadline = started + LoadWait.toNanos
-    while (inFlight.contains(dir) && System.nanoTime() < deadline) {
-      inFlight.wait(math.max(1L, (deadline - System.nanoTime()) / 1000000))
+    val outcome = inFlight.synchronized {
+      // Uploads of versions the load can start from, and begun since a load last gave up on
+      // this partition: a hung upload costs one wait, not one per load.
+      def awaited = inFlight.getOrElse(dir, Nil).exists(u => u.version <= version && u.begun > gaveUp.getOrElse(dir, Long.MinValue))
+      if (!awaited) None
+      else {
+        while (awaited && System.nanoTime() < deadline) inFlight.wait(math.max(1L, (deadline - System.nanoTime()) / 1000000))
+        if (awaited) gaveUp(dir) = System.nanoTime()
+        Some(!awaited)
+      }
     }
     val waited = (System.nanoTime() - started) / 1000000
-    if (inFlight.contains(dir)) log.warn(s"keyedstate: loading $describe without the snapshot upload " +
-      s"still in flight after $waited ms; the load replays the changelogs since the last snapshot uploaded")
-    else log.info(s"keyedstate: loading $describe waited $waited ms for the snapshot upload in flight")
+    outcome.foreach { finished =>
+      if (finished) log.info(s"keyedstate: loading $describe waited $waited ms for the snapshot upload in flight")
+      else log.warn(s"keyedstate: loading $describe without the snapshot upload still in flight after $waited ms; " +
+        "the load replays the changelogs since the last snapshot uploaded")
+    }
   }
 
-  private val LoadWait = Duration.ofSeconds(60)
-  private val inFlight = scala.collection.mutable.Map.empty[String, Int] // uploads in flight per partition directory
+  private val LoadWait = Duration.ofSeconds(20)
+  private final class Upload(val version: Long, val begun: Long)
+  private val inFlight = scala.collection.mutable.Map.empty[String, List[Upload]] // per partition directory
+  private val gaveUp = scala.collection.mutable.Map.empty[String, Long] // per partition directory: when a load last did
 
-  private def begin(dir: String): Unit = inFlight.synchronized { inFlight(dir) = inFlight.getOrElse(dir, 0) + 1 }
+  private def begin(dir: String, version: Long): Upload = inFlight.synchronized {
+    val upload = new Upload(version, System.nanoTime())
+    inFlight(dir) = upload :: inFlight.getOrElse(dir, Nil)
+    upload
+  }
 
-  private def end(dir: String): Unit = inFlight.synchronized {
-    val left = inFlight.getOrElse(dir, 1) - 1
-    if (left <= 0) inFlight.remove(dir) else inFlight(dir) = left
+  private def end(dir: String, upload: Upload): Unit = inFlight.synchronized {
+    val left = inFlight.getOrElse(dir, Nil).filterNot(_ eq upload)
+    if (left.isEmpty) inFlight.remove(dir) else inFlight(dir) = left
     inFlight.notifyAll()
   }
 
