@@ -375,84 +375,86 @@ def test_a_shipped_changelog_lets_go_of_its_frame_once_decoded(tmp_path):
         s.close()
 
 
+@pytest.fixture
+def channel(tmp_path):
+    """A state server's data channel, driven frame by frame, and one open store at version 0."""
+    from keyedstate.server.data import DataServer
+    from keyedstate.server.registry import StoreRegistry
+
+    registry = StoreRegistry(tmp_path / "work")
+    handle, store = registry.open("s", {"keyGroups": 16, "snapshotInterval": 1000, "snapshotBulkKeys": 0})
+    store.restore(0, None, "lineage-1", 0)
+    server = DataServer(registry, tmp_path / "data.sock", b"secret")
+    try:
+        yield server, handle, store
+    finally:
+        registry.close(handle)
+        server._sock.close()
+
+
 def _rss_bytes(field: str) -> int:
     with open("/proc/self/status") as fh:
         return next(int(line.split()[1]) * 1024 for line in fh if line.startswith(field))
 
 
 @pytest.mark.parametrize("op", [cl.OP_PUT, cl.OP_PUT_NEW], ids=["unknown-keys", "new-keys"])
-def test_the_data_channel_applies_a_large_frame_in_place_holding_it_once(tmp_path, op):
+def test_the_data_channel_applies_a_large_frame_in_place_holding_it_once(channel, op):
     """A large APPLY (a seed's: 114 MiB a partition on W5) is received into a mapping whose
     records the apply reads in place, and whose pages go back to the system as they are
     written: the server never holds the frame beside a copy, nor the applied part of it beside
     the memtables it went to. Measured: +17-18 MiB at the peak for this 51 MiB frame; a copy
     made at decode, as before, took +76-101 MiB."""
     from keyedstate.formats import frames
-    from keyedstate.server.data import DataServer, _frame_body
-    from keyedstate.server.registry import StoreRegistry
+    from keyedstate.server.data import _frame_body
 
-    registry = StoreRegistry(tmp_path / "work")
-    handle, store = registry.open("s", {"keyGroups": 16, "snapshotInterval": 1000, "snapshotBulkKeys": 0})
-    store.restore(0, None, "lineage-1", 0)
-    server = DataServer(registry, tmp_path / "data.sock", b"secret")
+    server, handle, store = channel
+    count = 1_000_000
+    data = bytes([frames.APPLY_NOW, 0]) + cl.encode(
+        1, 16, [(op, key(i % 16, b"%016d" % i), b"v%023d" % i) for i in range(count)])
+    body = _frame_body(len(data))
+    body[:] = data  # as the socket fills it
+    del data
+    base = _rss_bytes("VmRSS")
     try:
-        count = 1_000_000
-        data = bytes([frames.APPLY_NOW, 0]) + cl.encode(
-            1, 16, [(op, key(i % 16, b"%016d" % i), b"v%023d" % i) for i in range(count)])
-        body = _frame_body(len(data))
-        body[:] = data  # as the socket fills it
-        del data
-        base = _rss_bytes("VmRSS")
-        try:
-            Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
-        except OSError as exc:
-            pytest.skip(f"this kernel does not let a process reset its peak RSS: {exc}")
-        status, reply = server._dispatch(frames.OP_APPLY, handle, body)
-        peak = _rss_bytes("VmHWM") - base
-        assert status == frames.STATUS_OK and reply == frames.count_reply(count)
-        assert peak < 0.75 * len(body), f"applying a {len(body) >> 20} MiB frame took +{peak >> 20} MiB"
-        assert body[:len(body) // 2] == bytes(len(body) // 2)  # the applied records' pages went back
-        assert store.get(key(7, b"%016d" % 999_991)) == b"v%023d" % 999_991
-    finally:
-        registry.close(handle)
-        server._sock.close()
+        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+    except OSError as exc:
+        pytest.skip(f"this kernel does not let a process reset its peak RSS: {exc}")
+    status, reply = server._dispatch(frames.OP_APPLY, handle, body)
+    peak = _rss_bytes("VmHWM") - base
+    assert status == frames.STATUS_OK and reply == frames.count_reply(count)
+    assert peak < 0.75 * len(body), f"applying a {len(body) >> 20} MiB frame took +{peak >> 20} MiB"
+    assert body[:len(body) // 2] == bytes(len(body) // 2)  # the applied records' pages went back
+    assert store.get(key(7, b"%016d" % 999_991)) == b"v%023d" % 999_991
 
 
-def test_a_large_frame_held_is_applied_behind_after_the_channel_let_go_of_it(tmp_path):
+def test_a_large_frame_held_is_applied_behind_after_the_channel_let_go_of_it(channel):
     """A held changelog read in place keeps its mapping alive on its own: the data channel drops
     the frame once it replied, and the applier reads the records after the RELEASE. A corrupt
     changelog is refused at the HOLD itself and leaves nothing held."""
     import gc
 
     from keyedstate.formats import frames
-    from keyedstate.server.data import IN_PLACE_FRAME_BYTES, DataServer, _frame_body
-    from keyedstate.server.registry import StoreRegistry
+    from keyedstate.server.data import IN_PLACE_FRAME_BYTES, _frame_body
 
-    registry = StoreRegistry(tmp_path / "work")
-    handle, store = registry.open("s", {"keyGroups": 16, "snapshotInterval": 1000, "snapshotBulkKeys": 0})
-    store.restore(0, None, "lineage-1", 0)
-    server = DataServer(registry, tmp_path / "data.sock", b"secret")
-    try:
-        count = 50_000
-        data = bytes([frames.APPLY_HOLD, 0]) + cl.encode(
-            1, 16, [(cl.OP_PUT_NEW, key(i % 16, b"%08d" % i), b"v%030d" % i) for i in range(count)])
-        assert len(data) >= IN_PLACE_FRAME_BYTES
-        corrupt = _frame_body(len(data))
-        corrupt[:] = data
-        corrupt[100] ^= 0x01
-        with pytest.raises(cl.CorruptChangelogError, match="CRC"):  # the channel replies ERROR with it
-            server._dispatch(frames.OP_APPLY, handle, corrupt)
-        body = _frame_body(len(data))
-        body[:] = data
-        assert server._dispatch(frames.OP_APPLY, handle, body) == (frames.STATUS_OK, frames.count_reply(0))
-        del body, corrupt
-        gc.collect()
-        assert server._dispatch(frames.OP_RELEASE, handle, bytes([1]))[0] == frames.STATUS_OK
-        assert store.get(key(9, b"%08d" % 49_993)) == b"v%030d" % 49_993  # waits for the apply behind
-        assert store.info() == {"version": 1, "numKeys": count}
-    finally:
-        registry.close(handle)
-        server._sock.close()
+    server, handle, store = channel
+    count = 50_000
+    data = bytes([frames.APPLY_HOLD, 0]) + cl.encode(
+        1, 16, [(cl.OP_PUT_NEW, key(i % 16, b"%08d" % i), b"v%030d" % i) for i in range(count)])
+    assert len(data) >= IN_PLACE_FRAME_BYTES
+    corrupt = _frame_body(len(data))
+    corrupt[:] = data
+    corrupt[100] ^= 0x01
+    with pytest.raises(cl.CorruptChangelogError, match="CRC"):  # the channel replies ERROR with it
+        server._dispatch(frames.OP_APPLY, handle, corrupt)
+    body = _frame_body(len(data))
+    body[:] = data
+    assert server._dispatch(frames.OP_APPLY, handle, body) == (frames.STATUS_OK, frames.count_reply(0))
+    del body, corrupt
+    gc.collect()
+    assert server._dispatch(frames.OP_RELEASE, handle, bytes([1]))[0] == frames.STATUS_OK
+    assert store.get(key(9, b"%08d" % 49_993)) == b"v%030d" % 49_993  # waits for the apply behind
+    assert store.info() == {"version": 1, "numKeys": count}
+
 
 def test_a_store_without_a_memory_budget_caches_8_mib_of_blocks_as_sparks_provider_does(tmp_path):
     """RocksDB's own default is 32 MiB a database, which the counting multi-gets of a seed fill

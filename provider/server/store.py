@@ -40,6 +40,11 @@ def local_failure(exc: BaseException, where: Path) -> str:
     return text
 
 
+Shipped = bytes | memoryview | changelog.Changelog
+"""A committed version's changelog as the store takes it: decoded (the data channel decodes what
+it receives) or its bytes (decoded by the store, see :func:`_decoded`)."""
+
+
 class StoreStateError(RuntimeError):
     """A request does not fit the version the store holds (e.g. applying v+2 onto v)."""
 
@@ -56,7 +61,7 @@ class Applier:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._run, name="keyedstate-applier", daemon=True).start()
 
-    def submit(self, store: "VersionedStore", data: bytes, source: str, ttl: "TtlScan | None") -> None:
+    def submit(self, store: "VersionedStore", data: "Shipped", source: str, ttl: "TtlScan | None") -> None:
         self._queue.put((store, data, source, ttl))
 
     def _run(self) -> None:
@@ -97,7 +102,7 @@ class VersionedStore:
         self._failure: str | None = None
         # A committed version's changelog shipped while its checkpoint file is still being
         # written: applied (behind) only once the JVM says the file is durable (see hold).
-        self._held: tuple[bytes | memoryview | changelog.Changelog, str, TtlScan | None] | None = None
+        self._held: tuple[Shipped, str, TtlScan | None] | None = None
         self._dirty = False  # the mutable memtable holds writes (vector memtables are unreadable)
         self._unflushed = (0, 0)  # puts, and changelog bytes, written since the last flush
         self._deletes_since_compaction = 0
@@ -198,7 +203,7 @@ class VersionedStore:
         it.status()  # the iterator stops on an error (a corrupt block) too: raise it, not "the end"
         return out, False
 
-    def apply(self, data: bytes | memoryview | changelog.Changelog, source: str, ttl: TtlScan | None = None) -> int:
+    def apply(self, data: Shipped, source: str, ttl: TtlScan | None = None) -> int:
         """Apply a committed version's changelog now (decoded, as the data channel passes it, or
         its bytes, see :func:`_decoded`); returns the new exact key count."""
         with self._local_disk(f"applying {source}"), self._settled():
@@ -207,7 +212,7 @@ class VersionedStore:
                 self._scan_expired(ttl)
             return self.num_keys
 
-    def submit(self, data: bytes | memoryview | changelog.Changelog, source: str, ttl: TtlScan | None = None) -> None:
+    def submit(self, data: Shipped, source: str, ttl: TtlScan | None = None) -> None:
         """Queue a committed version's changelog for the background applier (write-behind)."""
         if self._applier is None:
             self.apply(data, source, ttl)
@@ -218,7 +223,7 @@ class VersionedStore:
             self._pending += 1
         self._applier.submit(self, data, source, ttl)
 
-    def hold(self, data: bytes | memoryview | changelog.Changelog, source: str, ttl: TtlScan | None = None) -> None:
+    def hold(self, data: Shipped, source: str, ttl: TtlScan | None = None) -> None:
         """Keep a version's changelog, unapplied, while the JVM writes its checkpoint file (the
         two overlap); :meth:`release` then applies it behind or drops it. Until then the store
         serves and snapshots the version before it: a version the checkpoint may lack is never
@@ -524,7 +529,7 @@ class VersionedStore:
         self._unflushed = (0, 0)
 
 
-def _decoded(data: bytes | memoryview | changelog.Changelog, source: str) -> changelog.Changelog:
+def _decoded(data: Shipped, source: str) -> changelog.Changelog:
     """A changelog, decoded. The data channel decodes what it receives (a large frame's records
     in place, ``server/data.py``); bytes or a memoryview (in-process callers) are decoded here,
     which copies the records out, and a memoryview is released at once, so that the buffer it
