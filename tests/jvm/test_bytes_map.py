@@ -30,11 +30,14 @@ def listed(bmap) -> dict[bytes, bytes]:
     return out
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
 def test_bytes_map_behaves_like_a_dict(engine, jvm, seed):
     rng = random.Random(seed)
-    # Pages of 1 KiB; seed 3 also starts with an index sized for 500 keys (the write buffer's hint).
-    bmap = engine.BytesMap(1024) if seed < 3 else engine.BytesMap(1024, 500)
+    # Pages of 1 KiB; seed 3 also starts with an index sized for 500 keys (the write buffer's hint);
+    # seed 4 keeps its index in chunks of 16 slots (not 32,768), so that probes, deletes'
+    # backward shifts and resizes cross chunk boundaries and wrap around the table's end.
+    bmap = (engine.BytesMap(1024) if seed < 3 else engine.BytesMap(1024, 500) if seed == 3
+            else engine.BytesMap(1024, 0, 4))
     model: dict[bytes, bytes] = {}
     keys = [b"k%d" % i * rng.randint(1, 3) for i in range(300)]
     hash_of = hashes(engine, keys)
@@ -145,3 +148,14 @@ def test_the_index_hashes_are_those_of_the_live_keys_after_drops_and_compactions
     collect = _Collect()
     bmap.foreachHash(collect)
     assert live and sorted(collect.seen) == sorted(hash_of[k] for k in live)
+
+
+def test_an_index_is_chunked_below_g1s_humongous_size(engine):
+    """The index's arrays are chunks of 32,768 slots (256 KiB of addresses): a 250k-key map's
+    index as two arrays was two humongous objects, three 4 MiB regions for 6 MiB. Its size is
+    still counted whole."""
+    assert engine.BytesMap.ChunkBits() == 15
+    sized = engine.BytesMap(4096, 100_000)  # sized at the first insert: 262,144 slots, 8 chunks
+    sized.put(b"k", engine.Bytes.hashOf(b"k"), b"x")
+    assert sized.memoryBytes() == 4096 + 262_144 * 12
+    assert bytes(sized.get(b"k", engine.Bytes.hashOf(b"k"))) == b"x"

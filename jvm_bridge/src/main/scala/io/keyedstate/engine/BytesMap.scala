@@ -24,18 +24,20 @@ import scala.collection.mutable.ArrayBuffer
  *
  * `pageBytes` chooses each new page's size from the room it is given, so that small budgets get
  * small pages; pages stay below half of G1's smallest region (512 KiB) so they are never
- * humongous.
+ * humongous. So do the index's arrays ([[LongSlots]], [[IntSlots]]): as single arrays, a
+ * 250k-key map's index was two humongous objects taking three 4 MiB regions for 6 MiB.
  */
-final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0) {
+final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0, chunkBits: Int = BytesMap.ChunkBits) {
   import BytesMap._
 
-  /** Pages of one size (tests). */
+  /** Pages of one size (tests; `chunkBits` small, so that a few keys span many index chunks). */
+  def this(pageSize: Int, expectedKeys: Int, chunkBits: Int) = this(() => pageSize, expectedKeys, chunkBits)
   def this(pageSize: Int, expectedKeys: Int) = this(() => pageSize, expectedKeys)
   def this(pageSize: Int) = this(() => pageSize, 0)
 
   // Index: addresses (0 = empty) and the keys' hashes, `mask + 1` slots.
-  private var addresses = new Array[Long](InitialSlots)
-  private var hashes = new Array[Int](InitialSlots)
+  private var addresses = new LongSlots(InitialSlots, chunkBits)
+  private var hashes = new IntSlots(InitialSlots, chunkBits)
   private var mask = InitialSlots - 1
   private var count = 0
 
@@ -201,7 +203,7 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0) {
   }
 
   def clear(): Unit = {
-    addresses = new Array[Long](InitialSlots); hashes = new Array[Int](InitialSlots); mask = InitialSlots - 1
+    addresses = new LongSlots(InitialSlots, chunkBits); hashes = new IntSlots(InitialSlots, chunkBits); mask = InitialSlots - 1
     count = 0
     firstPage += pages.size
     pages.clear()
@@ -346,8 +348,8 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0) {
   private def resize(slots: Int): Unit = {
     val oldA = addresses
     val oldH = hashes
-    addresses = new Array[Long](slots)
-    hashes = new Array[Int](slots)
+    addresses = new LongSlots(slots, chunkBits)
+    hashes = new IntSlots(slots, chunkBits)
     mask = addresses.length - 1
     var i = 0
     while (i < oldA.length) {
@@ -386,6 +388,26 @@ object BytesMap {
   private def isPadding(page: Array[Byte], off: Int): Boolean = page(off) == Padding
   private def recordLength(page: Array[Byte], off: Int): Int = Header + readInt(page, off + 1) + readInt(page, off + 5)
   private def address(pageId: Int, off: Int): Long = (pageId.toLong << 32) | (off.toLong & 0xffffffffL)
+
+  /** Index slots per chunk: 32,768, 256 KiB of addresses, below half of G1's smallest region. */
+  val ChunkBits = 15
+
+  /** `n` longs (a power of two) in chunks of at most `1 << bits`, none of them humongous. */
+  private final class LongSlots(n: Int, bits: Int) {
+    private val mask = (1 << bits) - 1
+    private val chunks = Array.fill(math.max(1, n >>> bits))(new Array[Long](math.min(n, 1 << bits)))
+    def length: Int = n
+    def apply(i: Int): Long = chunks(i >>> bits)(i & mask)
+    def update(i: Int, v: Long): Unit = chunks(i >>> bits)(i & mask) = v
+  }
+
+  /** `n` ints (a power of two), chunked as [[LongSlots]]. */
+  private final class IntSlots(n: Int, bits: Int) {
+    private val mask = (1 << bits) - 1
+    private val chunks = Array.fill(math.max(1, n >>> bits))(new Array[Int](math.min(n, 1 << bits)))
+    def apply(i: Int): Int = chunks(i >>> bits)(i & mask)
+    def update(i: Int, v: Int): Unit = chunks(i >>> bits)(i & mask) = v
+  }
 
   private def readInt(a: Array[Byte], i: Int): Int =
     (a(i) & 0xff) << 24 | (a(i + 1) & 0xff) << 16 | (a(i + 2) & 0xff) << 8 | (a(i + 3) & 0xff)
