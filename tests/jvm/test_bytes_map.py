@@ -7,6 +7,7 @@ import random
 
 import pytest
 from py4j.protocol import Py4JJavaError
+from pyspark.errors import IllegalArgumentException
 from pyspark.java_gateway import ensure_callback_server_started
 
 
@@ -30,14 +31,13 @@ def listed(bmap) -> dict[bytes, bytes]:
     return out
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3, 4])
-def test_bytes_map_behaves_like_a_dict(engine, jvm, seed):
+@pytest.mark.parametrize("seed,chunk_bits", [(1, 15), (2, 15), (3, 15), (1, 4), (3, 4), (2, 6)])
+def test_bytes_map_behaves_like_a_dict(engine, jvm, seed, chunk_bits):
     rng = random.Random(seed)
-    # Pages of 1 KiB; seed 3 also starts with an index sized for 500 keys (the write buffer's hint);
-    # seed 4 keeps its index in chunks of 16 slots (not 32,768), so that probes, deletes'
-    # backward shifts and resizes cross chunk boundaries and wrap around the table's end.
-    bmap = (engine.BytesMap(1024) if seed < 3 else engine.BytesMap(1024, 500) if seed == 3
-            else engine.BytesMap(1024, 0, 4))
+    # Pages of 1 KiB; seed 3 also starts with an index sized for 500 keys (the write buffer's hint).
+    # The index is kept in chunks of 2^15 slots; 2^4 makes probes, deletes' backward shifts and
+    # resizes cross chunk boundaries and wrap around the table's end, 2^6 starts at one full chunk.
+    bmap = engine.BytesMap(1024, 500 if seed == 3 else 0, chunk_bits)
     model: dict[bytes, bytes] = {}
     keys = [b"k%d" % i * rng.randint(1, 3) for i in range(300)]
     hash_of = hashes(engine, keys)
@@ -124,12 +124,14 @@ class _Collect:
 setattr(_Collect, "apply$mcVI$sp", _Collect.apply)
 
 
-def test_the_index_hashes_are_those_of_the_live_keys_after_drops_and_compactions(spark, engine):
+@pytest.mark.parametrize("chunk_bits", [15, 4])
+def test_the_index_hashes_are_those_of_the_live_keys_after_drops_and_compactions(spark, engine, chunk_bits):
     """A cache that stops holding every key fills its filter from these hashes instead of its
-    keys, so they must be every live key's, after removes, page drops and compactions."""
+    keys, so they must be every live key's, after removes, page drops and compactions (over an
+    index of one chunk and of many)."""
     ensure_callback_server_started(spark.sparkContext._gateway)
     rng = random.Random(4)
-    bmap = engine.BytesMap(1024)
+    bmap = engine.BytesMap(1024, 0, chunk_bits)
     keys = [b"k%d" % i * rng.randint(1, 3) for i in range(400)]
     hash_of = hashes(engine, keys)
     live: set[bytes] = set()
@@ -150,12 +152,18 @@ def test_the_index_hashes_are_those_of_the_live_keys_after_drops_and_compactions
     assert live and sorted(collect.seen) == sorted(hash_of[k] for k in live)
 
 
-def test_an_index_is_chunked_below_g1s_humongous_size(engine):
-    """The index's arrays are chunks of 32,768 slots (256 KiB of addresses): a 250k-key map's
-    index as two arrays was two humongous objects, three 4 MiB regions for 6 MiB. Its size is
-    still counted whole."""
-    assert engine.BytesMap.ChunkBits() == 15
-    sized = engine.BytesMap(4096, 100_000)  # sized at the first insert: 262,144 slots, 8 chunks
+def test_no_index_array_is_a_g1_humongous_object(engine):
+    """G1 allocates an array of half a region or more (512 KiB at its smallest region) as a
+    humongous object, rounded up to whole regions: as two flat arrays, a 250k-key map's index
+    (524,288 slots) took three 4 MiB regions for 6 MiB. In chunks of 32,768 slots no array of
+    it reaches 512 KiB, and its size is still counted whole."""
+    sized = engine.BytesMap(4096, 250_000)  # sized at the first insert: 524,288 slots
     sized.put(b"k", engine.Bytes.hashOf(b"k"), b"x")
-    assert sized.memoryBytes() == 4096 + 262_144 * 12
+    chunks = list(sized.indexChunkSlots())
+    assert chunks == [32_768] * 16
+    assert max(chunks) * 8 < 512 * 1024  # the addresses' chunks (longs); the hashes' are ints
+    assert sized.memoryBytes() == 4096 + 524_288 * 12
     assert bytes(sized.get(b"k", engine.Bytes.hashOf(b"k"))) == b"x"
+    assert list(engine.BytesMap(1024).indexChunkSlots()) == [64]  # a new map: one small chunk
+    with pytest.raises(IllegalArgumentException, match="index chunks of 2.16 slots"):
+        engine.BytesMap(1024, 0, 16)  # 512 KiB chunks would be humongous

@@ -7,8 +7,8 @@ import scala.collection.mutable.ArrayBuffer
 /**
  * A hash map from byte-string keys to byte-string values that keeps its entries in pages of a
  * byte arena, not in objects: a record is `[flags:1][keyLen:4][valueLen:4][key][value]` in a
- * page, and the index is two primitive arrays (open addressing, linear probing) of record
- * addresses and key hashes.
+ * page, and the index is primitive arrays (open addressing, linear probing) of record
+ * addresses and key hashes, in chunks.
  *
  * Why: the near cache and the write buffer hold millions of entries that live for seconds to
  * minutes. As `HashMap` entries (a node, a key wrapper and two arrays each) they survive young
@@ -29,6 +29,8 @@ import scala.collection.mutable.ArrayBuffer
  */
 final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0, chunkBits: Int = BytesMap.ChunkBits) {
   import BytesMap._
+  require(chunkBits >= 0 && chunkBits <= ChunkBits,
+    s"keyedstate: index chunks of 2^$chunkBits slots; at most 2^$ChunkBits, under G1's humongous size")
 
   /** Pages of one size (tests; `chunkBits` small, so that a few keys span many index chunks). */
   def this(pageSize: Int, expectedKeys: Int, chunkBits: Int) = this(() => pageSize, expectedKeys, chunkBits)
@@ -57,6 +59,8 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0, chunkBits: Int
   /** Bytes of records that are live (headers included). */
   def liveBytes: Long = liveTotal
   def pageCount: Int = pages.size
+  /** Slots of each chunk of the index (tests: none may be a humongous array). */
+  def indexChunkSlots: Array[Int] = addresses.chunkSlots
 
   /** Whether `key` is here: [[Missing]], [[Deleted]] (a tombstone) or [[Present]]; no copy. */
   def presence(key: Array[Byte], hash: Int): Int = {
@@ -390,13 +394,14 @@ object BytesMap {
   private def address(pageId: Int, off: Int): Long = (pageId.toLong << 32) | (off.toLong & 0xffffffffL)
 
   /** Index slots per chunk: 32,768, 256 KiB of addresses, below half of G1's smallest region. */
-  val ChunkBits = 15
+  final val ChunkBits = 15
 
   /** `n` longs (a power of two) in chunks of at most `1 << bits`, none of them humongous. */
   private final class LongSlots(n: Int, bits: Int) {
     private val mask = (1 << bits) - 1
     private val chunks = Array.fill(math.max(1, n >>> bits))(new Array[Long](math.min(n, 1 << bits)))
     def length: Int = n
+    def chunkSlots: Array[Int] = chunks.map(_.length)
     def apply(i: Int): Long = chunks(i >>> bits)(i & mask)
     def update(i: Int, v: Long): Unit = chunks(i >>> bits)(i & mask) = v
   }
