@@ -409,6 +409,7 @@ def test_a_new_runs_first_load_waits_for_the_snapshot_the_last_run_is_uploading(
         disarm(spark)
         close_runs(spark, old, new)
 
+
 def test_short_runs_without_maintenance_get_snapshots_and_cleanup(tmp_path, unmaintained):
     """Issue 12's finding: runs shorter than the maintenance interval (scheduled availableNow
     jobs) left every changelog and no snapshot, so the checkpoint grew without bound and every
