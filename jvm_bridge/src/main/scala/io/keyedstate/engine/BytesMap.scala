@@ -24,8 +24,8 @@ import scala.collection.mutable.ArrayBuffer
  *
  * `pageBytes` chooses each new page's size from the room it is given, so that small budgets get
  * small pages; pages stay below half of G1's smallest region (512 KiB) so they are never
- * humongous. So do the index's arrays ([[LongSlots]], [[IntSlots]]): as single arrays, a
- * 250k-key map's index was two humongous objects taking three 4 MiB regions for 6 MiB.
+ * humongous. So do the index's arrays ([[Slots]]): as two flat arrays, a 250k-key map's index
+ * was two humongous objects taking three 4 MiB regions for 6 MiB.
  */
 final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0, chunkBits: Int = BytesMap.ChunkBits) {
   import BytesMap._
@@ -38,8 +38,7 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0, chunkBits: Int
   def this(pageSize: Int) = this(() => pageSize, 0)
 
   // Index: addresses (0 = empty) and the keys' hashes, `mask + 1` slots.
-  private var addresses = new LongSlots(InitialSlots, chunkBits)
-  private var hashes = new IntSlots(InitialSlots, chunkBits)
+  private var index = new Slots(InitialSlots, chunkBits)
   private var mask = InitialSlots - 1
   private var count = 0
 
@@ -55,19 +54,19 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0, chunkBits: Int
   /** Heap held: pages and index (0 when empty: an emptied map's small index is not counted, so a
    *  cleared cache that is dropped leaves nothing charged to the budget). */
   def memoryBytes: Long =
-    if (count == 0 && pages.isEmpty && addresses.length == InitialSlots) 0L else pageTotal + addresses.length.toLong * 12
+    if (count == 0 && pages.isEmpty && index.length == InitialSlots) 0L else pageTotal + index.length.toLong * 12
   /** Bytes of records that are live (headers included). */
   def liveBytes: Long = liveTotal
   def pageCount: Int = pages.size
   /** Slots of each chunk of the index (tests: none may be a humongous array). */
-  def indexChunkSlots: Array[Int] = addresses.chunkSlots
+  def indexChunkSlots: Array[Int] = index.chunkSlots
 
   /** Whether `key` is here: [[Missing]], [[Deleted]] (a tombstone) or [[Present]]; no copy. */
   def presence(key: Array[Byte], hash: Int): Int = {
     val slot = find(key, hash)
     if (slot < 0) Missing
     else {
-      val a = addresses(slot)
+      val a = index.address(slot)
       if ((pageOf(a)(offsetOf(a)) & Tombstone) != 0) Deleted else Present
     }
   }
@@ -77,7 +76,7 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0, chunkBits: Int
     val slot = find(key, hash)
     if (slot < 0) null
     else {
-      val a = addresses(slot)
+      val a = index.address(slot)
       val page = pageOf(a)
       val off = offsetOf(a)
       page(off) = (page(off) | Referenced).toByte
@@ -94,7 +93,7 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0, chunkBits: Int
     val tomb = value eq TombstoneValue
     val slot = find(key, hash)
     if (slot >= 0) {
-      val a = addresses(slot)
+      val a = index.address(slot)
       val page = pageOf(a)
       val off = offsetOf(a)
       val vl = readInt(page, off + 5)
@@ -104,7 +103,7 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0, chunkBits: Int
         return true
       }
       kill(a)
-      addresses(slot) = append(key, value, tomb)
+      index.setAddress(slot, append(key, value, tomb))
       true
     } else {
       insert(hash, append(key, value, tomb))
@@ -117,7 +116,7 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0, chunkBits: Int
     val slot = find(key, hash)
     if (slot < 0) false
     else {
-      kill(addresses(slot))
+      kill(index.address(slot))
       deleteSlot(slot)
       true
     }
@@ -133,7 +132,7 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0, chunkBits: Int
   def foreachHash(f: Int => Unit): Unit = {
     var slot = 0
     while (slot <= mask) {
-      if (addresses(slot) != 0L) f(hashes(slot))
+      if (index.address(slot) != 0L) f(index.hash(slot))
       slot += 1
     }
   }
@@ -167,7 +166,7 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0, chunkBits: Int
       if ((flags & Referenced) != 0 && !only) {
         val key = Arrays.copyOfRange(page, off + Header, off + Header + kl)
         val value = Arrays.copyOfRange(page, off + Header + kl, off + Header + kl + vl)
-        addresses(slot) = append(key, value, (flags & Tombstone) != 0)
+        index.setAddress(slot, append(key, value, (flags & Tombstone) != 0))
       } else {
         deleteSlot(slot)
         dropped += 1
@@ -200,14 +199,14 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0, chunkBits: Int
       liveRecords(page, if (i == oldPages.length - 1) oldUsed else page.length) { off =>
         val kl = readInt(page, off + 1)
         val slot = slotOfAddress(address(pageId, off), Bytes.hashOf(page, off + Header, kl))
-        addresses(slot) = appendRaw(page, off, recordLength(page, off))
+        index.setAddress(slot, appendRaw(page, off, recordLength(page, off)))
       }
       i += 1
     }
   }
 
   def clear(): Unit = {
-    addresses = new LongSlots(InitialSlots, chunkBits); hashes = new IntSlots(InitialSlots, chunkBits); mask = InitialSlots - 1
+    index = new Slots(InitialSlots, chunkBits); mask = InitialSlots - 1
     count = 0
     firstPage += pages.size
     pages.clear()
@@ -298,9 +297,9 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0, chunkBits: Int
   private def find(key: Array[Byte], hash: Int): Int = {
     var slot = home(hash)
     while (true) {
-      val a = addresses(slot)
+      val a = index.address(slot)
       if (a == 0L) return -1
-      if (hashes(slot) == hash) {
+      if (index.hash(slot) == hash) {
         val page = pageOf(a)
         val off = offsetOf(a)
         if (readInt(page, off + 1) == key.length &&
@@ -313,8 +312,8 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0, chunkBits: Int
 
   private def slotOfAddress(a: Long, hash: Int): Int = {
     var slot = home(hash)
-    while (addresses(slot) != a) {
-      if (addresses(slot) == 0L) throw new IllegalStateException("keyedstate: a live record is missing from the index")
+    while (index.address(slot) != a) {
+      if (index.address(slot) == 0L) throw new IllegalStateException("keyedstate: a live record is missing from the index")
       slot = (slot + 1) & mask
     }
     slot
@@ -322,11 +321,10 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0, chunkBits: Int
 
   private def insert(hash: Int, a: Long): Unit = {
     if (count == 0 && expectedKeys > mask + 1) resize(slotsFor(expectedKeys)) // the first insert: as expected
-    if ((count + 1).toLong * 10 > (mask + 1).toLong * 6) resize(addresses.length * 2)
+    if ((count + 1).toLong * 10 > (mask + 1).toLong * 6) resize(index.length * 2)
     var slot = home(hash)
-    while (addresses(slot) != 0L) slot = (slot + 1) & mask
-    addresses(slot) = a
-    hashes(slot) = hash
+    while (index.address(slot) != 0L) slot = (slot + 1) & mask
+    index.set(slot, a, hash)
     count += 1
   }
 
@@ -334,34 +332,31 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0, chunkBits: Int
   private def deleteSlot(slot: Int): Unit = {
     var hole = slot
     var j = slot
-    addresses(hole) = 0L
+    index.setAddress(hole, 0L)
     while (true) {
       j = (j + 1) & mask
-      if (addresses(j) == 0L) { count -= 1; return }
-      val h = home(hashes(j))
+      if (index.address(j) == 0L) { count -= 1; return }
+      val h = home(index.hash(j))
       // Move j into the hole when its home is not in (hole, j] (cyclically).
       val movable = if (hole <= j) h <= hole || h > j else h <= hole && h > j
       if (movable) {
-        addresses(hole) = addresses(j); hashes(hole) = hashes(j)
-        addresses(j) = 0L
+        index.set(hole, index.address(j), index.hash(j))
+        index.setAddress(j, 0L)
         hole = j
       }
     }
   }
 
   private def resize(slots: Int): Unit = {
-    val oldA = addresses
-    val oldH = hashes
-    addresses = new LongSlots(slots, chunkBits)
-    hashes = new IntSlots(slots, chunkBits)
-    mask = addresses.length - 1
+    val old = index
+    index = new Slots(slots, chunkBits)
+    mask = slots - 1
     var i = 0
-    while (i < oldA.length) {
-      if (oldA(i) != 0L) {
-        var slot = home(oldH(i))
-        while (addresses(slot) != 0L) slot = (slot + 1) & mask
-        addresses(slot) = oldA(i)
-        hashes(slot) = oldH(i)
+    while (i < old.length) {
+      if (old.address(i) != 0L) {
+        var slot = home(old.hash(i))
+        while (index.address(slot) != 0L) slot = (slot + 1) & mask
+        index.set(slot, old.address(i), old.hash(i))
       }
       i += 1
     }
@@ -396,22 +391,22 @@ object BytesMap {
   /** Index slots per chunk: 32,768, 256 KiB of addresses, below half of G1's smallest region. */
   final val ChunkBits = 15
 
-  /** `n` longs (a power of two) in chunks of at most `1 << bits`, none of them humongous. */
-  private final class LongSlots(n: Int, bits: Int) {
+  /** The index's `length` slots (a power of two), each an address and a hash, in chunks of at
+   *  most `1 << bits` slots: none of its arrays is humongous. */
+  private final class Slots(val length: Int, bits: Int) {
     private val mask = (1 << bits) - 1
-    private val chunks = Array.fill(math.max(1, n >>> bits))(new Array[Long](math.min(n, 1 << bits)))
-    def length: Int = n
-    def chunkSlots: Array[Int] = chunks.map(_.length)
-    def apply(i: Int): Long = chunks(i >>> bits)(i & mask)
-    def update(i: Int, v: Long): Unit = chunks(i >>> bits)(i & mask) = v
-  }
-
-  /** `n` ints (a power of two), chunked as [[LongSlots]]. */
-  private final class IntSlots(n: Int, bits: Int) {
-    private val mask = (1 << bits) - 1
-    private val chunks = Array.fill(math.max(1, n >>> bits))(new Array[Int](math.min(n, 1 << bits)))
-    def apply(i: Int): Int = chunks(i >>> bits)(i & mask)
-    def update(i: Int, v: Int): Unit = chunks(i >>> bits)(i & mask) = v
+    private val chunkCount = math.max(1, length >>> bits)
+    private val addresses = Array.fill(chunkCount)(new Array[Long](math.min(length, 1 << bits)))
+    private val hashes = Array.fill(chunkCount)(new Array[Int](math.min(length, 1 << bits)))
+    def chunkSlots: Array[Int] = addresses.map(_.length)
+    def address(i: Int): Long = addresses(i >>> bits)(i & mask)
+    def hash(i: Int): Int = hashes(i >>> bits)(i & mask)
+    def setAddress(i: Int, a: Long): Unit = addresses(i >>> bits)(i & mask) = a
+    def set(i: Int, a: Long, h: Int): Unit = {
+      val c = i >>> bits
+      addresses(c)(i & mask) = a
+      hashes(c)(i & mask) = h
+    }
   }
 
   private def readInt(a: Array[Byte], i: Int): Int =
