@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
                          "<provider>_<suffix>, e.g. keyedstate_before=/venvs/ks-14b501e/bin/python: the "
                          "keyedstate provider with that interpreter's keyedstate (jar built from its "
                          "sources), reported side by side with keyedstate. Always run, on every workload")
-    ap.add_argument("--json", default=str(RESULTS_JSON), help="pytest-benchmark JSON output")
+    ap.add_argument("--json", help=f"pytest-benchmark JSON output (default {RESULTS_JSON}); with "
+                    "--report-only, the results to render (default: the last invocation's)")
     ap.add_argument("--out", type=Path, default=BENCH_DIR / "RESULTS.md",
                     help="report file (default benchmarks/RESULTS.md); plots go to plots/ beside it")
     ap.add_argument("--merge", action="store_true",
@@ -75,11 +76,12 @@ def main(argv: list[str] | None = None) -> int:
     meta_path = WORK_DIR / "meta.json"
     WORK_DIR.mkdir(parents=True, exist_ok=True)
 
+    json_out = args.json or str(RESULTS_JSON)
     rc = 0
     if not args.report_only:
         import pytest
         pytest_args = [str(BENCH_DIR / "test_providers.py"), "-p", "no:cacheprovider", "-q", "-s",
-                       f"--benchmark-json={args.json}", "--benchmark-columns=min,rounds",
+                       f"--benchmark-json={json_out}", "--benchmark-columns=min,rounds",
                        f"--bench-timeout={args.timeout}", f"--bench-near-cache={args.near_cache}"]
         if args.batches:
             pytest_args.append(f"--bench-batches={args.batches}")
@@ -105,15 +107,21 @@ def main(argv: list[str] | None = None) -> int:
         commit = report.commit_of(REPO_DIR)  # what ran, not what HEAD is when the report is re-rendered
         os.chdir(REPO_DIR)
         rc = int(pytest.main(pytest_args))
-        meta_path.write_text(json.dumps({
-            "command": command, "results": args.json, "merge": args.merge,
+        run_meta = json.dumps({
+            "command": command, "results": json_out, "merge": args.merge,
             "started_at": datetime.fromtimestamp(started, timezone.utc).isoformat(timespec="seconds"),
-            "duration_s": round(time.time() - started, 1), "pytest_exit_code": rc, "commit": commit}, indent=1))
+            "duration_s": round(time.time() - started, 1), "pytest_exit_code": rc, "commit": commit}, indent=1)
+        meta_path.write_text(run_meta)
+        _meta_of(json_out).write_text(run_meta)
     if args.no_report:
         return rc
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    last = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    results = args.json or last.get("results", str(RESULTS_JSON))
+    # The header (command, duration, commit) is that of the invocation that wrote `results`: a
+    # later invocation (a profile with --no-report) must not relabel an earlier report.
+    own = _meta_of(results)
+    meta = json.loads(own.read_text()) if own.exists() else (last if last.get("results") == results else {})
     sources = [str(WORK_DIR / "runs")] if (meta.get("merge") or args.merge) else []
-    results = meta.get("results", args.json)
     if os.path.exists(results):
         sources.append(results)
     if not sources:
@@ -124,6 +132,11 @@ def main(argv: list[str] | None = None) -> int:
                  "--out", str(args.out), "--plots", str(args.out.parent / "plots")]
                 + (["--commit", meta["commit"]] if meta.get("commit") else []))
     return rc
+
+
+def _meta_of(results: str) -> Path:
+    """Where an invocation's command, duration and commit are kept beside its results."""
+    return Path(results).with_suffix(".meta.json")
 
 
 if __name__ == "__main__":
