@@ -132,6 +132,15 @@ class Changelog:
             if cut > 0:
                 self.payload.madvise(mmap.MADV_DONTNEED, 0, cut)
 
+    def _overrun(self, record: int, pos: int) -> CorruptChangelogError:
+        """The error of record number ``record``, at payload offset ``pos``, running past the end
+        (offsets in messages count from the first record, wherever the payload holds it)."""
+        return CorruptChangelogError(
+            f"{self.source}: record {record} at byte {pos - self.first} overruns the file")
+
+    def _unknown_op(self, op: int, pos: int) -> CorruptChangelogError:
+        return CorruptChangelogError(f"{self.source}: unknown record op {op} at byte {pos - self.first}")
+
     def records(self) -> Iterator[Record]:
         """Every record, in order (see :meth:`entries`)."""
         for op, key, value, _, _ in self.entries():
@@ -154,19 +163,19 @@ class Changelog:
                     value_start = key_end + 4
                     record_end = value_start + unpack(buf, key_end)[0]
                     if record_end > end:
-                        raise CorruptChangelogError(f"{source}: record {count} at byte {pos - self.first} overruns the file")
+                        raise self._overrun(count, pos)
                     yield Entry(op, buf[key_start:key_end], buf[value_start:record_end], pos, record_end)
                 elif op in deletes:
                     if key_end > end:
-                        raise CorruptChangelogError(f"{source}: record {count} at byte {pos - self.first} overruns the file")
+                        raise self._overrun(count, pos)
                     yield Entry(op, buf[key_start:key_end], None, pos, key_end)
                     record_end = key_end
                 else:
-                    raise CorruptChangelogError(f"{source}: unknown record op {op} at byte {pos - self.first}")
+                    raise self._unknown_op(op, pos)
                 pos = record_end
                 count += 1
         except struct.error:
-            raise CorruptChangelogError(f"{source}: record {count} at byte {pos - self.first} overruns the file") from None
+            raise self._overrun(count, pos) from None
         if count != self.record_count:
             raise CorruptChangelogError(
                 f"{source} holds {count} records but its trailer says {self.record_count}: corrupt")
@@ -176,8 +185,8 @@ class Changelog:
              unknown_keys: bool = True) -> Fed:
         """Call ``put(key, value)`` or ``delete(key)`` for each record from byte ``start`` of the
         payload on (None: the first record), at most ``max_records`` of them (None: to the end);
-        ``records_before`` is how many records precede ``start``. This is the state server's parser: it makes no generator
-        or tuple per record, so a write batch is filled at about half the cost per record of
+        ``records_before`` is how many records precede ``start``. This is the state server's
+        parser: it makes no generator or tuple per record, so a write batch is filled at about half the cost per record of
         :meth:`entries` (measured: 1.1-1.4 against 2.2-2.6 us). It checks what :meth:`entries`
         checks, and the trailer's count when it reaches the end. A record that does not parse
         raises before anything of it is passed on. ``unknown_keys=False``: the keys whose
@@ -201,8 +210,7 @@ class Changelog:
                     value_start = key_end + 4
                     record_end = value_start + unpack(buf, key_end)[0]
                     if record_end > end:
-                        raise CorruptChangelogError(
-                            f"{source}: record {records_before + n} at byte {pos - self.first} overruns the file")
+                        raise self._overrun(records_before + n, pos)
                     key = buf[pos + 5:key_end]
                     put(key, buf[value_start:record_end])
                     if op == OP_PUT_NEW:
@@ -211,8 +219,7 @@ class Changelog:
                         unknown_puts.append(key)
                 elif op == OP_DELETE_EXISTING or op == OP_DELETE:
                     if key_end > end:
-                        raise CorruptChangelogError(
-                            f"{source}: record {records_before + n} at byte {pos - self.first} overruns the file")
+                        raise self._overrun(records_before + n, pos)
                     key = buf[pos + 5:key_end]
                     delete(key)
                     deletes += 1
@@ -222,12 +229,11 @@ class Changelog:
                         unknown_deletes.append(key)
                     record_end = key_end
                 else:
-                    raise CorruptChangelogError(f"{source}: unknown record op {op} at byte {pos - self.first}")
+                    raise self._unknown_op(op, pos)
                 pos = record_end
                 n += 1
         except struct.error:
-            raise CorruptChangelogError(
-                f"{source}: record {records_before + n} at byte {pos - self.first} overruns the file") from None
+            raise self._overrun(records_before + n, pos) from None
         if pos >= end and records_before + n != self.record_count:
             raise CorruptChangelogError(
                 f"{source} holds {records_before + n} records but its trailer says {self.record_count}: corrupt")
