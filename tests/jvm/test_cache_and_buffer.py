@@ -59,6 +59,80 @@ def test_write_buffer_keeps_the_last_write_logs_every_write_and_copies_for_itera
         changelog.OP_PUT_NEW, changelog.OP_PUT_EXISTING, changelog.OP_DELETE, changelog.OP_PUT]
 
 
+class _Spare:
+    """A Scala `() => WriteBuffer.Spare` (py4j callback): what the store's last version left."""
+
+    def __init__(self, spare):
+        self.spare = spare
+        self.calls = 0
+
+    def apply(self):
+        self.calls += 1
+        return self.spare
+
+    class Java:
+        implements = ["scala.Function0"]
+
+
+def _no_spare(engine):
+    """WriteBuffer.Spare.None (`None` is a Python keyword; the companion object holds it)."""
+    return getattr(getattr(getattr(engine, "WriteBuffer$Spare$"), "MODULE$"), "None")()
+
+
+def _write(engine, buffer, version_keys: range, value: bytes) -> None:
+    for i in version_keys:
+        buffer.put(key(engine, i), value, changelog.OP_PUT_NEW)
+    buffer.delete(key(engine, version_keys.start), changelog.OP_DELETE_EXISTING)
+
+
+def test_a_committed_buffer_hands_its_arrays_to_the_next_version_and_nothing_of_its_writes(spark, engine, jvm):
+    """The next version writes into the last one's map and changelog arrays: what it reads and
+    logs must be exactly what a fresh buffer reads and logs for the same writes (the arrays still
+    hold the last version's bytes, longer values at other offsets), and it makes no new page."""
+    ensure_callback_server_started(spark.sparkContext._gateway)
+    first = engine.WriteBuffer(8, 64)
+    _write(engine, first, range(0, 3000), b"\x01" + b"v" * 40)
+    first.finish()
+    spare = first.handOver()
+    assert first.size() == 0 and first.estimatedBytes() == 0 and first.lookup(key(engine, 5)) is None
+    with pytest.raises(Py4JJavaError, match="version 7's writes were committed"):
+        first.put(key(engine, 1), b"\x01x", changelog.OP_PUT)
+    held = spare.bytes()
+    kept_map = spare.entries().get()
+    assert kept_map.size() == 0 and kept_map.memoryBytes() > 3000 * 40 and spare.changelog().get().bytes() > 3000 * 40
+
+    def version_nine(spare_fn):
+        buffer = engine.WriteBuffer(9, 64, first.observed().grown(), spare_fn)
+        assert buffer.lookup(key(engine, 5)) is None and buffer.size() == 0  # nothing taken before a write
+        _write(engine, buffer, range(1000, 3500), b"\x01" + b"w" * 12)
+        return buffer
+
+    given = _Spare(spare)
+    reused = version_nine(given)
+    fresh = version_nine(_Spare(_no_spare(engine)))
+    assert given.calls == 1
+    assert {bytes(k.bytes()): bytes(v) for k, v in ((p._1(), p._2()) for p in reused.snapshot())} == \
+        {bytes(k.bytes()): bytes(v) for k, v in ((p._1(), p._2()) for p in fresh.snapshot())}
+    assert reused.lookup(key(engine, 5)) is None and bytes(reused.lookup(key(engine, 2000))) == b"\x01" + b"w" * 12
+    assert to_bytes(reused.finish().format1()) == to_bytes(fresh.finish().format1())
+    assert reused.estimatedBytes() - reused.observed().logBytes() == held - spare.changelog().get().bytes()  # no page added
+    again = reused.handOver()
+    assert again.entries().get().equals(kept_map)  # the same map, once more
+
+
+def test_a_buffer_larger_than_the_cap_is_let_go_not_held_between_versions(spark, engine, jvm):
+    """A seed's buffer (W5: ~114 MB of changelog a partition) is not kept for the next batch."""
+    ensure_callback_server_started(spark.sparkContext._gateway)
+    cap = engine.WriteBuffer.MaxSpareBytes()
+    buffer = engine.WriteBuffer(3, 64)
+    big = b"\x01" + b"z" * (1 << 20)
+    for i in range(cap // (1 << 20) + 1):
+        buffer.put(key(engine, i), big, changelog.OP_PUT_NEW)
+    buffer.finish()
+    spare = buffer.handOver()
+    assert spare.entries().isEmpty() and spare.changelog().isEmpty() and spare.bytes() == 0
+
+
 def test_cache_stays_within_budget_and_never_answers_absent_for_a_present_key(engine, budget):
     cache = engine.NearCache(0.01)
     set_complete(cache, True)  # as after loading an empty version
