@@ -1,7 +1,6 @@
 """BytesMap, the paged hash map under the near cache and the write buffer, against a dict:
 random puts (same and changed value sizes), tombstones, removes, reads, page drops (the near
-cache's eviction), compactions and reuses (the write buffer's hand-over to the next version),
-on pages small enough that records fill hundreds of them."""
+cache's eviction) and compactions, on pages small enough that records fill hundreds of them."""
 from __future__ import annotations
 
 import random
@@ -42,7 +41,7 @@ def test_bytes_map_behaves_like_a_dict(engine, jvm, seed, chunk_bits):
     model: dict[bytes, bytes] = {}
     keys = [b"k%d" % i * rng.randint(1, 3) for i in range(300)]
     hash_of = hashes(engine, keys)
-    dropped = reused = 0
+    dropped = 0
     for _ in range(3000):
         key = rng.choice(keys)
         h = hash_of[key]
@@ -64,12 +63,6 @@ def test_bytes_map_behaves_like_a_dict(engine, jvm, seed, chunk_bits):
         elif r < 0.995:
             bmap.compact()
             assert listed(bmap) == model
-        elif r < 0.997:  # the write buffer's hand-over: emptied, pages and index kept for reuse
-            held = bmap.memoryBytes()
-            bmap.reuse()
-            model = {}
-            assert listed(bmap) == {} and bmap.memoryBytes() == held
-            reused += 1
         else:
             bmap.dropOldestPage()
             left = listed(bmap)
@@ -78,7 +71,7 @@ def test_bytes_map_behaves_like_a_dict(engine, jvm, seed, chunk_bits):
             model = left
         assert bmap.size() == len(model)
     assert listed(bmap) == model
-    assert dropped > 0 and reused > 0
+    assert dropped > 0
     assert bmap.liveBytes() <= bmap.memoryBytes()
     assert all(hash_of[k] == engine.Bytes(k).hashCode() for k in keys[:50])
 

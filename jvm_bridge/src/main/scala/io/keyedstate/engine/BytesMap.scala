@@ -49,16 +49,12 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0, chunkBits: Int
   private var used = 0 // bytes used in the newest page
   private var pageTotal = 0L
   private var liveTotal = 0L
-  // Pages a [[reuse]] emptied, taken again (oldest first) before any new page is made.
-  private val spare = new java.util.ArrayDeque[Array[Byte]]()
-  private var spareTotal = 0L
 
   def size: Int = count
   /** Heap held: pages and index (0 when empty: an emptied map's small index is not counted, so a
    *  cleared cache that is dropped leaves nothing charged to the budget). */
   def memoryBytes: Long =
-    if (count == 0 && pages.isEmpty && spare.isEmpty && index.length == InitialSlots) 0L
-    else pageTotal + spareTotal + index.length.toLong * 12
+    if (count == 0 && pages.isEmpty && index.length == InitialSlots) 0L else pageTotal + index.length.toLong * 12
   /** Bytes of records that are live (headers included). */
   def liveBytes: Long = liveTotal
   def pageCount: Int = pages.size
@@ -211,22 +207,6 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0, chunkBits: Int
 
   def clear(): Unit = {
     index = new Slots(InitialSlots, chunkBits); mask = InitialSlots - 1
-    spare.clear(); spareTotal = 0
-    dropPages()
-  }
-
-  /**
-   * Empties the map but keeps its index (zeroed, as large as it grew) and its pages (filled
-   * again before any new one is made): the write buffer's map, handed from a store's version to
-   * the next, so that a batch does not allocate again what the last one dropped at its commit.
-   */
-  def reuse(): Unit = {
-    index.zero()
-    pages.foreach { p => spare.add(p); spareTotal += p.length }
-    dropPages()
-  }
-
-  private def dropPages(): Unit = {
     count = 0
     firstPage += pages.size
     pages.clear()
@@ -269,13 +249,11 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0, chunkBits: Int
   private def reserve(len: Int): Long = {
     if (pages.isEmpty || used + len > pages.last.length) {
       if (pages.nonEmpty && used + 1 <= pages.last.length) pages.last(used) = Padding // end of records
-      val page =
-        if (!spare.isEmpty && spare.peekFirst().length >= len) { spareTotal -= spare.peekFirst().length; spare.pollFirst() }
-        else new Array[Byte](math.max(len, math.min(MaxPage, math.max(MinPage, pageBytes()))))
-      pages += page
+      val size = math.max(len, math.min(MaxPage, math.max(MinPage, pageBytes())))
+      pages += new Array[Byte](size)
       if (pageLive.length < pages.size) pageLive = Arrays.copyOf(pageLive, pageLive.length * 2)
       pageLive(pages.size - 1) = 0
-      pageTotal += page.length
+      pageTotal += size
       used = 0
     }
     val off = used
@@ -424,8 +402,6 @@ object BytesMap {
     def address(i: Int): Long = addresses(i >>> bits)(i & mask)
     def hash(i: Int): Int = hashes(i >>> bits)(i & mask)
     def setAddress(i: Int, a: Long): Unit = addresses(i >>> bits)(i & mask) = a
-    /** Every slot empty (the hashes of empty slots are never read). */
-    def zero(): Unit = addresses.foreach(Arrays.fill(_, 0L))
     def set(i: Int, a: Long, h: Int): Unit = {
       val c = i >>> bits
       addresses(c)(i & mask) = a

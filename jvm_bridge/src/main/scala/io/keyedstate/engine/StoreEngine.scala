@@ -87,8 +87,6 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   // Sizes the next version's write buffer starts with: the last commit's, so that it does not
   // grow (and copy) its index and changelog while a batch writes.
   @volatile private var expected = WriteBuffer.Expected.None
-  // The last committed version's write-buffer arrays, for the next version to write into.
-  private var spare = WriteBuffer.Spare.None
   // Room the next commit's compressed changelog starts with: the last one's and a margin (0: the
   // worst case, compressBound, as large as the changelog itself).
   private var expectedFileBytes = 0L
@@ -152,7 +150,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     load(version, id, loadEmpty)
     val nowMs = if (policy.enabled) clock.now(version) else 0L
     val buffered = new BufferedVersion(version, session.settings.keyGroups, cachedReads(),
-      () => holds(version), claimCache, expected, takeSpare, committedEmpty = numKeys == 0)
+      () => holds(version), claimCache, expected, committedEmpty = numKeys == 0)
     new StoreVersion(version, id, buffered, new TtlView(buffered, policy, nowMs, writable), nowMs)
   }
 
@@ -272,7 +270,6 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
           (c, h) => c.apply(h, changelog, Frames.ApplyNow, scan)) else 0L
         (written, (w1 - w0) / 1000000, n, (System.nanoTime() - w1) / 1000000)
       }
-      spare = v.buffered.buffer.handOver() // the changelog is compressed and shipped: its arrays are free
       if (!created) {
         // Another attempt of this version committed first (a retried or speculative task under
         // checkpoint format 1), or this one's file was published before its write failed (a
@@ -389,12 +386,6 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
 
   private def release(v: BufferedVersion): Unit = if (writer eq v) writer = null
 
-  /** The last commit's write-buffer arrays, to the first version that writes (one only). */
-  private def takeSpare(): WriteBuffer.Spare = synchronized { val s = spare; spare = WriteBuffer.Spare.None; s }
-
-  /** Heap held between versions for the next one's writes. */
-  def spareBytes: Long = synchronized(spare.bytes)
-
   /** A version that will not commit: if its writes reached the near cache, the cache no longer
    *  shows the committed version, so everything is reloaded. */
   def abandon(v: StoreVersion): Unit = synchronized {
@@ -477,7 +468,6 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     // each). So that upload is finished first, as the JVM's exit does ([[SnapshotKick]]).
     if (uploadAsked > lastSnapshot) SnapshotKick.uploading(files.dir.toString, uploadAsked)(uploadSnapshots(uploadAsked))
     closed = true
-    spare = WriteBuffer.Spare.None
     if (cache != null) cache.clear()
     if (native != null) { native.close(); native = null }
     session.close()

@@ -32,8 +32,8 @@ trait KeyValueView {
  */
 final class BufferedVersion(val version: Long, keyGroups: Int, val committed: CachedReads, holdsVersion: () => Boolean,
     claimCache: BufferedVersion => Unit, expected: WriteBuffer.Expected = WriteBuffer.Expected.None,
-    spare: () => WriteBuffer.Spare = () => WriteBuffer.Spare.None, committedEmpty: Boolean = false) extends KeyValueView {
-  val buffer = new WriteBuffer(version + 1, keyGroups, expected, spare)
+    committedEmpty: Boolean = false) extends KeyValueView {
+  val buffer = new WriteBuffer(version + 1, keyGroups, expected)
   /** Whether a write reached the near cache (which then runs ahead of the committed version). */
   @volatile var touchedCache = false
   // The committed key a scan yielded last: Spark's watermark eviction removes what its scan

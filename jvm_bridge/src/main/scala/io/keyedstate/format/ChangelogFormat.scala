@@ -148,9 +148,8 @@ object ChangelogFormat {
    *  ([[SplitChangelog]]; fails beyond [[MaxBytes]]); starts with room for `expectedBytes` in
    *  `expectedRecords` records, so that a changelog as large as the last one is not copied while
    *  it grows. */
-  final class InMemoryWriter(version: Long, keyGroups: Int, expectedBytes: Long = 0, expectedRecords: Long = 0,
-      reuse: Option[SplitChangelog.Arrays] = None) {
-    private val out = new SplitChangelog.Splitter(expectedBytes, expectedRecords, reuse)
+  final class InMemoryWriter(version: Long, keyGroups: Int, expectedBytes: Long = 0, expectedRecords: Long = 0) {
+    private val out = new SplitChangelog.Splitter(expectedBytes, expectedRecords)
     val writer = new Writer(out, version, keyGroups)
     /** Writes the trailer; the changelog, split. */
     def finish(): SplitChangelog = { writer.finish(); out.finish() }

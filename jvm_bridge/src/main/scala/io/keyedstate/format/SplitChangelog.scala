@@ -26,10 +26,6 @@ final class SplitChangelog private[format] (groups: Array[Byte], groupsLength: I
   def version: Long = ByteBuffer.wrap(rest, 10, 8).getLong()
   def keyGroups: Int = ByteBuffer.wrap(rest, 18, 4).getInt()
 
-  /** Its two arrays, for a later changelog to be split into ([[Splitter]]); only once nothing
-   *  reads this one any more (a commit has compressed and shipped it). */
-  def arrays: SplitChangelog.Arrays = new SplitChangelog.Arrays(groups, rest)
-
   private[format] def groupBytes: (Array[Byte], Int) = (groups, groupsLength)
   private[format] def restBytes: (Array[Byte], Int) = (rest, restLength)
 
@@ -134,22 +130,16 @@ object SplitChangelog {
     splitter.finish()
   }
 
-  /** A finished changelog's arrays, whose bytes are no longer needed. */
-  final class Arrays private[format] (private[format] val groups: Array[Byte], private[format] val rest: Array[Byte]) {
-    def bytes: Long = groups.length.toLong + rest.length
-  }
-
   /**
    * An [[OutputStream]] that takes a format-1 changelog's bytes in any pieces (what
    * [[ChangelogFormat.Writer]] passes on) and keeps them split: key groups apart, the rest
    * together. A record's fields may straddle pieces; the stream remembers where it is. Starts
    * with room for `expectedBytes` of changelog with `expectedRecords` records, so that a
-   * changelog as large as the last one is not copied while it grows: in `reuse`'s arrays when
-   * they are that large (a store's last changelog's), else in new ones.
+   * changelog as large as the last one is not copied while it grows.
    */
-  final class Splitter(expectedBytes: Long, expectedRecords: Long, reuse: Option[Arrays] = None) extends OutputStream {
-    private val groups = Growing(reuse.map(_.groups), math.min(4L * expectedRecords, MaxBytes).toInt.max(256))
-    private val rest = Growing(reuse.map(_.rest), math.min(expectedBytes - 4L * expectedRecords, MaxBytes).toInt.max(1 << 12))
+  final class Splitter(expectedBytes: Long, expectedRecords: Long) extends OutputStream {
+    private val groups = new Growing(math.min(4L * expectedRecords, MaxBytes).toInt.max(256))
+    private val rest = new Growing(math.min(expectedBytes - 4L * expectedRecords, MaxBytes).toInt.max(1 << 12))
     private var phase = Header
     private var need = HeaderBytes // bytes left in the field being read
     private var number = 0 // a length field as its bytes arrive
@@ -246,7 +236,8 @@ object SplitChangelog {
 
   /** A byte array that grows (by doubling; not synchronized, unlike ByteArrayOutputStream), whose
    *  array is handed out without a copy. Its callers cap the total at [[MaxBytes]]. */
-  private final class Growing(var array: Array[Byte]) {
+  private final class Growing(initial: Int) {
+    var array: Array[Byte] = new Array[Byte](initial)
     var size = 0
 
     def append(b: Array[Byte], off: Int, len: Int): Unit = {
@@ -256,11 +247,5 @@ object SplitChangelog {
       System.arraycopy(b, off, array, size, len)
       size += len
     }
-  }
-
-  private object Growing {
-    /** Room for `initial` bytes: `spare` if it has that much, else a new array. */
-    def apply(spare: Option[Array[Byte]], initial: Int): Growing =
-      new Growing(spare.filter(_.length >= initial).getOrElse(new Array[Byte](initial)))
   }
 }

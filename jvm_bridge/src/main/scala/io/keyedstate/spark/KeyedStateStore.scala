@@ -148,7 +148,7 @@ final class KeyedStateStore private[spark] (engine: StoreEngine, override val ve
       Metrics.ttlExpired -> current.ttl.expiredSeen,
       Metrics.ttlCleanedUp -> commitResult.ttlCleanedUp,
       Metrics.ttlCleanupMs -> commitResult.ttlCleanupMs)
-    StateStoreMetrics(engine.numKeys, current.buffered.buffer.estimatedBytes + engine.spareBytes + engine.serverMemoryBytes(), custom)
+    StateStoreMetrics(engine.numKeys, current.buffered.buffer.estimatedBytes + engine.serverMemoryBytes(), custom)
   }
 
   /** Under checkpoint format 2: the committed version, its unique id and the one it was built on. */
