@@ -348,6 +348,27 @@ def test_foreign_or_unready_checkpoints_are_refused(spark, tmp_path):
     assert not (Path(stream.checkpoint) / "offsets" / "1").exists()
 
 
+def test_checkpoint_format_2_is_refused_by_rescale_and_migrate(spark, tmp_path):
+    """Queries run under checkpointFormatVersion=2 (test_operators), but the offline tools
+    rewrite the offset and commit logs, whose format-2 entries pin every file by its unique id:
+    both refuse it, naming the checkpoint or the file, and leave it as it was."""
+    stream = FileStream(spark, tmp_path / "ks", "k LONG")
+    with session_confs(spark, {PROVIDER_CONF: keyedstate.PROVIDER_CLASS, "spark.sql.shuffle.partitions": "4",
+                               "spark.sql.streaming.stateStore.checkpointFormatVersion": "2"}):
+        query = stream.start(_agg, collect_into({}))
+        try:
+            stream.step(query, _batch_rows(0))
+        finally:
+            query.stop()
+    root = Path(stream.checkpoint)
+    before = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+    with pytest.raises(keyedstate.RescaleError, match=r"commits.0: the query runs with .*checkpointFormatVersion=2 .*format 1 only"):
+        keyedstate.rescale(stream.checkpoint, 2, spark=spark)
+    with pytest.raises(keyedstate.MigrateError, match=r"commits.0: checkpoint format version 2 .* not supported by migrate"):
+        keyedstate.migrate(stream.checkpoint, "rocksdb", spark=spark)
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before
+
+
 def test_a_failed_rescale_of_large_partitions_leaves_nothing_behind(spark, tmp_path):
     """One split task fails (a corrupt changelog) while the others rehash large partitions;
     the rollback waits until no task runs (a failed job's other tasks are not interrupted),
