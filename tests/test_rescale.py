@@ -366,7 +366,28 @@ def test_checkpoint_format_2_is_refused_by_rescale_and_migrate(spark, tmp_path):
         keyedstate.rescale(stream.checkpoint, 2, spark=spark)
     with pytest.raises(keyedstate.MigrateError, match=r"commits.0: checkpoint format version 2 .* not supported by migrate"):
         keyedstate.migrate(stream.checkpoint, "rocksdb", spark=spark)
+    # A rollback is not refused (Spark's own repartition leaves its orphan under format 2 too).
+    with pytest.raises(keyedstate.RescaleError, match="no unfinished repartition to roll back"):
+        keyedstate.rescale(stream.checkpoint, 4, spark=spark, rollback=True)
     assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before
+
+
+@pytest.mark.parametrize("entry,expected", [
+    (None, 1),
+    ('v1\n{"nextBatchWatermarkMs":0}', 1),
+    ('v2\n{"nextBatchWatermarkMs":0}', 2),  # a v2 entry is format 2 even without ids
+    ('v3\n{"nextBatchWatermarkMs":0,"stateUniqueIds":{}}', 2),
+    ('v3\n{"nextBatchWatermarkMs":0}', 1),
+], ids=["missing", "v1", "v2-without-ids", "v3-with-ids", "v3-without-ids"])
+def test_the_checkpoint_format_is_read_from_the_commit_log_as_spark_reads_it(tmp_path, entry, expected):
+    """Spark's rule on restart (CheckpointVersionManager), which rescale and migrate share."""
+    from keyedstate.offline.storage import LocalStorage
+    from keyedstate.offline.stores import Checkpoint
+
+    (tmp_path / "commits").mkdir()
+    if entry is not None:
+        (tmp_path / "commits" / "0").write_text(entry)
+    assert Checkpoint(LocalStorage(tmp_path)).checkpoint_format(0) == expected
 
 
 def test_a_failed_rescale_of_large_partitions_leaves_nothing_behind(spark, tmp_path):

@@ -125,9 +125,9 @@ def plan(ck: Checkpoint, target: str) -> Plan:
         raise MigrateError(f"{ck.path('offsets', str(offsets[-1]))}: batch {offsets[-1]} started but did not commit "
                            "(the query is running, or failed): stop the query, or restart it once so that it "
                            "completes the batch, then migrate")
-    if ck.unique_ids(batch):
+    if ck.checkpoint_format(batch) == 2:
         raise MigrateError(f"{ck.path('commits', str(batch))}: checkpoint format version 2 (the commit log pins the "
-                           "unique ids of the provider's files) is not supported by migrate")
+                           "unique ids of the provider's files) is not supported by migrate or the state processor")
     source = ck.provider_at(batch) or DEFAULT_PROVIDER
     result = Plan(ck.root, batch, source, target, already=source == target)
     for op in ck.operators().values():

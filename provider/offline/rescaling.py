@@ -54,6 +54,8 @@ from ..formats.stored import KeyLayout
 from ..shim import PROVIDER_CLASS
 from . import checkpoint as ckpt
 from .routing import route_by_key_group
+from .storage import LocalStorage
+from .stores import Checkpoint
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -164,13 +166,6 @@ class _Rescale:
         value = meta.conf().get(key)
         return str(value.get()) if value.isDefined() else None
 
-    def _commit_pins_unique_ids(self, batch: int) -> bool:
-        entry = self.commits.get(batch)
-        if not entry.isDefined():
-            raise RescaleError(f"{self.root / 'commits' / str(batch)} is missing")
-        ids = entry.get().stateUniqueIds()
-        return bool(ids.isDefined() and not ids.get().isEmpty())
-
     def _partitions_of(self, batch: int) -> int:
         _, meta = self._offset_entry(batch)
         value = self._conf(meta, _PARTITIONS_KEY)
@@ -191,10 +186,9 @@ class _Rescale:
             raise RescaleError(
                 f"{self.root} was written by state store provider {provider or 'HDFSBackedStateStoreProvider (default)'}, "
                 f"not keyedstate ({PROVIDER_CLASS}); use Spark's own repartition for it")
-        # Spark 4.3 does not record the format in the offset log's conf: format 2's mark is the
-        # commit log's unique ids, which pin every state file of the batch by name.
-        format2 = (self._conf(meta, _FORMAT_KEY) or "1") != "1" or self._commit_pins_unique_ids(committed)
-        if format2:
+        # Under format 2 the commit log pins each state file by its unique id: a rescale cannot
+        # finish a batch there; a rollback (of an orphan repartition batch) still can.
+        if not rollback and Checkpoint(LocalStorage(self.root)).checkpoint_format(committed) == 2:
             raise RescaleError(f"{self.root / 'commits' / str(committed)}: the query runs with {_FORMAT_KEY}=2 "
                                "(the commit log pins each state file by its unique id); keyedstate rescale "
                                "handles checkpoint format 1 only")

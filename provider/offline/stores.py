@@ -161,6 +161,18 @@ class Checkpoint:
             return max(op.store_partitions.values())
         return None
 
+    def checkpoint_format(self, batch: int) -> int:
+        """Spark's checkpoint format of commit ``batch``, by Spark's own rule on restart
+        (``CheckpointVersionManager``): 2 for a ``v2`` entry or one that records
+        ``stateUniqueIds``, else 1 (also when the entry is missing). The offset log's conf does
+        not record the format (Spark 4.3)."""
+        p = self.path("commits", str(batch))
+        if not self.storage.exists(p):
+            return 1
+        if self.storage.read_bytes(p).decode("utf-8").split("\n", 1)[0] == "v2":
+            return 2
+        return 2 if "stateUniqueIds" in self.commit_entry(batch) else 1
+
     def unique_ids(self, batch: int) -> dict[str, list[list[str]]] | None:
         """Checkpoint format 2: commit ``batch``'s ``stateUniqueIds`` (operator -> [partition][store])."""
         try:
