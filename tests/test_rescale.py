@@ -19,6 +19,8 @@ import pytest
 import keyedstate
 from keyedstate.offline import checkpoint as ckpt
 from keyedstate.offline import rescaling
+from keyedstate.offline.storage import LocalStorage
+from keyedstate.offline.stores import Checkpoint
 from support.constants import HDFS_PROVIDER, PROVIDER_CONF
 from support.driver import FileStream, assert_same_output, collect_into, run_query, session_confs
 from support.offline import kill_rescale_after, rescale_cli
@@ -381,9 +383,6 @@ def test_checkpoint_format_2_is_refused_by_rescale_and_migrate(spark, tmp_path):
 ], ids=["missing", "v1", "v2-without-ids", "v3-with-ids", "v3-without-ids"])
 def test_the_checkpoint_format_is_read_from_the_commit_log_as_spark_reads_it(tmp_path, entry, expected):
     """Spark's rule on restart (CheckpointVersionManager), which rescale and migrate share."""
-    from keyedstate.offline.storage import LocalStorage
-    from keyedstate.offline.stores import Checkpoint
-
     (tmp_path / "commits").mkdir()
     if entry is not None:
         (tmp_path / "commits" / "0").write_text(entry)
