@@ -350,10 +350,11 @@ def test_foreign_or_unready_checkpoints_are_refused(spark, tmp_path):
     assert not (Path(stream.checkpoint) / "offsets" / "1").exists()
 
 
-def test_checkpoint_format_2_is_refused_by_rescale_and_migrate(spark, tmp_path):
-    """Queries run under checkpointFormatVersion=2 (test_operators), but the offline tools
-    rewrite the offset and commit logs, whose format-2 entries pin every file by its unique id:
-    both refuse it, naming the checkpoint or the file, and leave it as it was."""
+def test_checkpoint_format_2_is_refused_by_rescale_migrate_and_inspect(spark, tmp_path):
+    """Queries run under checkpointFormatVersion=2 (test_operators), but rescale and migrate
+    rewrite the offset and commit logs, whose format-2 entries pin every file by its unique id,
+    and inspect reads files by version alone: each refuses it, naming the commit, and leaves the
+    checkpoint as it was."""
     stream = FileStream(spark, tmp_path / "ks", "k LONG")
     with session_confs(spark, {PROVIDER_CONF: keyedstate.PROVIDER_CLASS, "spark.sql.shuffle.partitions": "4",
                                "spark.sql.streaming.stateStore.checkpointFormatVersion": "2"}):
@@ -368,6 +369,8 @@ def test_checkpoint_format_2_is_refused_by_rescale_and_migrate(spark, tmp_path):
         keyedstate.rescale(stream.checkpoint, 2, spark=spark)
     with pytest.raises(keyedstate.MigrateError, match=r"commits.0: checkpoint format version 2 .* not supported by migrate"):
         keyedstate.migrate(stream.checkpoint, "rocksdb", spark=spark)
+    with pytest.raises(keyedstate.InspectError, match=r"commits.0: checkpoint format version 2 .*inspect reads format 1 only"):
+        keyedstate.inspect(stream.checkpoint)
     # A rollback is not refused (Spark's own repartition leaves its orphan under format 2 too).
     with pytest.raises(keyedstate.RescaleError, match="no unfinished repartition to roll back"):
         keyedstate.rescale(stream.checkpoint, 4, spark=spark, rollback=True)

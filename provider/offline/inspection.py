@@ -26,6 +26,8 @@ from ..formats.layout import CHANGELOG_SUFFIX, MANIFEST_SUFFIX
 from ..formats.manifest import Manifest
 from .checkpoint import (CheckpointError, StoreFiles, bytes_on_disk, discover_stores, latest_committed_batch,
                          local_path, numbered_dirs, operator_metadata, read_manifest, rebuild)
+from .storage import LocalStorage
+from .stores import Checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,10 @@ def inspect(checkpoint: str | os.PathLike) -> dict[str, Any]:
             f"{root} has no state/ directory: not the checkpoint of a stateful streaming query")
     try:
         committed = latest_committed_batch(root / "commits")
+        if committed is not None and Checkpoint(LocalStorage(root)).checkpoint_format(committed) == 2:
+            raise InspectError(f"{root / 'commits' / str(committed)}: checkpoint format version 2 (state files named "
+                               "<version>_<unique id>): keyedstate inspect reads format 1 only; keyedstate verify "
+                               "reads both")
         partitions = _committed_partition_count(root, committed)
         operators = [_inspect_operator(op_dir, committed, partitions)
                      for op_dir in sorted(numbered_dirs(state), key=lambda p: int(p.name))]
