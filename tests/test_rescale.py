@@ -9,6 +9,7 @@ query's batch ids are one higher than the uninterrupted run's after that point.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from dataclasses import dataclass
@@ -18,12 +19,12 @@ import pytest
 
 import keyedstate
 from keyedstate.offline import checkpoint as ckpt
-from keyedstate.offline import rescaling
+from keyedstate.offline import remote, rescaling
 from keyedstate.offline.storage import LocalStorage
 from keyedstate.offline.stores import Checkpoint
 from support.constants import HDFS_PROVIDER, PROVIDER_CONF
 from support.driver import FileStream, assert_same_output, collect_into, run_query, session_confs
-from support.offline import kill_rescale_after, rescale_cli
+from support.offline import kill_rescale_after, rescale_cli, to_objtest
 from support.scenarios import SCENARIOS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
@@ -375,6 +376,12 @@ def test_checkpoint_format_2_is_refused_by_rescale_migrate_and_inspect(spark, tm
     with pytest.raises(keyedstate.RescaleError, match="no unfinished repartition to roll back"):
         keyedstate.rescale(stream.checkpoint, 4, spark=spark, rollback=True)
     assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before
+    # On an object store the tools run on a local copy; the refusal names the checkpoint's own path.
+    uri = to_objtest(spark, root)
+    with pytest.raises(keyedstate.RescaleError, match=re.escape(f"{uri}/commits/0: the query runs with")):
+        remote.rescale_anywhere(uri, 2, spark=spark)
+    with pytest.raises(keyedstate.InspectError, match=re.escape(f"{uri}/commits/0: checkpoint format version 2")):
+        remote.inspect_anywhere(uri, spark=spark)
 
 
 @pytest.mark.parametrize("entry,expected", [

@@ -49,7 +49,23 @@ def local_copy(storage: Storage, root: str) -> Iterator[tuple[Path, dict[str, in
             target = local / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             storage.fetch(storage.join(root, rel), target, link=False)
-        yield local, files
+        try:
+            yield local, files
+        except (ValueError, RuntimeError) as exc:
+            renamed = _at_origin(exc, str(local), root)
+            if renamed is None:
+                raise
+            raise renamed from exc
+
+
+def _at_origin(exc: BaseException, local: str, root: str) -> BaseException | None:
+    """keyedstate's own error, raised by a tool run on the local copy, naming the checkpoint's
+    own paths instead of the copy's (which is gone once the error is read); None if nothing to
+    rename."""
+    text = str(exc)
+    if not type(exc).__module__.startswith("keyedstate.") or local not in text:
+        return None
+    return type(exc)(text.replace(local, root))
 
 
 def _local_files(local: Path) -> dict[str, int]:
