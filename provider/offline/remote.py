@@ -65,7 +65,7 @@ def _at_origin(exc: BaseException, local: str, root: str) -> BaseException | Non
     text = str(exc)
     if not type(exc).__module__.startswith("keyedstate.") or local not in text:
         return None
-    return type(exc)(text.replace(local, root))
+    return type(exc)(_renamed(text, local, root))
 
 
 def _local_files(local: Path) -> dict[str, int]:

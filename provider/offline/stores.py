@@ -135,11 +135,15 @@ class Checkpoint:
             raise CheckpointProblem(f"{p} is truncated or corrupt ({exc})") from None
 
     def commit_entry(self, batch: int) -> dict:
+        return self._commit(batch)[1]
+
+    def _commit(self, batch: int) -> tuple[str, dict]:
+        """Commit ``batch``'s version line and its entry."""
         p = self.path("commits", str(batch))
-        text = self.storage.read_bytes(p).decode("utf-8")
+        header, _, body = self.storage.read_bytes(p).decode("utf-8").partition("\n")
         try:
-            return json.loads(text.split("\n", 1)[1])
-        except (IndexError, ValueError) as exc:
+            return header, json.loads(body)
+        except ValueError as exc:
             raise CheckpointProblem(f"{p} is truncated or corrupt ({exc})") from None
 
     def conf_at(self, batch: int, key: str) -> str | None:
@@ -166,12 +170,10 @@ class Checkpoint:
         (``CheckpointVersionManager``): 2 for a ``v2`` entry or one that records
         ``stateUniqueIds``, else 1 (also when the entry is missing). The offset log's conf does
         not record the format (Spark 4.3)."""
-        p = self.path("commits", str(batch))
-        if not self.storage.exists(p):
+        if not self.storage.exists(self.path("commits", str(batch))):
             return 1
-        if self.storage.read_bytes(p).decode("utf-8").split("\n", 1)[0] == "v2":
-            return 2
-        return 2 if "stateUniqueIds" in self.commit_entry(batch) else 1
+        header, entry = self._commit(batch)
+        return 2 if header == "v2" or "stateUniqueIds" in entry else 1
 
     def unique_ids(self, batch: int) -> dict[str, list[list[str]]] | None:
         """Checkpoint format 2: commit ``batch``'s ``stateUniqueIds`` (operator -> [partition][store])."""
