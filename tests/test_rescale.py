@@ -20,7 +20,7 @@ import pytest
 import keyedstate
 from keyedstate.offline import checkpoint as ckpt
 from keyedstate.offline import remote, rescaling
-from keyedstate.offline.storage import LocalStorage
+from keyedstate.offline.storage import HadoopStorage, LocalStorage
 from keyedstate.offline.stores import Checkpoint
 from support.constants import HDFS_PROVIDER, PROVIDER_CONF
 from support.driver import FileStream, assert_same_output, collect_into, run_query, session_confs
@@ -351,7 +351,7 @@ def test_foreign_or_unready_checkpoints_are_refused(spark, tmp_path):
     assert not (Path(stream.checkpoint) / "offsets" / "1").exists()
 
 
-def test_checkpoint_format_2_is_refused_by_rescale_migrate_and_inspect(spark, tmp_path):
+def test_checkpoint_format_2_is_refused_by_rescale_migrate_and_inspect(spark, tmp_path, monkeypatch):
     """Queries run under checkpointFormatVersion=2 (test_operators), but rescale and migrate
     rewrite the offset and commit logs, whose format-2 entries pin every file by its unique id,
     and inspect reads files by version alone: each refuses it, naming the commit, and leaves the
@@ -376,12 +376,18 @@ def test_checkpoint_format_2_is_refused_by_rescale_migrate_and_inspect(spark, tm
     with pytest.raises(keyedstate.RescaleError, match="no unfinished repartition to roll back"):
         keyedstate.rescale(stream.checkpoint, 4, spark=spark, rollback=True)
     assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before
-    # On an object store the tools run on a local copy; the refusal names the checkpoint's own path.
+    # On an object store the tools run on a local copy; the refusal names the checkpoint's own
+    # path and comes before the state is downloaded for nothing.
     uri = to_objtest(spark, root)
+    fetched = []
+    fetch = HadoopStorage.fetch
+    monkeypatch.setattr(HadoopStorage, "fetch", lambda self, path, *a, **k: (fetched.append(path),
+                                                                            fetch(self, path, *a, **k)))
     with pytest.raises(keyedstate.RescaleError, match=re.escape(f"{uri}/commits/0: the query runs with")):
         remote.rescale_anywhere(uri, 2, spark=spark)
     with pytest.raises(keyedstate.InspectError, match=re.escape(f"{uri}/commits/0: checkpoint format version 2")):
         remote.inspect_anywhere(uri, spark=spark)
+    assert [p for p in fetched if "/state/" in p] == []
 
 
 @pytest.mark.parametrize("entry,expected", [

@@ -32,6 +32,14 @@ from .stores import Checkpoint
 log = logging.getLogger(__name__)
 
 InspectError = CheckpointError
+
+
+def refuse_checkpoint_format_2(ck: Checkpoint, committed: int) -> None:
+    """inspect reads state files by version alone; format 2 names them ``<version>_<unique id>``."""
+    if ck.checkpoint_format(committed) == 2:
+        raise InspectError(f"{ck.path('commits', str(committed))}: checkpoint format version 2 (state files named "
+                           "<version>_<unique id>): keyedstate inspect reads format 1 only; keyedstate verify "
+                           "reads both")
 """The checkpoint is missing, not keyedstate's, or holds a corrupt file (named in the message)."""
 
 
@@ -51,10 +59,8 @@ def inspect(checkpoint: str | os.PathLike) -> dict[str, Any]:
             f"{root} has no state/ directory: not the checkpoint of a stateful streaming query")
     try:
         committed = latest_committed_batch(root / "commits")
-        if committed is not None and Checkpoint(LocalStorage(root)).checkpoint_format(committed) == 2:
-            raise InspectError(f"{root / 'commits' / str(committed)}: checkpoint format version 2 (state files named "
-                               "<version>_<unique id>): keyedstate inspect reads format 1 only; keyedstate verify "
-                               "reads both")
+        if committed is not None:
+            refuse_checkpoint_format_2(Checkpoint(LocalStorage(root)), committed)
         partitions = _committed_partition_count(root, committed)
         operators = [_inspect_operator(op_dir, committed, partitions)
                      for op_dir in sorted(numbered_dirs(state), key=lambda p: int(p.name))]

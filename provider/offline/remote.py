@@ -17,9 +17,10 @@ import contextlib
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from .storage import HadoopStorage, Storage, StorageError, open_storage
+from .stores import Checkpoint
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -92,11 +93,12 @@ def sync_back(storage: Storage, root: str, local: Path, before: dict[str, int]) 
 
 def inspect_anywhere(checkpoint: str | os.PathLike, spark: "SparkSession | None" = None) -> dict[str, Any]:
     """``keyedstate.inspect`` on any scheme (a local one directly)."""
-    from .inspection import inspect
+    from .inspection import inspect, refuse_checkpoint_format_2
 
     storage = open_storage(checkpoint, spark)
     if storage.local:
         return inspect(checkpoint)
+    _refuse_before_download(storage, refuse_checkpoint_format_2)
     with local_copy(storage, storage.root) as (local, _):
         report = inspect(local)
     return _renamed(report, str(local), storage.root)
@@ -105,7 +107,7 @@ def inspect_anywhere(checkpoint: str | os.PathLike, spark: "SparkSession | None"
 def rescale_anywhere(checkpoint: str | os.PathLike, partitions: int, *, spark: "SparkSession | None" = None,
                      **options: Any):
     """``keyedstate.rescale`` on any scheme (a local one directly); see the module doc."""
-    from .rescaling import rescale
+    from .rescaling import refuse_checkpoint_format_2, rescale
 
     storage = open_storage(checkpoint, spark)
     if storage.local:
@@ -116,10 +118,21 @@ def rescale_anywhere(checkpoint: str | os.PathLike, partitions: int, *, spark: "
         raise StorageError(f"{storage.root}: rescaling a checkpoint that is not on a local disk runs its tasks "
                            f"on this machine's copy of it, which the executors of {master} cannot see: run "
                            "`keyedstate rescale` (it starts a local session), or from a local-mode session")
+    if not options.get("rollback"):
+        _refuse_before_download(storage, refuse_checkpoint_format_2)
     with local_copy(storage, storage.root) as (local, before):
         result = rescale(local, partitions, spark=storage.spark, **options)
         sync_back(storage, storage.root, local, before)
     return result
+
+
+def _refuse_before_download(storage: Storage, refuse: Callable[[Checkpoint, int], None]) -> None:
+    """A tool's refusal of the checkpoint's format, checked on the store itself: a download of
+    its state would be wasted (the local tool checks again)."""
+    ck = Checkpoint(storage)
+    committed = ck.latest_committed() if storage.is_dir(ck.path("commits")) else None
+    if committed is not None:
+        refuse(ck, committed)
 
 
 def _renamed(node: Any, old: str, new: str) -> Any:

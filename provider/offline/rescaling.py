@@ -130,6 +130,15 @@ def rescale(checkpoint: str | os.PathLike, partitions: int, *, spark: "SparkSess
             spark.stop()
 
 
+def refuse_checkpoint_format_2(ck: Checkpoint, committed: int) -> None:
+    """Under format 2 the commit log pins each state file by its unique id: a rescale cannot
+    finish a batch there (a rollback of an orphan repartition batch still can)."""
+    if ck.checkpoint_format(committed) == 2:
+        raise RescaleError(f"{ck.path('commits', str(committed))}: the query runs with {_FORMAT_KEY}=2 "
+                           "(the commit log pins each state file by its unique id); keyedstate rescale "
+                           "handles checkpoint format 1 only")
+
+
 class _Rescale:
     """One invocation: Spark's logs through the JVM, the state through Spark tasks."""
 
@@ -186,12 +195,8 @@ class _Rescale:
             raise RescaleError(
                 f"{self.root} was written by state store provider {provider or 'HDFSBackedStateStoreProvider (default)'}, "
                 f"not keyedstate ({PROVIDER_CLASS}); use Spark's own repartition for it")
-        # Under format 2 the commit log pins each state file by its unique id: a rescale cannot
-        # finish a batch there; a rollback (of an orphan repartition batch) still can.
-        if not rollback and Checkpoint(LocalStorage(self.root)).checkpoint_format(committed) == 2:
-            raise RescaleError(f"{self.root / 'commits' / str(committed)}: the query runs with {_FORMAT_KEY}=2 "
-                               "(the commit log pins each state file by its unique id); keyedstate rescale "
-                               "handles checkpoint format 1 only")
+        if not rollback:
+            refuse_checkpoint_format_2(Checkpoint(LocalStorage(self.root)), committed)
         old_n = self._partitions_of(committed)
         staging = self.root / _STAGING
 
