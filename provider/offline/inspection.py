@@ -32,6 +32,7 @@ from .stores import Checkpoint
 log = logging.getLogger(__name__)
 
 InspectError = CheckpointError
+"""The checkpoint is missing, not keyedstate's, or holds a corrupt file (named in the message)."""
 
 
 def refuse_checkpoint_format_2(ck: Checkpoint, committed: int) -> None:
@@ -40,7 +41,6 @@ def refuse_checkpoint_format_2(ck: Checkpoint, committed: int) -> None:
         raise InspectError(f"{ck.path('commits', str(committed))}: checkpoint format version 2 (state files named "
                            "<version>_<unique id>): keyedstate inspect reads format 1 only; keyedstate verify "
                            "reads both")
-"""The checkpoint is missing, not keyedstate's, or holds a corrupt file (named in the message)."""
 
 
 def inspect(checkpoint: str | os.PathLike) -> dict[str, Any]:
