@@ -114,7 +114,9 @@ class Plan:
                 "stores": [s.to_dict() for s in self.stores], "steps": steps}
 
 
-def plan(ck: Checkpoint, target: str) -> Plan:
+def plan(ck: Checkpoint, target: str, *, change: bool = True) -> Plan:
+    """What a migration of ``ck`` to provider ``target`` would do (``change=False``: only what
+    it reads, which a checkpoint-format-2 query also has)."""
     committed = ck.committed_batches()
     offsets = ck.offset_batches()
     if not committed:
@@ -125,9 +127,10 @@ def plan(ck: Checkpoint, target: str) -> Plan:
         raise MigrateError(f"{ck.path('offsets', str(offsets[-1]))}: batch {offsets[-1]} started but did not commit "
                            "(the query is running, or failed): stop the query, or restart it once so that it "
                            "completes the batch, then migrate")
-    if ck.checkpoint_format(batch) == 2:
+    if change and ck.checkpoint_format(batch) == 2:
         raise MigrateError(f"{ck.path('commits', str(batch))}: checkpoint format version 2 (the commit log pins the "
-                           "unique ids of the provider's files) is not supported by migrate or the state processor")
+                           "unique ids of the provider's files) is not supported by migrate or the state "
+                           "processor's changes (its reads are)")
     source = ck.provider_at(batch) or DEFAULT_PROVIDER
     result = Plan(ck.root, batch, source, target, already=source == target)
     for op in ck.operators().values():

@@ -65,7 +65,7 @@ class StateProcessor:
     # -- reading -------------------------------------------------------------------------------
     def operators(self) -> list[dict[str, Any]]:
         """Every stateful operator: id, name, stores with their key and value schemas."""
-        p = self._plan()
+        p = plan_of(self.ck, "", change=False)
         out: dict[int, dict[str, Any]] = {}
         for s in p.stores:
             op = out.setdefault(s.operator, {"operator": s.operator, "name": s.operator_name,

@@ -108,3 +108,29 @@ def test_processor_on_the_object_store_scheme(spark, tmp_path):
                      "update", location=uri)
     assert_same_output(reference[2:], [(b - 1, rows) for b, rows in rest],
                        labels=("uninterrupted", "transformed on objtest://"))
+
+
+def test_read_a_checkpoint_format_2_query_and_refuse_to_change_it(spark, tmp_path):
+    """A query run under checkpointFormatVersion=2 is read from a session that does not set it
+    (Spark records the format only in the commit log, whose unique ids its state reader passes
+    on): the processor's reads and Spark's change feed give what the same query under format 1
+    gives. A change is refused, naming the commit: its state batch would have to pin new ids."""
+    from support.driver import session_confs
+    from support.scenarios import agg_update
+
+    v1 = tmp_path / "v1" / "checkpoint"
+    run_query(spark, KS, agg_update, KV, KV_STEPS[:2], v1, tmp_path / "v1" / "input", "update")
+    v2 = tmp_path / "v2" / "checkpoint"
+    with session_confs(spark, {"spark.sql.streaming.stateStore.checkpointFormatVersion": "2"}):
+        run_query(spark, KS, agg_update, KV, KV_STEPS[:2], v2, tmp_path / "v2" / "input", "update")
+    assert "stateUniqueIds" in (v2 / "commits" / "1").read_text()  # the query really ran under format 2
+    p = keyedstate.state(spark, v2)
+    assert p.operators() == keyedstate.state(spark, v1).operators()
+    for batch in (0, 1):
+        assert sorted(map(str, p.read(0, batch=batch).collect())) == \
+            sorted(map(str, keyedstate.state(spark, v1).read(0, batch=batch).collect()))
+    feed = lambda c: sorted(map(str, spark.read.format("statestore").option("readChangeFeed", True)  # noqa: E731
+                                .option("changeStartBatchId", 0).load(str(c)).collect()))
+    assert feed(v2) == feed(v1) != []
+    with pytest.raises(keyedstate.MigrateError, match=r"commits.1: checkpoint format version 2 .*not supported by "):
+        p.transform(0, lambda key, value: value)

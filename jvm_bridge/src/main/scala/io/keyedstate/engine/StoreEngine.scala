@@ -73,8 +73,23 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   @volatile private var loaded = -1L
   @volatile private var loadedId: Option[String] = None
   @volatile private var lineage: List[(Long, Option[String])] = Nil
-  /** Checkpoint format 2 (`checkpointFormatVersion=2`): every version gets a unique id. */
-  val uniqueIds: Boolean = storeConf.enableStateStoreCheckpointIds
+  /** Checkpoint format 2: every version has a unique id. Set by `checkpointFormatVersion=2`, or
+   *  by the first id Spark gives ([[idOf]]). */
+  def uniqueIds: Boolean = formatTwoConf || idsGiven
+  private val formatTwoConf = storeConf.enableStateStoreCheckpointIds
+  @volatile private var idsGiven = false
+
+  /**
+   * The unique id to load a version by, of those Spark gives. Spark's state data source reads
+   * them from the commit log whatever the reading session's `checkpointFormatVersion` (Spark 4.3
+   * records the format nowhere else), and a format-1 query is never given one: so a given id
+   * makes this engine's checkpoint format 2 (its loads, its cleanup by lineage), where taking
+   * the reading session's conf would load files by version alone and miss `<v>_<id>`.
+   */
+  def idOf(given: Option[String]): Option[String] = {
+    if (given.isDefined) idsGiven = true
+    if (uniqueIds) given else None
+  }
   @volatile private var nativeShows = -1L
   @volatile private var closed = false
   @volatile var numKeys = 0L
@@ -143,10 +158,10 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
 
   private def opened(version: Long, uniqueId: Option[String], loadEmpty: Boolean, writable: () => Boolean): StoreVersion = synchronized {
     requireOpen()
-    if (uniqueIds && uniqueId.isEmpty && version > 0 && !loadEmpty) {
+    val id = idOf(uniqueId)
+    if (uniqueIds && id.isEmpty && version > 0 && !loadEmpty) {
       throw new IllegalStateException(s"keyedstate: checkpoint format 2 needs the unique id of version $version of $describe")
     }
-    val id = if (uniqueIds) uniqueId else None
     load(version, id, loadEmpty)
     val nowMs = if (policy.enabled) clock.now(version) else 0L
     val buffered = new BufferedVersion(version, session.settings.keyGroups, cachedReads(),

@@ -53,7 +53,7 @@ class KeyedStateProvider extends StateStoreProvider with SupportsFineGrainedRepl
   /** Aggregations open a read store and then a write store on the same version: reuse it. */
   override def upgradeReadStoreToWriteStore(readStore: ReadStateStore, version: Long,
       uniqueId: Option[String], forceSnapshotOnCommit: Boolean): StateStore = readStore match {
-    case s: KeyedStateStore if s.version == version && s.isUpdating && s.uniqueIdLoaded == uniqueId.filter(_ => engine.uniqueIds) => s
+    case s: KeyedStateStore if s.version == version && s.isUpdating && s.uniqueIdLoaded == engine.idOf(uniqueId) => s
     case other =>
       other.release()
       getStore(version, uniqueId, forceSnapshotOnCommit, loadEmpty = false)
@@ -71,7 +71,7 @@ class KeyedStateProvider extends StateStoreProvider with SupportsFineGrainedRepl
   /** The state data source's `snapshotStartBatchId` (see [[SnapshotReplay]]). */
   override def replayStateFromSnapshot(snapshotVersion: Long, endVersion: Long, readOnly: Boolean,
       snapshotVersionStateStoreCkptId: Option[String], endVersionStateStoreCkptId: Option[String]): StateStore = {
-    SnapshotReplay.check(engine, snapshotVersion, endVersion, snapshotVersionStateStoreCkptId.filter(_ => engine.uniqueIds))
+    SnapshotReplay.check(engine, snapshotVersion, endVersion, engine.idOf(snapshotVersionStateStoreCkptId))
     getStore(endVersion, endVersionStateStoreCkptId, forceSnapshotOnCommit = false, loadEmpty = false)
   }
 
@@ -82,7 +82,7 @@ class KeyedStateProvider extends StateStoreProvider with SupportsFineGrainedRepl
       throw new UnsupportedOperationException(s"keyedstate has no column families (asked for '$cf')")
     }
     new ChangeFeed(engine.files, engine.codec, startVersion, endVersion,
-      endVersionStateStoreCkptId.filter(_ => engine.uniqueIds), engine.describe)
+      engine.idOf(endVersionStateStoreCkptId), engine.describe)
   }
 
   override def supportedCustomMetrics: Seq[StateStoreCustomMetric] = Metrics.all
