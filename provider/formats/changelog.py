@@ -14,7 +14,8 @@ header that names its compression and carries metadata, so that old checkpoints 
 
     header   8s magic b"KSCHLOG2" | u16 format version (2) | u8 codec | u32 meta length | meta
              | u32 CRC-32 of the header before it
-    meta     UTF-8 JSON object: "version", "keyGroups" and optional "keyLayout", "uniqueId", "lineage"
+    meta     UTF-8 JSON object: "version", "keyGroups" and optional "keyLayout", "uniqueId", "lineage",
+             "fromEmpty"
     body     the format-1 changelog C: as is (codec 0); one zstd frame with its content size
              (codec 1); or, codec 2, split in two before compression: G = the first 4 bytes of
              every record's key (its key group) in record order, R = C with those 4 bytes cut

@@ -141,6 +141,84 @@ def test_a_commit_two_intervals_past_the_last_uploaded_snapshot_uploads_before_i
         disarm(spark)
 
 
+def test_a_version_written_from_empty_has_its_snapshot_before_its_changelog(spark):
+    """A version written from empty (loadEmpty: migrate, the state processor, Spark's offline
+    repartition) is not a delta on the version before it, but a load replays a changelog as one:
+    were its changelog in the checkpoint without its snapshot, the keys it dropped would come
+    back. So when the snapshot's upload fails, the commit fails naming it and writes no
+    changelog; a retry commits, and the version loads as written."""
+    location, directory = objtest_location(spark, "from-empty")
+    confs = {PFX + "snapshotInterval": "100"}
+    old = LayerStore(spark, location, confs=confs)
+    try:
+        s = old.store(0)
+        for k in (1, 2, 3):
+            old.put(s, (k,), (k * 10,))
+        assert s.commit() == 1
+    finally:
+        old.close()
+    root = arm(spark, create={"nth": 1, "path": "ks-files", "times": 1000})  # every snapshot file's upload fails
+    writer = LayerStore(spark, location, confs=confs)
+    try:
+        s = writer.provider.getStore(1, writer.jvm.scala.Option.empty(), True, True)
+        writer.put(s, (1,), (100,))
+        with pytest.raises(Exception, match=r"snapshot of version 2 .*written from empty, is not in the checkpoint"):
+            s.commit()
+        assert testjar.injected_faults(root)
+        assert not list(directory.rglob("2.ks-changelog"))
+        disarm(spark)
+        s = writer.provider.getStore(1, writer.jvm.scala.Option.empty(), True, True)  # the task's retry
+        writer.put(s, (1,), (100,))
+        assert s.commit() == 2
+        assert 2 in _snapshot_versions(directory)
+    finally:
+        writer.close()
+        disarm(spark)
+    reader = LayerStore(spark, location, confs=confs)
+    try:
+        s = reader.store(2)
+        assert (reader.get(s, 1), reader.get(s, 2), reader.get(s, 3)) == (100, None, None)
+        assert s.metrics().numKeys() == 1
+    finally:
+        reader.close()
+
+
+def test_a_query_never_takes_a_version_an_offline_writer_left_uncommitted(spark, tmp_path):
+    """A retried batch keeps a changelog another attempt of it published first. An offline
+    writer's version (migrate or the state processor, whose batch never committed: killed, or
+    undone by deleting its offsets entry) is no attempt of the query's batch: the query's commit
+    fails, naming the file, instead of taking its rows for the batch's; once it is deleted, the
+    batch commits its own."""
+    directory = tmp_path / "state"
+    query = LayerStore(spark, directory)
+    try:
+        s = query.store(0)
+        for k in (1, 2, 3):
+            query.put(s, (k,), (k * 10,))
+        assert s.commit() == 1
+        offline = LayerStore(spark, directory)
+        try:
+            s = offline.provider.getStore(1, offline.jvm.scala.Option.empty(), True, True)
+            offline.put(s, (1,), (100,))
+            assert s.commit() == 2
+        finally:
+            offline.close()
+        s = query.store(1)
+        query.put(s, (4,), (40,))
+        with pytest.raises(Exception, match=r"version 2 .* is already in the checkpoint .*2.ks-changelog.*, written "
+                                            r"from empty by an offline writer .* never committed"):
+            s.commit()
+        for p in directory.rglob("*2.ks-*"):
+            p.unlink()
+        s = query.store(1)
+        query.put(s, (4,), (40,))
+        assert s.commit() == 2
+        s = query.store(2)
+        assert [query.get(s, k) for k in (1, 2, 3, 4)] == [10, 20, 30, 40]
+    finally:
+        query.close()
+
+
 def test_a_bulk_version_is_snapshotted_and_uploaded_at_once(spark, tmp_path):
     """A first batch over a backlog (at least snapshotBulkKeys new keys, at least as many as
     the state held) gets its snapshot in the checkpoint right after its commit, without
