@@ -80,3 +80,17 @@ def test_a_query_failed_by_faults_says_which_file_and_a_restart_continues_exactl
     assert "injected create fault" in failures[0]
     verdict = judge(reference, run.outputs)
     assert verdict.exact, "\n".join(verdict.detail)
+
+
+def test_an_offset_log_the_ttl_clock_cannot_read_fails_the_query_naming_it(spark, tmp_path, fault_root):
+    """TTL's "now" is the batch timestamp in the offset log, so that a re-execution of a batch
+    sees the same time. A task that cannot read it fails, naming the file, instead of quietly
+    taking the wall clock (which, after downtime longer than the TTL, expires what the first
+    attempt kept)."""
+    location, checkpoint = objtest_location(spark, "ttl-clock")
+    arm(spark, open={"nth": 1, "times": 1000, "path": "/offsets/1"})
+    with session_confs(spark, {PFX + "ttl": "1h"}):
+        with pytest.raises(Exception, match=r"cannot read the batch timestamp of batch 1 .*offsets/1"):
+            run_query(spark, KS, agg_update, KV, KV_STEPS[:2], checkpoint, tmp_path / "input", "update",
+                      location=location)
+    assert testjar.injected_faults(fault_root)
