@@ -255,6 +255,34 @@ def test_the_first_loads_cleanup_keeps_what_rebuilds_the_loaded_version(spark, f
         close_runs(spark, old, new)
 
 
+@pytest.mark.parametrize("format_version", ["1", "2"])
+def test_cleanup_after_a_tasks_commit_keeps_the_version_spark_committed_last(spark, format_version):
+    """A task commits version 5 (its snapshot uploaded) and maintenance cleans up before Spark's
+    commit log records the batch: with minBatchesToRetain=1, counting from 5 kept only 5, so a
+    failed batch's restart could not load version 4 (audit finding). Spark's HDFS provider keeps
+    minBatchesToRetain versions before the newest; so does keyedstate now."""
+    location, local = objtest_location(spark, "retain")
+    history, ids = {0: {}}, {}
+    confs = {"spark.sql.streaming.minBatchesToRetain": "1"}
+    run = Run(spark, location + "/state", format_version, history, ids, confs)
+    try:
+        for version in range(5):
+            run.commit(version)
+
+            def uploaded(version=version + 1) -> bool:
+                run.snapshot()
+                return any(re.fullmatch(rf"{version}(_.*)?\.ks-snapshot", p.name) for p in local.rglob("*"))
+
+            wait_for(uploaded, timeout=30, what=f"the snapshot of version {version + 1}")
+        run.cleanup()
+        wait_until_unchanged(local)
+        deactivate(spark, run.run_id)  # the batch of version 5 never reaches the commit log
+        with restarted(spark, location + "/state", {**confs, STATE_PREFIX + "checkpointFormatVersion": format_version}) as fresh:
+            assert contents(fresh, 4, ids.get(4)) == history[4]
+    finally:
+        close_runs(spark, run)
+
+
 def test_a_failing_maintenance_call_is_retried_later_not_thrown(spark):
     """Spark closes a provider whose maintenance throws, even while a task uses one of its
     stores: a transient checkpoint error in cleanup or upload must not do that."""

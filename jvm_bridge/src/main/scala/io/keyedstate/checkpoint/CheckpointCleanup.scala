@@ -36,7 +36,9 @@ object CheckpointCleanup {
     val killedBefore = System.currentTimeMillis() - TempFileGraceMs
     val temps = l.modified.filter { case (name, _) => TempFile.matches(name) }
     temps.foreach { case (name, modified) => if (modified < killedBefore) delete(new org.apache.hadoop.fs.Path(files.dir, name)) }
-    val oldestRetained = head._1 - minVersionsToRetain + 1
+    // `head` may be a version a task just committed and Spark's commit log does not hold yet: the
+    // versions kept are the `minVersionsToRetain` before it too (Spark's HDFS provider counts so).
+    val oldestRetained = head._1 - minVersionsToRetain
     val candidates =
       if (byLineage) committedChain(files, l, head, oldestRetained).filter(e => e._1 <= oldestRetained && l.snapshotFiles.contains(e))
       else l.snapshotFiles.filter(_._1 <= oldestRetained).toSeq.sortBy(-_._1)
