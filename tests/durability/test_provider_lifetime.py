@@ -283,6 +283,42 @@ def test_cleanup_after_a_tasks_commit_keeps_the_version_spark_committed_last(spa
         close_runs(spark, run)
 
 
+def test_a_symbolic_link_in_the_checkpoint_is_never_listed_read_or_deleted_through(spark, tmp_path):
+    """A local peer who can write the checkpoint replaces a partition's ks-files/ with a link to
+    a directory of theirs or another user's: a running query's cleanup deleted every file there
+    older than its base snapshot (audit finding). Now cleanup, and a load, refuse the link and
+    name it; nothing outside the checkpoint is touched."""
+    import os
+
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    for name in ("precious.txt", "thesis.tex"):
+        (victim / name).write_text(name)
+        os.utime(victim / name, (time.time() - 86400, time.time() - 86400))
+    location = str(tmp_path / "checkpoint" / "state")
+    history, ids = {0: {}}, {}
+    run = Run(spark, location, "1", history, ids, {"spark.sql.streaming.minBatchesToRetain": "1"})
+    try:
+        for version in range(3):
+            run.commit(version)
+            run.snapshot()
+        files = tmp_path / "checkpoint" / "state" / "0" / "0" / "ks-files"
+        for f in files.iterdir():
+            f.rename(victim / f.name)  # the snapshots' files, now behind the link
+        files.rmdir()
+        files.symlink_to(victim)
+        behind = {f.name for f in victim.iterdir()}
+        run.commit(3)
+        run.snapshot()
+        run.cleanup()  # maintenance never throws; it logs and retries later
+        assert {f.name for f in victim.iterdir()} == behind  # nothing deleted there, nothing uploaded there
+        with restarted(spark, location) as fresh:
+            with pytest.raises(Exception, match=r"ks-files in the checkpoint is a symbolic link \(to .*victim\)"):
+                fresh.store(4)
+    finally:
+        close_runs(spark, run)
+
+
 def test_a_failing_maintenance_call_is_retried_later_not_thrown(spark):
     """Spark closes a provider whose maintenance throws, even while a task uses one of its
     stores: a transient checkpoint error in cleanup or upload must not do that."""

@@ -86,6 +86,7 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
   def exists(path: Path): Boolean = fm.exists(path)
 
   def listing(): Listing = {
+    refuseLinks(filesDir)
     val statuses = list(dir).filter(_.isFile)
     val names = statuses.map(_.getPath.getName)
     def versions(suffix: String) = names.flatMap(CheckpointLayout.versionOf(_, suffix)).toSet
@@ -94,8 +95,35 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
       statuses.map(s => s.getPath.getName -> s.getModificationTime).toMap)
   }
 
-  private def list(path: Path): Array[FileStatus] =
+  private def list(path: Path): Array[FileStatus] = {
+    refuseLinks(path)
     try { if (fm.exists(path)) fm.list(path) else Array.empty } catch { case _: FileNotFoundException => Array.empty }
+  }
+
+  /**
+   * Fails on a symbolic link among the directories of the store partition (`path` and those
+   * above it, up to the query's `state` directory), on file systems that have links (local, HDFS):
+   * what is listed, read and deleted there would be outside the checkpoint.
+   */
+  /** Fails when a directory a snapshot's files go to is a symbolic link ([[refuseLinks]]). */
+  def refuseLinks(): Unit = refuseLinks(filesDir)
+
+  private def refuseLinks(path: Path): Unit = if (localDisk || fs.supportsSymlinks()) {
+    Iterator.iterate(path)(_.getParent).takeWhile(p => p != null && p.getName != "state" && p.depth() > 0).take(4)
+      .foreach { p =>
+        // Local disks through java.nio: Hadoop's local link status starts a process per call.
+        val target = if (localDisk) {
+          val local = java.nio.file.Paths.get(fs.makeQualified(p).toUri)
+          if (Files.isSymbolicLink(local)) Some(Files.readSymbolicLink(local).toString) else None
+        } else try Some(fs.getFileLinkStatus(p)).filter(_.isSymlink).map(_.getSymlink.toString)
+          catch { case _: FileNotFoundException => None }
+        target.foreach { t =>
+          throw new CheckpointFileException(s"keyedstate: $p in the checkpoint is a symbolic link (to $t); keyedstate " +
+            "lists, reads and deletes nothing through one: replace it with the directory itself")
+        }
+      }
+  }
+  private lazy val localDisk = fs.getScheme == "file"
 
   /** Copies a checkpoint file to local disk; a failure says which side failed. */
   def download(path: Path, local: java.nio.file.Path): Unit = {

@@ -49,6 +49,7 @@ final class SnapshotUploader(files: CheckpointFiles, describe: String) {
       through: Long): Option[Long] = {
     val staged = Json.readTree(session.maintenance("listing staged snapshots")((api, h) => api.stagedSnapshots(h, through)))
     var newest: Option[Long] = None
+    if (staged.size() > 0) files.refuseLinks()
     staged.elements().asScala.foreach { snap =>
       val version = snap.get("version").asLong()
       val snapLineage = snap.get("lineage").asText()
