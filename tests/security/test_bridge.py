@@ -175,6 +175,61 @@ def test_idle_unauthenticated_connections_are_closed(bridge):
     assert not still_open, f"unauthenticated idle connections still open after 30 s: {sorted(still_open)}"
 
 
+def test_a_slow_unauthenticated_peer_is_closed_when_the_handshake_time_is_up(bridge):
+    """The JVM gateway's 10 s to authenticate are for the whole handshake: a peer that sends a
+    byte of an auth line every second (each read well within 10 s) is closed after 10 s, not
+    held for the hours its 16 KiB allowance would take at that pace."""
+    _, _, gateway_ports = py4j_ports(bridge)
+    for port in gateway_ports:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        sock.settimeout(1.0)
+        started = time.monotonic()
+        closed_after = None
+        try:
+            sock.sendall(b"A\n")
+            while time.monotonic() - started < 25:
+                try:
+                    sock.sendall(b"x")
+                    if sock.recv(4096) == b"":
+                        closed_after = time.monotonic() - started
+                        break
+                except socket.timeout:
+                    continue
+                except OSError:
+                    closed_after = time.monotonic() - started
+                    break
+        finally:
+            sock.close()
+        assert closed_after is not None and closed_after < 15, \
+            f"a peer trickling an auth line to gateway port {port} was still connected after 25 s"
+    bridge.serves()
+
+
+def test_unauthenticated_connections_beyond_a_few_are_closed_at_once(bridge):
+    """py4j gives every connection a thread: more than 32 connections to the JVM gateway that
+    have not authenticated are closed as soon as they are accepted, and the query still runs."""
+    _, _, gateway_ports = py4j_ports(bridge)
+    port = next(iter(gateway_ports))
+    socks = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(48)]
+    try:
+        time.sleep(1.0)
+        closed = 0
+        for sock in socks:
+            sock.settimeout(0.05)
+            try:
+                if sock.recv(1) == b"":
+                    closed += 1
+            except socket.timeout:
+                pass
+            except OSError:
+                closed += 1
+        assert closed >= 48 - 32, f"only {closed} of 48 idle unauthenticated connections were closed at once"
+    finally:
+        for sock in socks:
+            sock.close()
+    bridge.serves()
+
+
 def test_each_direction_has_its_own_secret(bridge):
     """The secret the state server uses to reach the JVM must not also open the server's own
     callback port (and vice versa): a peer that learns one cannot impersonate the other side."""

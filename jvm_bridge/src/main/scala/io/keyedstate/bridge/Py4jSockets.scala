@@ -7,20 +7,38 @@ import javax.net.{ServerSocketFactory, SocketFactory}
 /**
  * Server sockets for the py4j gateway: accepted connections have TCP_NODELAY (py4j's default
  * waits on Nagle) and, until they have authenticated, may send at most [[PreAuthBytes]] and must
- * do so within [[PreAuthTimeoutMs]] (py4j reads the auth line unbounded and waits for ever).
+ * do so within [[PreAuthTimeoutMs]] in all (py4j reads the auth line unbounded and waits for
+ * ever); at most [[PreAuthConnections]] may be unauthenticated at once (py4j gives each a
+ * thread), the rest are closed at once. A failing accept (no file descriptor left) is retried:
+ * py4j's accept loop ends on the first exception, and the gateway would never accept again.
  */
 object GuardedServerSocketFactory extends ServerSocketFactory {
   val PreAuthBytes = 16 << 10
   val PreAuthTimeoutMs = 10000
+  val PreAuthConnections = 32
 
   private final class GuardedServerSocket extends ServerSocket {
+    private val unauthenticated = new java.util.concurrent.atomic.AtomicInteger
+
     override def accept(): Socket = {
-      if (isClosed) throw new SocketException("Socket is closed")
-      val s = new PreAuthSocket
-      implAccept(s)
-      s.setTcpNoDelay(true)
-      s.arm()
-      s
+      while (true) {
+        if (isClosed) throw new SocketException("Socket is closed")
+        val s = new PreAuthSocket(unauthenticated)
+        try implAccept(s) catch {
+          case e: IOException if !isClosed =>
+            org.slf4j.LoggerFactory.getLogger(getClass).warn(s"keyedstate: py4j gateway accept failed (${e.getMessage}); retrying")
+            Thread.sleep(100)
+        }
+        if (s.isConnected) {
+          if (unauthenticated.incrementAndGet() > PreAuthConnections) s.close()
+          else {
+            s.setTcpNoDelay(true)
+            s.arm()
+            return s
+          }
+        }
+      }
+      throw new IllegalStateException("unreachable")
     }
   }
   override def createServerSocket(): ServerSocket = new GuardedServerSocket
@@ -39,13 +57,29 @@ object GuardedServerSocketFactory extends ServerSocketFactory {
    * write is its answer to the auth command; on a wrong token it closes the connection after
    * it). Until then its reads are capped and time out.
    */
-  private final class PreAuthSocket extends Socket {
+  private final class PreAuthSocket(unauthenticated: java.util.concurrent.atomic.AtomicInteger) extends Socket {
     @volatile private var authenticated = false
+    private var counted = true
     private var wantedTimeout = 0
+    private var deadline = 0L
     private var in: InputStream = _
     private var out: OutputStream = _
 
-    def arm(): Unit = super.setSoTimeout(PreAuthTimeoutMs)
+    def arm(): Unit = { deadline = System.nanoTime() + PreAuthTimeoutMs * 1000000L; super.setSoTimeout(PreAuthTimeoutMs) }
+
+    /** No longer among the unauthenticated connections (authenticated, or closed). */
+    private def uncount(): Unit = synchronized { if (counted) { counted = false; unauthenticated.decrementAndGet() } }
+
+    override def close(): Unit = { uncount(); super.close() }
+
+    /** Before an unauthenticated read: the time left of the whole handshake, or none. */
+    private def remaining(): Unit = synchronized {
+      if (!authenticated) {
+        val left = (deadline - System.nanoTime()) / 1000000L
+        if (left <= 0) throw new java.net.SocketTimeoutException(s"keyedstate: an unauthenticated peer did not authenticate within $PreAuthTimeoutMs ms")
+        super.setSoTimeout(left.toInt)
+      }
+    }
 
     override def setSoTimeout(timeout: Int): Unit = synchronized {
       wantedTimeout = timeout
@@ -55,6 +89,7 @@ object GuardedServerSocketFactory extends ServerSocketFactory {
     private def authenticate(): Unit = synchronized {
       if (!authenticated) {
         authenticated = true
+        uncount()
         super.setSoTimeout(wantedTimeout)
       }
     }
@@ -69,6 +104,7 @@ object GuardedServerSocketFactory extends ServerSocketFactory {
             else {
               if (read0 >= PreAuthBytes) throw new IOException(
                 s"keyedstate: an unauthenticated peer sent more than $PreAuthBytes bytes")
+              remaining()
               math.min(len.toLong, PreAuthBytes - read0).toInt
             }
           }
