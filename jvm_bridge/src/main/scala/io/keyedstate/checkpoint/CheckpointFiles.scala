@@ -153,14 +153,15 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
     s"keyedstate: cannot read $path from the checkpoint (${e.getMessage})", e)
 
   /** A changelog of the checkpoint, as format 1 on local disk (decompressed here, in the JVM, so
-   *  that the state server replays it at full speed). */
-  def downloadChangelog(version: Long, id: Option[String], local: java.nio.file.Path): Unit = {
+   *  that the state server replays it at full speed); returns its metadata. */
+  def downloadChangelog(version: Long, id: Option[String], local: java.nio.file.Path): ChangelogMeta = {
     val path = changelog(version, id)
-    val inner = try ChangelogFormat.inner(readBytes(path), path.toString) catch {
+    val (inner, meta) = try ChangelogFormat.innerAndMeta(readBytes(path), path.toString) catch {
       case e: CorruptChangelogException => throw new CheckpointFileException(s"keyedstate: ${e.getMessage}", e)
     }
     try Files.write(local, inner, StandardOpenOption.CREATE_NEW, StandardOpenOption.WRITE)
     catch { case e: IOException => throw LocalDisk.failed(local, e) }
+    meta
   }
 
   /** Copies a local file into the checkpoint under a name no one else uses. */

@@ -242,8 +242,8 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       expectedFileBytes = bytes + bytes / 4 + (64 << 10)
       val t1 = System.nanoTime()
       files.ensureDirs()
-      val overdue = newVersion - lastSnapshot >= 2L * session.settings.snapshotInterval && !v.fromEmpty
-      val behind = session.settings.writeBehind && unknown == 0 && !forceSnapshot && !overdue && !v.fromEmpty
+      val overdue = newVersion - lastSnapshot >= 2L * session.settings.snapshotInterval
+      val behind = session.settings.writeBehind && unknown == 0 && !forceSnapshot && !overdue
       val path = files.changelog(newVersion, newId)
       val scan = cleanup.scanRequest(v.nowMs)
       // Write-behind: the changelog is shipped, held unapplied by the server, while its file is
@@ -277,18 +277,6 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
           } else dropHeld()
           (written, wMs, 0L, (s1 - s0 + System.nanoTime() - s2) / 1000000)
         } finally if (interrupted) Thread.currentThread().interrupt()
-      } else if (v.fromEmpty) {
-        // A version written from empty (loadEmpty: the offline writers, Spark's and keyedstate's)
-        // is no delta on the version before it, yet a load replays a changelog as one: so its
-        // snapshot reaches the checkpoint before its changelog does, and no changelog of such a
-        // version (this attempt's, or one a retry finds and keeps) is without its snapshot.
-        val s0 = System.nanoTime()
-        val n = session.data(s"committing version $newVersion of $describe")(
-          (c, h) => c.apply(h, changelog, Frames.ApplyNow, scan))
-        uploadFromEmpty(newVersion, newId)
-        val w0 = System.nanoTime()
-        val written = files.createOnce(path, file)
-        (written, (System.nanoTime() - w0) / 1000000, n, (w0 - s0) / 1000000)
       } else {
         val w0 = System.nanoTime()
         val written = files.createOnce(path, file)
@@ -303,9 +291,9 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
         // killed task): the file is the version. Loads take it from there. Not a file an offline
         // writer left uncommitted (a query's batch is no rerun of it, nor it of the batch).
         if (files.readChangelogMeta(newVersion, newId).fromEmpty != v.fromEmpty) {
-          val writer = if (v.fromEmpty) "by a query's batch" else "from empty by an offline writer (migrate, the state processor or a repartition)"
+          val writer = if (v.fromEmpty) "by a batch of the query" else "from empty by an offline writer (migrate, the state processor or a repartition)"
           throw new CheckpointFileException(s"keyedstate: version $newVersion of $describe is already in the checkpoint " +
-            s"($path), written $writer whose batch never committed: it is not this version. Delete its files " +
+            s"($path), written $writer that never committed: it is not this version. Delete its files " +
             s"($newVersion.ks-*, or ${newVersion}_<id>.ks-* under checkpoint format 2, in ${files.dir}) and retry")
         }
         log.warn(s"keyedstate: version $newVersion of $describe was already in the checkpoint; using that file")
@@ -314,14 +302,14 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       }
       val added = (if (behind) numKeys + delta else counted) - numKeys
       numKeys += added
-      if ((forceSnapshot || overdue) && !v.fromEmpty) session.control("staging a snapshot")((api, h) => api.stageSnapshot(h))
+      if (forceSnapshot || overdue) session.control("staging a snapshot")((api, h) => api.stageSnapshot(h))
       loaded = newVersion
       loadedId = newId
       lineage = ((newVersion -> newId) :: lineage).filter(_._1 >= lastSnapshot)
       lastCommitPhases = CommitPhases((t1 - t0) / 1000000, writeMs, shipMs)
       cache.review() // what this version's reads found decides what the next one's writes cache
       if (overdue) { uploadSnapshots(); cleanupFiles() }
-      else if (!v.fromEmpty && (forceSnapshot || newVersion % session.settings.snapshotInterval == 0 || bulk(added))) {
+      else if (forceSnapshot || newVersion % session.settings.snapshotInterval == 0 || bulk(added)) {
         uploadAsked = newVersion
         SnapshotKick.request(this, newVersion)
       }
@@ -329,21 +317,6 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     } catch {
       case NonFatal(e) => invalidate(); throw e
     }
-  }
-
-  /** Stages the server's store (version `version`, written from empty) as a snapshot and uploads
-   *  it now; fails the commit when it is not in the checkpoint afterwards. */
-  private def uploadFromEmpty(version: Long, id: Option[String]): Unit = {
-    session.control("staging a snapshot")((api, h) => api.stageSnapshot(h))
-    maintenanceMutex.synchronized {
-      uploader.upload(session, session.settings.keyGroups, keyCodec.layout, if (policy.enabled) Some(policy.describe) else None,
-        v => if (v == version) Right(id) else uniqueIdOf(v), version)
-    }
-    if (!files.listing().snapshotFiles.contains(version -> id)) {
-      throw new CheckpointFileException(s"keyedstate: the snapshot of version $version of $describe, written from " +
-        s"empty, is not in the checkpoint (${files.manifest(version, id)}); its changelog is not written without it")
-    }
-    lastSnapshot = version
   }
 
   /** Drops the changelog a commit left held on the server (its file was not written, or another

@@ -77,7 +77,7 @@ final class VersionLoader(files: CheckpointFiles, uploader: SnapshotUploader, de
       def missing(base: Long) = (base + 1 to version).filterNot(v => listing.changelogFiles.contains((v, None)))
       val usable = bases.filter(missing(_).isEmpty).map(base => Right((version to base by -1).map(_ -> Option.empty[String]).toList))
       val gap = missing(bases.head)
-      usable.iterator ++ Iterator(Left(
+      usable.iterator ++ fromEmpty(listing, version).iterator ++ Iterator(Left(
         if (gap.isEmpty) "no usable snapshot"
         else s"missing ${gap.take(3).map(files.changelog(_)).mkString(", ")}${if (gap.size > 3) " ..." else ""}"))
     } else new Iterator[Either[String, List[(Long, Option[String])]]] {
@@ -99,12 +99,13 @@ final class VersionLoader(files: CheckpointFiles, uploader: SnapshotUploader, de
           else if (!listing.changelogFiles.contains((oldest, oldestId))) {
             pending = Some(Left(s"missing ${files.changelog(oldest, oldestId)}")); exhausted = true
           } else {
-            val lineage = try files.readChangelogMeta(oldest, oldestId).lineage catch {
-              case e: CheckpointFileException => pending = Some(Left(e.getMessage)); exhausted = true; Nil
+            val meta = try Some(files.readChangelogMeta(oldest, oldestId)) catch {
+              case e: CheckpointFileException => pending = Some(Left(e.getMessage)); exhausted = true; None
             }
+            val lineage = meta.map(_.lineage).getOrElse(Nil)
             if (!exhausted) {
               val older = lineage.filter(_._1 < oldest).map { case (v, u) => v -> Option(u) }
-              if (oldest == 1) chain = chain :+ (0L -> None)
+              if (oldest == 1 || meta.exists(_.fromEmpty)) chain = chain :+ (0L -> None) // nothing older is needed
               else if (older.isEmpty || older.head._1 != oldest - 1 || older.zip(older.tail).exists { case (a, b) => b._1 != a._1 - 1 }) {
                 pending = Some(Left(s"${files.changelog(oldest, oldestId)} records the lineage ${lineage.mkString(", ")}, " +
                   s"which does not continue version $oldest: invalid lineage")); exhausted = true
@@ -114,6 +115,21 @@ final class VersionLoader(files: CheckpointFiles, uploader: SnapshotUploader, de
         }
       }
     }
+
+  /**
+   * Format 1's last way: the changelogs back from `version` to one written from empty by an
+   * offline writer (its snapshot missing, say, after a failed upload), which needs nothing older.
+   * Their headers are read only here, once every snapshot-based way has failed.
+   */
+  private def fromEmpty(listing: Listing, version: Long): Option[Either[String, List[(Long, Option[String])]]] = {
+    var v = version
+    while (v >= 1 && listing.changelogFiles.contains((v, None))) {
+      val meta = try files.readChangelogMeta(v, None) catch { case e: CheckpointFileException => return Some(Left(e.getMessage)) }
+      if (meta.fromEmpty) return Some(Right(((version to v by -1).map(_ -> Option.empty[String]) :+ (0L -> None)).toList))
+      v -= 1
+    }
+    None
+  }
 
   private def foreign(listing: Listing): String =
     if (listing.foreign.isEmpty) ""
@@ -161,11 +177,15 @@ final class VersionLoader(files: CheckpointFiles, uploader: SnapshotUploader, de
     versions.grouped(ReplayGroup).foreach { group =>
       val locals = group.map { case (v, id) =>
         val local = localRoot.resolve(s"$v.ks-changelog")
-        files.downloadChangelog(v, id, local)
-        (v, local, files.changelog(v, id).toString)
+        val meta = files.downloadChangelog(v, id, local)
+        (v, local, files.changelog(v, id).toString, meta.fromEmpty)
       }
-      replay(session, locals, s"replaying changelogs ${group.head._1}..${group.last._1} of $describe")
-      locals.foreach { case (_, p, _) => Files.deleteIfExists(p) }
+      // A version written from empty (an offline writer's) is no delta: the replay starts over there.
+      val from = locals.lastIndexWhere(_._4)
+      if (from >= 0) restoreEmpty(session, locals(from)._1 - 1)
+      val replayed = locals.drop(math.max(from, 0))
+      replay(session, replayed.map(l => (l._1, l._2, l._3)), s"replaying changelogs ${replayed.head._1}..${replayed.last._1} of $describe")
+      locals.foreach { l => Files.deleteIfExists(l._2) }
     }
 
   /** Downloads a snapshot file (name and path were checked when the manifest was read) and

@@ -332,6 +332,12 @@ object ChangelogFormat {
    *  checked: what the state server replays (and checks record by record). */
   def inner(data: Array[Byte], source: String): Array[Byte] = read(data, source).bytes
 
+  /** [[inner]], and the changelog's metadata. */
+  def innerAndMeta(data: Array[Byte], source: String): (Array[Byte], ChangelogMeta) = {
+    val log = read(data, source)
+    (log.bytes, log.meta)
+  }
+
   private def readV2(data: Array[Byte], source: String): Changelog = {
     val (codec, bodyStart, parsed, meta) = checkHeader(data, source)
     val inner = codec match {
