@@ -31,11 +31,11 @@ object GuardedServerSocketFactory extends ServerSocketFactory {
         }
         if (s.isConnected) {
           if (unauthenticated.incrementAndGet() > PreAuthConnections) s.close()
-          else {
+          else try {
             s.setTcpNoDelay(true)
             s.arm()
             return s
-          }
+          } catch { case _: IOException => s.close() } // the peer is gone already
         }
       }
       throw new IllegalStateException("unreachable")

@@ -100,26 +100,23 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
     try { if (fm.exists(path)) fm.list(path) else Array.empty } catch { case _: FileNotFoundException => Array.empty }
   }
 
-  /**
-   * Fails on a symbolic link among the directories of the store partition (`path` and those
-   * above it, up to the query's `state` directory), on file systems that have links (local, HDFS):
-   * what is listed, read and deleted there would be outside the checkpoint.
-   */
   /** Fails when a directory a snapshot's files go to is a symbolic link ([[refuseLinks]]). */
   def refuseLinks(): Unit = refuseLinks(filesDir)
 
-  private def refuseLinks(path: Path): Unit = if (localDisk || fs.supportsSymlinks()) {
+  /**
+   * Fails on a symbolic link among the directories of the store partition (`path` and those
+   * above it, up to the query's `state` directory) on a local disk (through java.nio: Hadoop's
+   * local link status starts a process per call): what is listed, read and deleted there would
+   * be outside the checkpoint. Object stores have no links, and Hadoop 3 disables HDFS's.
+   */
+  private def refuseLinks(path: Path): Unit = if (localDisk) {
     Iterator.iterate(path)(_.getParent).takeWhile(p => p != null && p.getName != "state" && p.depth() > 0).take(4)
       .foreach { p =>
-        // Local disks through java.nio: Hadoop's local link status starts a process per call.
-        val target = if (localDisk) {
-          val local = java.nio.file.Paths.get(fs.makeQualified(p).toUri)
-          if (Files.isSymbolicLink(local)) Some(Files.readSymbolicLink(local).toString) else None
-        } else try Some(fs.getFileLinkStatus(p)).filter(_.isSymlink).map(_.getSymlink.toString)
-          catch { case _: FileNotFoundException => None }
-        target.foreach { t =>
-          throw new CheckpointFileException(s"keyedstate: $p in the checkpoint is a symbolic link (to $t); keyedstate " +
-            "lists, reads and deletes nothing through one: replace it with the directory itself")
+        val local = java.nio.file.Paths.get(fs.makeQualified(p).toUri)
+        if (Files.isSymbolicLink(local)) {
+          throw new CheckpointFileException(s"keyedstate: $p in the checkpoint is a symbolic link (to " +
+            s"${Files.readSymbolicLink(local)}); keyedstate lists, reads and deletes nothing through one: replace it " +
+            "with the directory itself")
         }
       }
   }
