@@ -10,7 +10,8 @@ partition (``<checkpoint>/state/<operator>/<partition>[/<store>]``) holds::
 A manifest names files, and a tampered one could name anything. Every name or path read from a
 checkpoint file goes through :func:`checked_file_name` / :func:`checked_relative_path` before it
 is joined to a directory, so that it can only ever mean a file inside ``ks-files/`` (in the
-checkpoint) or inside the local directory being filled.
+checkpoint) or inside the local directory being filled; a store name read from Spark's operator
+metadata goes through :func:`checked_store_name` (it becomes a directory of the checkpoint).
 """
 from __future__ import annotations
 
@@ -32,6 +33,10 @@ FILE_NAME = re.compile(
 RELATIVE_PATH = re.compile(FILES_DIR + r"/[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 """Where a manifest may say a snapshot file lives: directly inside ``ks-files/``."""
 
+STORE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
+"""A store's name: ``default``, or a subdirectory of the partition directory such as a join's
+``left-keyToNumValues`` (Spark names them so; it does not check a name read back from a file)."""
+
 
 class UnsafePathError(ValueError):
     """A checkpoint file names a path outside the directories keyedstate may touch."""
@@ -49,6 +54,15 @@ def checked_relative_path(path: object, source: str) -> str:
         raise UnsafePathError(f"{source} lists the path {path!r}, which is not a file directly inside "
                               f"{FILES_DIR}/: the manifest is corrupt or was tampered with")
     return path
+
+
+def checked_store_name(name: object, source: str) -> str:
+    """A store name read from ``source`` (Spark's operator metadata): offline tools write into
+    and delete from ``<partition>/<store>``, so it must be one plain directory name."""
+    if not isinstance(name, str) or not STORE_NAME.fullmatch(name):
+        raise UnsafePathError(f"{source} names the store {name!r}, which is not a plain directory name: the "
+                              "operator metadata is corrupt or was tampered with")
+    return name
 
 
 def changelog_name(version: int) -> str:

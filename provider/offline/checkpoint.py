@@ -28,6 +28,7 @@ from ..formats import changelog, layout, rocksdb
 from ..formats import manifest as mf
 from ..formats.layout import CHANGELOG_SUFFIX, DEFAULT_STORE, FILES_DIR, MANIFEST_SUFFIX
 from ..formats.stored import KeyLayout
+from .storage import link_refused
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,41 @@ def local_path(checkpoint: str | os.PathLike) -> Path:
     return Path(text).absolute()
 
 
+def refuse_links(root: Path, *subdirs: str) -> None:
+    """Refuse a checkpoint with a symbolic link at or anywhere below ``root/<subdir>``: the tools
+    list, read, write and delete by path, and a link would take them outside the checkpoint (a
+    ``ks-files`` link made a rollback delete the files it pointed to). Checked once, up front."""
+    pending = [root / sub for sub in subdirs]
+    while pending:
+        directory = pending.pop()
+        if directory.is_symlink():
+            raise CheckpointError(link_refused(directory))
+        try:
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    if entry.is_symlink():
+                        raise CheckpointError(link_refused(Path(entry.path)))
+                    if entry.is_dir(follow_symlinks=False):
+                        pending.append(Path(entry.path))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+
+
+def check_inside(path: Path, root: Path) -> Path:
+    """``path``, if it lies below ``root`` through no symbolic link (as far as it exists):
+    checked again right before a tool writes or deletes there."""
+    if not path.is_relative_to(root):
+        raise CheckpointError(f"{path} is outside the checkpoint {root}")
+    current = root
+    for part in path.relative_to(root).parts:
+        current = current / part
+        if current.is_symlink():
+            raise CheckpointError(link_refused(current))
+    if not path.resolve().is_relative_to(root.resolve()):
+        raise CheckpointError(f"{path} resolves to {path.resolve()}, outside the checkpoint {root}")
+    return path
+
+
 def numbered_dirs(directory: Path) -> Iterator[Path]:
     """Subdirectories named by a number (operators, partitions), in no particular order."""
     return (p for p in directory.iterdir() if p.is_dir() and p.name.isdigit())
@@ -103,7 +139,10 @@ def operator_metadata(op_dir: Path) -> tuple[str | None, dict[str, int]]:
             raise ValueError(f"unexpected first line {version!r}")
         meta = json.loads(body)
         name = meta["operatorInfo"]["operatorName"]
-        stores = {s["storeName"]: int(s["numPartitions"]) for s in meta.get("stateStoreInfo", [])}
+        stores = {layout.checked_store_name(s["storeName"], str(path)): int(s["numPartitions"])
+                  for s in meta.get("stateStoreInfo", [])}
+    except layout.UnsafePathError as exc:
+        raise CheckpointError(str(exc)) from exc
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"operator metadata {path} is truncated or corrupt ({exc})") from exc
     return name, stores

@@ -25,7 +25,7 @@ from ..formats import keygroups, rocksdb
 from ..formats.layout import CHANGELOG_SUFFIX, MANIFEST_SUFFIX
 from ..formats.manifest import Manifest
 from .checkpoint import (CheckpointError, StoreFiles, bytes_on_disk, discover_stores, latest_committed_batch,
-                         local_path, numbered_dirs, operator_metadata, read_manifest, rebuild)
+                         local_path, numbered_dirs, operator_metadata, read_manifest, rebuild, refuse_links)
 from .storage import LocalStorage
 from .stores import Checkpoint
 
@@ -57,6 +57,7 @@ def inspect(checkpoint: str | os.PathLike) -> dict[str, Any]:
     if not state.is_dir():
         raise InspectError(
             f"{root} has no state/ directory: not the checkpoint of a stateful streaming query")
+    refuse_links(root, "offsets", "commits", "state")
     try:
         committed = latest_committed_batch(root / "commits")
         if committed is not None:

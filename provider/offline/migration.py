@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..formats.layout import UnsafePathError, checked_store_name
 from .storage import HadoopStorage, LocalStorage, Storage, active_or_new_session, is_local
 from .stores import Checkpoint, CheckpointProblem
 
@@ -157,8 +158,10 @@ def _operator_metadata(ck: Checkpoint, op_path: str) -> tuple[str | None, list[t
     try:
         meta = json.loads(text.split("\n", 1)[1])
         return (meta["operatorInfo"]["operatorName"],
-                [(s["storeName"], int(s["numPartitions"]), int(s.get("numColsPrefixKey", 0)))
+                [(checked_store_name(s["storeName"], p), int(s["numPartitions"]), int(s.get("numColsPrefixKey", 0)))
                  for s in meta["stateStoreInfo"]])
+    except UnsafePathError as exc:  # the name becomes a directory that _retire deletes from
+        raise MigrateError(str(exc)) from None
     except (IndexError, ValueError, KeyError, TypeError) as exc:
         raise MigrateError(f"operator metadata {p} is truncated or corrupt ({exc})") from None
 

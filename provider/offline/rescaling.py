@@ -112,6 +112,7 @@ def rescale(checkpoint: str | os.PathLike, partitions: int, *, spark: "SparkSess
     for sub in ("offsets", "commits", "state"):
         if not (root / sub).is_dir():
             raise RescaleError(f"{root} has no {sub}/ directory: not the checkpoint of a stateful streaming query")
+    ckpt.refuse_links(root, "offsets", "commits", "state", _STAGING)
     owned = spark is None
     if spark is None:
         from pyspark.sql import SparkSession
@@ -308,7 +309,7 @@ class _Rescale:
             for op, name, _ in stores:
                 for q in range(self.n):
                     _publish(ckpt.store_dir(outbox / str(op), q, name),
-                             ckpt.store_dir(self.root / "state" / str(op), q, name), write_version)
+                             ckpt.store_dir(self.root / "state" / str(op), q, name), write_version, self.root)
 
             if self._latest(self.offsets) != batch:
                 raise RescaleError(f"{self.root / 'offsets'} moved past batch {batch} while rescaling: the query is running")
@@ -372,7 +373,7 @@ class _Rescale:
         for op_dir in ckpt.numbered_dirs(self.root / "state"):
             for parts in ckpt.discover_stores(op_dir).values():
                 for files in parts:
-                    _remove_rescale_snapshot(files, version, started)
+                    _remove_rescale_snapshot(files, version, started, self.root)
             if old_n is not None:
                 for part_dir in list(ckpt.numbered_dirs(op_dir)):
                     if int(part_dir.name) >= old_n and not any(p.is_file() or p.is_symlink() for p in part_dir.rglob("*")):
@@ -481,10 +482,12 @@ def _read_journal(path: Path) -> dict:
         return {}
 
 
-def _remove_rescale_snapshot(files: ckpt.StoreFiles, version: int, started: float | None) -> None:
+def _remove_rescale_snapshot(files: ckpt.StoreFiles, version: int, started: float | None, root: Path) -> None:
     """Delete the snapshot of ``version`` a rescale published in one store partition (manifest
     and the files it lists), and files a rescale that started at ``started`` wrote into its
-    ``ks-files/`` that no manifest lists (published before their manifest, or never)."""
+    ``ks-files/`` that no manifest lists (published before their manifest, or never); only
+    inside the checkpoint ``root``, through no link."""
+    ckpt.check_inside(files.path / FILES_DIR, root)
     path = files.manifest_path(version)
     if path.is_file():
         try:
@@ -516,11 +519,12 @@ def _remove_rescale_snapshot(files: ckpt.StoreFiles, version: int, started: floa
             entry.unlink()
 
 
-def _publish(staged: Path, target: Path, version: int) -> None:
+def _publish(staged: Path, target: Path, version: int, root: Path) -> None:
     """Move the snapshot ``version`` of one new store partition from the outbox into the
-    checkpoint: the files it lists first, its manifest last (the commit point of a snapshot).
-    Only the driver calls this, after the job that staged it succeeded: no task writes into
-    the checkpoint. Idempotent: a rerun after a kill finds part of it moved."""
+    checkpoint ``root``: the files it lists first, its manifest last (the commit point of a
+    snapshot), through no link. Only the driver calls this, after the job that staged it
+    succeeded: no task writes into the checkpoint. Idempotent: a rerun after a kill finds part
+    of it moved."""
     name = layout.manifest_name(version)
     if not (staged / name).is_file():
         if (target / name).is_file():
@@ -530,6 +534,7 @@ def _publish(staged: Path, target: Path, version: int) -> None:
     # the same task (speculation, a kill not yet delivered) may restage the partition meanwhile.
     data = (staged / name).read_bytes()
     manifest = ckpt.decode_manifest(data, staged / name, version)
+    ckpt.check_inside(target / FILES_DIR, root)
     (target / FILES_DIR).mkdir(parents=True, exist_ok=True)
     for f in (*manifest.files, *([manifest.replay] if manifest.replay else [])):
         if (staged / f.path).is_file():

@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,18 +137,45 @@ class Storage:
 
 
 class LocalStorage(Storage):
-    """A checkpoint on a local (or locally mounted) file system: plain paths and ``file:`` URIs."""
+    """A checkpoint on a local (or locally mounted) file system: plain paths and ``file:`` URIs.
+
+    Every path must lie below the root through no symbolic link (:meth:`_checked`), and a
+    listing refuses a link among its entries: the tools read, write and delete by path, and a
+    link planted in a checkpoint (``ks-files -> ~``) would make them do so elsewhere."""
 
     local = True
 
     def __init__(self, root: str | os.PathLike) -> None:
         self.root = str(local_path(root))
 
+    def _checked(self, path: str, write: bool = False) -> str:
+        """``path``, refused unless it is below the root and no part of it below the root (as far
+        as it exists) is a symbolic link; for a write or delete, also unless it resolves there."""
+        base = self.root.rstrip(os.sep) + os.sep
+        if path != self.root and not path.startswith(base):
+            raise StorageError(f"{path} is outside the checkpoint {self.root}")
+        current = self.root
+        for part in path[len(base):].split(os.sep) if path != self.root else ():
+            if part in ("", ".", ".."):
+                raise StorageError(f"{path} is not a plain path inside the checkpoint {self.root}")
+            current = os.path.join(current, part)
+            try:
+                if stat.S_ISLNK(os.lstat(current).st_mode):
+                    raise StorageError(link_refused(current))
+            except (FileNotFoundError, NotADirectoryError):
+                break
+        if write and not os.path.realpath(path).startswith(os.path.realpath(self.root).rstrip(os.sep) + os.sep):
+            raise StorageError(f"{path} resolves to {os.path.realpath(path)}, outside the checkpoint {self.root}")
+        return path
+
     def list(self, path: str) -> list[Entry]:
+        self._checked(path)
         try:
             with os.scandir(path) as it:
                 out = []
                 for e in it:
+                    if e.is_symlink():
+                        raise StorageError(link_refused(e.path))
                     try:
                         st = e.stat()
                     except FileNotFoundError:
@@ -156,29 +184,34 @@ class LocalStorage(Storage):
                 return out
         except (FileNotFoundError, NotADirectoryError):
             return []
+        except StorageError:
+            raise
         except OSError as exc:
             raise StorageError(f"cannot list {path}: {exc.strerror or exc}") from exc
 
     def exists(self, path: str) -> bool:
-        return os.path.exists(path)
+        return os.path.exists(self._checked(path))
 
     def is_dir(self, path: str) -> bool:
-        return os.path.isdir(path)
+        return os.path.isdir(self._checked(path))
 
     def size(self, path: str) -> int | None:
+        self._checked(path)
         try:
             return os.stat(path).st_size
         except OSError:
             return None
 
     def read_bytes(self, path: str) -> bytes:
+        self._checked(path)
         try:
-            with open(path, "rb") as fh:
+            with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as fh:
                 return fh.read()
         except OSError as exc:
             raise StorageError(f"cannot read {path}: {exc.strerror or exc}") from exc
 
     def fetch(self, path: str, local: Path, link: bool = True) -> None:
+        self._checked(path)
         try:
             if link:
                 try:
@@ -191,7 +224,7 @@ class LocalStorage(Storage):
             raise StorageError(f"cannot read {path}: {exc.strerror or exc}") from exc
 
     def write_atomic(self, path: str, data: bytes, overwrite: bool = False) -> bool:
-        target = Path(path)
+        target = Path(self._checked(path, write=True))
         target.parent.mkdir(parents=True, exist_ok=True)
         temp = target.parent / f".{target.name}.{uuid.uuid4()}.tmp"
         try:
@@ -213,7 +246,7 @@ class LocalStorage(Storage):
             temp.unlink(missing_ok=True)
 
     def upload(self, local: Path, path: str) -> None:
-        target = Path(path)
+        target = Path(self._checked(path, write=True))
         target.parent.mkdir(parents=True, exist_ok=True)
         temp = target.parent / f".{target.name}.{uuid.uuid4()}.tmp"
         try:
@@ -231,11 +264,12 @@ class LocalStorage(Storage):
         """A rename over the old file (POSIX: atomic). Hadoop's local file system keeps a
         ``.<name>.crc`` checksum beside files Spark wrote and verifies it on read: it is removed
         first (a missing checksum is not checked; a stale one would fail the read)."""
-        target = Path(path)
+        target = Path(self._checked(path, write=True))
         (target.parent / f".{target.name}.crc").unlink(missing_ok=True)
         self.write_atomic(path, data, overwrite=True)
 
     def delete(self, path: str) -> None:
+        self._checked(path, write=True)
         try:
             if os.path.isdir(path) and not os.path.islink(path):
                 shutil.rmtree(path)
@@ -247,13 +281,19 @@ class LocalStorage(Storage):
             raise StorageError(f"cannot delete {path}: {exc.strerror or exc}") from exc
 
     def mkdirs(self, path: str) -> None:
-        os.makedirs(path, exist_ok=True)
+        os.makedirs(self._checked(path, write=True), exist_ok=True)
 
     def local_dir(self, path: str) -> Path | None:
         return Path(path)
 
     def describe(self) -> str:
         return "local files"
+
+
+def link_refused(path: str | os.PathLike) -> str:
+    """Why a symbolic link inside a checkpoint is refused (LocalStorage, checkpoint.py)."""
+    return (f"{path} is a symbolic link: keyedstate's offline tools follow no link inside a checkpoint "
+            "(it could make them read, write or delete files elsewhere); replace it by what it points to")
 
 
 class HadoopStorage(Storage):

@@ -33,6 +33,8 @@ JOIN_STORES = ("left-keyToNumValues", "left-keyWithIndexToValue", "right-keyToNu
 
 _UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 _VERSION_NAME = re.compile(r"(\d{1,19})(?:_(" + _UUID + r"))?")
+UNIQUE_ID = re.compile(_UUID)
+"""A version's unique id (checkpoint format 2), as the JVM's ``CheckpointLayout.UniqueId``."""
 
 VersionId = tuple  # (version, unique id or None)
 
@@ -51,6 +53,10 @@ def version_of(name: str, suffix: str) -> tuple[int, str | None] | None:
 
 
 def versioned_name(version: int, uid: str | None, suffix: str) -> str:
+    """``<v>[_<id>]<suffix>``; ids come from the commit log and changelog headers, so anything
+    but a UUID (a ``/`` or ``..`` would name another directory) is refused."""
+    if uid and not (isinstance(uid, str) and UNIQUE_ID.fullmatch(uid)):
+        raise CheckpointProblem(f"{uid!r} is not a unique id of a state store version (a UUID)")
     return f"{version}_{uid}{suffix}" if uid else f"{version}{suffix}"
 
 
@@ -188,7 +194,12 @@ class Checkpoint:
             return None
         per_store = ids[str(operator)][partition]
         index = JOIN_STORES.index(store) if store in JOIN_STORES else 0
-        return per_store[index] if index < len(per_store) else None
+        uid = per_store[index] if index < len(per_store) else None
+        if uid is not None and not (isinstance(uid, str) and UNIQUE_ID.fullmatch(uid)):
+            raise CheckpointProblem(f"{self.path('commits', str(batch))} records {uid!r} as the unique id of "
+                                    f"operator {operator} partition {partition} store '{store}', which is not a "
+                                    "UUID: the commit log is corrupt or was tampered with")
+        return uid
 
     # -- operators and stores ----------------------------------------------------------------
     def operators(self) -> dict[int, Operator]:
@@ -264,7 +275,10 @@ class Checkpoint:
             version, _, body = text.partition("\n")
             meta = json.loads(body)
             return (meta["operatorInfo"]["operatorName"],
-                    {s["storeName"]: int(s["numPartitions"]) for s in meta.get("stateStoreInfo", [])})
+                    {layout.checked_store_name(s["storeName"], p): int(s["numPartitions"])
+                     for s in meta.get("stateStoreInfo", [])})
+        except layout.UnsafePathError as exc:
+            raise CheckpointProblem(str(exc)) from None
         except (ValueError, KeyError, TypeError) as exc:
             raise CheckpointProblem(f"operator metadata {p} is truncated or corrupt ({exc})") from None
 
@@ -352,11 +366,13 @@ class Checkpoint:
                 chain.append((0, None))
                 continue
             meta = self.read_changelog(sp, v, i).meta
-            older = [(int(a), b) for a, b in meta.get("lineage", []) if int(a) < v]
-            if not older or older[0][0] != v - 1:
-                raise CheckpointProblem(f"{sp.changelog_path(self.storage, v, i)} records the lineage "
-                                        f"{meta.get('lineage')}, which does not continue version {v}")
+            source = sp.changelog_path(self.storage, v, i)
+            older = _older_lineage(meta.get("lineage"), v, source)
             for ov, oid in older:
+                if (ov, oid) not in sp.snapshots and (ov, oid) not in sp.changelogs:
+                    raise CheckpointProblem(f"cannot rebuild version {version} of {sp.describe()}: {source} records "
+                                            f"version {ov} with id {oid} in its lineage, and "
+                                            f"{sp.changelog_path(self.storage, ov, oid)} is missing")
                 chain.append((ov, oid))
                 if (ov, oid) in sp.snapshots:
                     return chain
@@ -427,6 +443,21 @@ class Checkpoint:
                 yield Rebuilt(db, chain, key_groups, manifest)
             finally:
                 db.close()
+
+
+def _older_lineage(lineage: object, version: int, source: str) -> list[tuple[int, str]]:
+    """The (version, id) pairs below ``version`` in the lineage of changelog ``source``'s header:
+    consecutive from ``version - 1`` down, each id a UUID (the header is checkpoint data: an id
+    becomes part of a file name)."""
+    try:
+        older = [(int(a), b) for a, b in lineage if int(a) < version]
+    except (TypeError, ValueError):
+        older = []
+    if (not older or older[0][0] != version - 1 or any(b[0] != a[0] - 1 for a, b in zip(older, older[1:]))
+            or not all(isinstance(i, str) and UNIQUE_ID.fullmatch(i) for _, i in older)):
+        raise CheckpointProblem(f"{source} records the lineage {lineage!r}, which is not the versions before "
+                                f"{version} with their unique ids: the changelog is corrupt or was tampered with")
+    return older
 
 
 def _apply(db, log_: changelog.Changelog) -> None:
