@@ -69,6 +69,11 @@ _U32 = struct.Struct(">I")
 _unpack_u32 = _U32.unpack_from
 
 
+FROM_EMPTY = "fromEmpty"
+"""Format 2's metadata key marking a version written from empty (by migrate, the state processor
+or a repartition): a load replays it from empty, as a base, not as a delta on the version before."""
+
+
 class CorruptChangelogError(ValueError):
     """A changelog is truncated, corrupt, or not written by keyedstate; the message names it."""
 

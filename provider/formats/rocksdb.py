@@ -144,7 +144,14 @@ def check_scan_end(db: Rdict, last: bytes | None, from_key: bytes | None = None)
 def write_changelog(db: Rdict, log_: changelog.Changelog) -> None:
     """Write a changelog's records into ``db`` as one write batch: the replay of the offline
     tools (the state server writes its chunks with the same parser, :meth:`Changelog.feed`).
-    A corrupt changelog raises before anything is written."""
+    A corrupt changelog raises before anything is written. A version written from empty (an
+    offline writer's, ``fromEmpty``) is a base, not a delta: it replaces what ``db`` held."""
     batch = WriteBatch(raw_mode=True)
+    if log_.meta.get(changelog.FROM_EMPTY):
+        batch.delete_range(b"", EVERY_STORED_KEY_BELOW)
     log_.feed(batch.put, batch.delete, unknown_keys=False)  # nothing counts keys here
     db.write(batch)
+
+
+EVERY_STORED_KEY_BELOW = b"\xff" * 5
+"""Above every stored key: each starts with its 4-byte key group, and key groups are below 2^30."""

@@ -305,8 +305,8 @@ def rebuild(store: StoreFiles, version: int, manifests: dict[int, "mf.Manifest |
     immutable) and copied otherwise."""
     with tempfile.TemporaryDirectory(prefix="keyedstate-rebuild-", dir=workdir) as tmp:
         db_dir = Path(tmp) / "db"
-        db, base, manifest, key_groups, skipped = _rebuild_base(store, version, manifests or {}, db_dir)
-        needed = range((base or 0) + 1, version + 1)
+        db, base, manifest, key_groups, skipped, first = _rebuild_base(store, version, manifests or {}, db_dir)
+        needed = range(first, version + 1)
         try:
             for v in needed:
                 key_groups = apply_changelog(db, store.changelog_path(v), v, key_groups)
@@ -319,11 +319,19 @@ def rebuild(store: StoreFiles, version: int, manifests: dict[int, "mf.Manifest |
 
 def _rebuild_base(store: StoreFiles, version: int, manifests: dict, db_dir: Path):
     """The newest usable snapshot at or below ``version`` opened in ``db_dir`` (its replay
-    applied), with the changelogs after it present; see :func:`rebuild`."""
+    applied), with the changelogs after it present, and the first changelog to apply on it; see
+    :func:`rebuild`. Without one, an empty database and a changelog written from empty, if the
+    changelogs back from ``version`` reach one (nothing older is needed then)."""
     skipped: list[str] = []
     for base in sorted((s for s in store.snapshots if s <= version), reverse=True) + [None]:
         missing = [v for v in range((base or 0) + 1, version + 1) if v not in store.changelogs]
         if missing:
+            start = _written_from_empty(store, version)
+            if start is not None:
+                if db_dir.exists():
+                    shutil.rmtree(db_dir)
+                db_dir.mkdir(parents=True)
+                return open_copy(db_dir, read_only=False), None, None, None, skipped, start
             what = (f"missing {', '.join(str(store.changelog_path(v)) for v in missing[:3])}"
                     f"{' ...' if len(missing) > 3 else ''}")
             # An older base needs these changelogs too: nothing consistent can be rebuilt.
@@ -335,7 +343,7 @@ def _rebuild_base(store: StoreFiles, version: int, manifests: dict, db_dir: Path
         if base is None:
             if skipped:
                 log.warning("rebuilding version %d of %s from its changelogs alone", version, store.path)
-            return open_copy(db_dir, read_only=False), None, None, None, skipped
+            return open_copy(db_dir, read_only=False), None, None, None, skipped, 1
         path = store.manifest_path(base)
         try:
             known = manifests.get(base)
@@ -361,8 +369,19 @@ def _rebuild_base(store: StoreFiles, version: int, manifests: dict, db_dir: Path
             log.warning("skipping snapshot %s in favour of an older one plus changelogs: %s", path, exc)
             skipped.append(f"snapshot {path} is unusable ({exc})")
             continue
-        return db, base, manifest, key_groups, skipped
+        return db, base, manifest, key_groups, skipped, base + 1
     raise AssertionError("unreachable")
+
+
+def _written_from_empty(store: StoreFiles, version: int) -> int | None:
+    """The newest changelog at or below ``version`` written from empty with every changelog
+    after it present (read back from ``version``; only once no snapshot-based way is left)."""
+    v = version
+    while v >= 1 and v in store.changelogs:
+        if read_changelog(store.changelog_path(v), v, None).meta.get(changelog.FROM_EMPTY):
+            return v
+        v -= 1
+    return None
 
 
 def _check_size(source: Path, size: int, manifest_path: Path) -> None:

@@ -347,6 +347,11 @@ class Checkpoint:
                 missing = [v for v in needed if (v, None) not in sp.changelogs]
                 if not missing:
                     return [(v, None) for v in range(version, base, -1)] + ([(base, None)] if base else [(0, None)])
+            v = version  # no snapshot-based way: back to a changelog written from empty, if any
+            while v >= 1 and (v, None) in sp.changelogs:
+                if self.read_changelog(sp, v, None).meta.get(changelog.FROM_EMPTY):
+                    return [(w, None) for w in range(version, v - 1, -1)] + [(0, None)]
+                v -= 1
             missing = [v for v in range(1, version + 1) if (v, None) not in sp.changelogs]
             newest = max((v for v, i in sp.snapshots if v <= version), default=0)
             gap = [v for v in missing if v > newest]
@@ -366,6 +371,9 @@ class Checkpoint:
                 chain.append((0, None))
                 continue
             meta = self.read_changelog(sp, v, i).meta
+            if meta.get(changelog.FROM_EMPTY):  # a base: nothing older is needed
+                chain.append((0, None))
+                continue
             source = sp.changelog_path(self.storage, v, i)
             older = _older_lineage(meta.get("lineage"), v, source)
             for ov, oid in older:

@@ -257,3 +257,34 @@ def test_tools_on_the_object_store_scheme(spark, checkpoints):
 
 def test_public_api():
     assert keyedstate.verify is verify and keyedstate.get is get
+
+
+def test_a_version_written_from_empty_is_rebuilt_as_a_base_not_a_delta(tmp_path):
+    """Migrate's or the state processor's version (written from empty, its changelog marked
+    fromEmpty) whose snapshot never reached the checkpoint: both offline rebuilders (the one of
+    rescale and inspect, and the one of verify, get and the processor's reads) replay it from
+    empty, so the keys it dropped do not come back; with nothing older left (a migration from
+    another provider), they rebuild it from that changelog alone."""
+    from keyedstate.offline import checkpoint as ckpt
+    from keyedstate.offline.storage import LocalStorage
+    from keyedstate.offline.stores import Checkpoint
+
+    part = tmp_path / "state" / "0" / "0"
+    part.mkdir(parents=True)
+    key = lambda k: b"\0\0\0\1" + k  # noqa: E731 (key group 1)
+    old = changelog.encode(1, 16, [(changelog.OP_PUT, key(k), b"\1" + k) for k in (b"a", b"b", b"c")])
+    (part / "1.ks-changelog").write_bytes(changelog.compress(old, {}))
+    new = changelog.encode(2, 16, [(changelog.OP_PUT, key(b"a"), b"\1new")])
+    (part / "2.ks-changelog").write_bytes(changelog.compress(new, {changelog.FROM_EMPTY: True}))
+
+    def rebuilt() -> tuple[dict, dict]:
+        with ckpt.rebuild(ckpt.list_store(part, 0), 2) as r:
+            one = dict(r.db.items())
+        ck = Checkpoint(LocalStorage(tmp_path))
+        with ck.rebuild(ck.operators()[0].stores["default"][0], 2) as r:
+            other = dict(r.db.items())
+        return one, other
+
+    assert rebuilt() == ({key(b"a"): b"\1new"},) * 2
+    (part / "1.ks-changelog").unlink()
+    assert rebuilt() == ({key(b"a"): b"\1new"},) * 2
