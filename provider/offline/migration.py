@@ -191,7 +191,7 @@ def migrate(checkpoint: str | os.PathLike, provider: str, spark: "SparkSession |
     for s in the_plan.stores:
         df = (spark.read.format("statestore").option("batchId", the_plan.batch).option("operatorId", s.operator)
               .option("storeName", s.store).load(uri))
-        rows = write_store(spark, uri, s, df, s.value_schema, the_plan.batch, target, confs)
+        rows = write_store(spark, ck, s, df, s.value_schema, the_plan.batch, target, confs)
         written.append({"operator": s.operator, "store": s.store, "rows": rows})
         log.info("migrate: operator %s store %s: %s rows written for %s", s.operator, s.store, rows,
                  short_name(target))
@@ -202,15 +202,33 @@ def migrate(checkpoint: str | os.PathLike, provider: str, spark: "SparkSession |
     return out
 
 
-def write_store(spark: "SparkSession", uri: str, s: StorePlan, rows, value_schema: dict, batch: int,
+def write_store(spark: "SparkSession", ck: Checkpoint, s: StorePlan, rows, value_schema: dict, batch: int,
                 provider: str, confs: dict[str, str]) -> int:
     """Write version ``batch + 1`` of every partition of one store with ``provider``'s own classes,
     from a DataFrame of ``key``, ``value``, ``partition_id`` (``StateMigrator``, in Spark tasks);
-    returns the rows written."""
+    returns the rows written. ``batch`` is the last committed batch, so whatever files of that
+    version lie there are an attempt that never committed (a query's, or a killed or undone
+    change's): they are deleted first, or a provider would keep them as the version."""
+    _delete_version(ck, s, batch + 1, provider)
+    uri = _uri(ck.storage, ck.root)
     counts = spark.sparkContext._jvm.io.keyedstate.offline.StateMigrator.migrateStore(
         spark._jsparkSession, rows._jdf, uri, s.operator, s.store, s.partitions, batch,
         json.dumps(s.key_schema), json.dumps(value_schema), s.prefix_columns, provider, confs)
     return int(sum(counts))
+
+
+def _delete_version(ck: Checkpoint, s: StorePlan, version: int, provider: str) -> None:
+    pattern = FILES_OF.get(provider, (None,))[0]
+    if pattern is None:
+        return
+    for p in range(s.partitions):
+        d = ck.path("state", str(s.operator), str(p)) if s.store == "default" else \
+            ck.path("state", str(s.operator), str(p), s.store)
+        for e in ck.storage.list(d):
+            name = e.name[1:-4] if e.name.startswith(".") and e.name.endswith(".crc") else e.name
+            if not e.is_dir and pattern.fullmatch(name) and int(re.match(r"\d+", name).group()) == version:
+                log.info("deleting %s: version %d never committed", ck.storage.join(d, e.name), version)
+                ck.storage.delete(ck.storage.join(d, e.name))
 
 
 def _uri(storage: Storage, root: str) -> str:

@@ -22,13 +22,16 @@ notebook or ``__main__`` travels by value).
 **What a change produces.** Every change is one *state batch* appended to the checkpoint, the
 form Spark's own offline repartition writes: ``offsets/B+1`` (the last entry again: no input is
 read in it), state version ``B+2`` of every store partition of every operator (the changed store
-with its new rows, the others copied as they are), and ``commits/B+1``, in that order. Written
+with its new rows, the others copied as they are; any files of that version there before, an
+attempt that never committed, are deleted first), and ``commits/B+1``, in that order. Written
 by the query's own provider classes, so that the result is a normal checkpoint version that the
 query restarts from (with the same provider, or any other after ``keyedstate migrate``). The
 restarted query's batch ids continue after ``B+1``. Nothing existing is modified, except Spark's
 state schema file of the changed store when its value schema changes (rewritten after the state
 is written, before the commit). Until ``commits/B+1`` exists the change has not happened: a
-failed one is rerun (the batch is taken over) or undone by deleting ``offsets/B+1``.
+failed one is rerun (the batch is taken over, its state written again) or undone by deleting
+``offsets/B+1`` and the state files of version ``B+2`` (a restarted query refuses to take an
+offline writer's file as its own batch's, and says which to delete).
 """
 from __future__ import annotations
 
@@ -177,7 +180,7 @@ class StateProcessor:
                 df, vs = rows, value_schema
             else:
                 df, vs = self.read(s.operator, s.store, p.batch), s.value_schema
-            n = write_store(self.spark, self.uri, s, df, vs, batch, provider, confs)
+            n = write_store(self.spark, self.ck, s, df, vs, batch, provider, confs)
             written.append({"operator": s.operator, "store": s.store, "rows": n})
         if value_schema != changed.value_schema:
             self._write_schema(changed, value_schema, batch)

@@ -134,3 +134,20 @@ def test_read_a_checkpoint_format_2_query_and_refuse_to_change_it(spark, tmp_pat
     assert feed(v2) == feed(v1) != []
     with pytest.raises(keyedstate.MigrateError, match=r"commits.1: checkpoint format version 2 .*not supported by "):
         p.transform(0, lambda key, value: value)
+
+
+def test_a_change_replaces_files_of_its_version_that_never_committed(spark, tmp_path):
+    """Files of the version a change writes (here a query's attempt at it that never reached the
+    commit log) are no part of the checkpoint's state: the change deletes them and writes its
+    own, instead of failing on them or keeping them as the version."""
+    from support.scenarios import agg_update
+
+    checkpoint = tmp_path / "checkpoint"
+    run_query(spark, KS, agg_update, KV, KV_STEPS[:2], checkpoint, tmp_path / "input", "update")
+    p = keyedstate.state(spark, checkpoint)
+    before = sorted(map(str, p.read(0).collect()))
+    part = checkpoint / "state" / "0" / "0"
+    (part / "3.ks-changelog").write_bytes((part / "2.ks-changelog").read_bytes()[:-1])  # a torn attempt
+    result = p.transform(0, lambda key, value: value)
+    assert result["version"] == 3
+    assert sorted(map(str, keyedstate.state(spark, checkpoint).read(0).collect())) == before
