@@ -28,7 +28,7 @@ from ..formats import changelog, layout, rocksdb
 from ..formats import manifest as mf
 from ..formats.layout import CHANGELOG_SUFFIX, DEFAULT_STORE, FILES_DIR, MANIFEST_SUFFIX
 from ..formats.stored import KeyLayout
-from .storage import link_refused
+from .storage import StorageError, inside, link_refused
 
 log = logging.getLogger(__name__)
 
@@ -96,17 +96,12 @@ def refuse_links(root: Path, *subdirs: str) -> None:
 
 
 def check_inside(path: Path, root: Path) -> Path:
-    """``path``, if it lies below ``root`` through no symbolic link (as far as it exists):
-    checked again right before a tool writes or deletes there."""
-    if not path.is_relative_to(root):
-        raise CheckpointError(f"{path} is outside the checkpoint {root}")
-    current = root
-    for part in path.relative_to(root).parts:
-        current = current / part
-        if current.is_symlink():
-            raise CheckpointError(link_refused(current))
-    if not path.resolve().is_relative_to(root.resolve()):
-        raise CheckpointError(f"{path} resolves to {path.resolve()}, outside the checkpoint {root}")
+    """``path``, if it lies below ``root`` through no symbolic link (as far as it exists) and
+    resolves there (:func:`.storage.inside`): checked again right before a tool writes or deletes."""
+    try:
+        inside(str(root), str(path), write=True)
+    except StorageError as exc:
+        raise CheckpointError(str(exc)) from None
     return path
 
 

@@ -149,24 +149,7 @@ class LocalStorage(Storage):
         self.root = str(local_path(root))
 
     def _checked(self, path: str, write: bool = False) -> str:
-        """``path``, refused unless it is below the root and no part of it below the root (as far
-        as it exists) is a symbolic link; for a write or delete, also unless it resolves there."""
-        base = self.root.rstrip(os.sep) + os.sep
-        if path != self.root and not path.startswith(base):
-            raise StorageError(f"{path} is outside the checkpoint {self.root}")
-        current = self.root
-        for part in path[len(base):].split(os.sep) if path != self.root else ():
-            if part in ("", ".", ".."):
-                raise StorageError(f"{path} is not a plain path inside the checkpoint {self.root}")
-            current = os.path.join(current, part)
-            try:
-                if stat.S_ISLNK(os.lstat(current).st_mode):
-                    raise StorageError(link_refused(current))
-            except (FileNotFoundError, NotADirectoryError):
-                break
-        if write and not os.path.realpath(path).startswith(os.path.realpath(self.root).rstrip(os.sep) + os.sep):
-            raise StorageError(f"{path} resolves to {os.path.realpath(path)}, outside the checkpoint {self.root}")
-        return path
+        return inside(self.root, path, write)
 
     def list(self, path: str) -> list[Entry]:
         self._checked(path)
@@ -288,6 +271,27 @@ class LocalStorage(Storage):
 
     def describe(self) -> str:
         return "local files"
+
+
+def inside(root: str, path: str, write: bool = False) -> str:
+    """``path``, refused unless it is below the root and no part of it below the root (as far
+    as it exists) is a symbolic link; for a write or delete, also unless it resolves there."""
+    base = root.rstrip(os.sep) + os.sep
+    if path != root and not path.startswith(base):
+        raise StorageError(f"{path} is outside the checkpoint {root}")
+    current = root
+    for part in path[len(base):].split(os.sep) if path != root else ():
+        if part in ("", ".", ".."):
+            raise StorageError(f"{path} is not a plain path inside the checkpoint {root}")
+        current = os.path.join(current, part)
+        try:
+            if stat.S_ISLNK(os.lstat(current).st_mode):
+                raise StorageError(link_refused(current))
+        except (FileNotFoundError, NotADirectoryError):
+            break
+    if write and not os.path.realpath(path).startswith(os.path.realpath(root).rstrip(os.sep) + os.sep):
+        raise StorageError(f"{path} resolves to {os.path.realpath(path)}, outside the checkpoint {root}")
+    return path
 
 
 def link_refused(path: str | os.PathLike) -> str:
