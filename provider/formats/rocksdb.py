@@ -147,7 +147,7 @@ def write_changelog(db: Rdict, log_: changelog.Changelog) -> None:
     A corrupt changelog raises before anything is written. A version written from empty (an
     offline writer's, ``fromEmpty``) is a base, not a delta: it replaces what ``db`` held."""
     batch = WriteBatch(raw_mode=True)
-    if log_.meta.get(changelog.FROM_EMPTY):
+    if log_.meta.get(changelog.FROM_EMPTY) is True:
         batch.delete_range(b"", EVERY_STORED_KEY_BELOW)
     log_.feed(batch.put, batch.delete, unknown_keys=False)  # nothing counts keys here
     db.write(batch)

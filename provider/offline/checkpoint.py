@@ -321,7 +321,7 @@ def _rebuild_base(store: StoreFiles, version: int, manifests: dict, db_dir: Path
     for base in sorted((s for s in store.snapshots if s <= version), reverse=True) + [None]:
         missing = [v for v in range((base or 0) + 1, version + 1) if v not in store.changelogs]
         if missing:
-            start = _written_from_empty(store, version)
+            start = written_from_empty(store, version)
             if start is not None:
                 if db_dir.exists():
                     shutil.rmtree(db_dir)
@@ -368,12 +368,12 @@ def _rebuild_base(store: StoreFiles, version: int, manifests: dict, db_dir: Path
     raise AssertionError("unreachable")
 
 
-def _written_from_empty(store: StoreFiles, version: int) -> int | None:
+def written_from_empty(store: StoreFiles, version: int) -> int | None:
     """The newest changelog at or below ``version`` written from empty with every changelog
     after it present (read back from ``version``; only once no snapshot-based way is left)."""
     v = version
     while v >= 1 and v in store.changelogs:
-        if read_changelog(store.changelog_path(v), v, None).meta.get(changelog.FROM_EMPTY):
+        if read_changelog(store.changelog_path(v), v, None).meta.get(changelog.FROM_EMPTY) is True:
             return v
         v -= 1
     return None

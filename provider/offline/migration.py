@@ -224,11 +224,16 @@ def _delete_version(ck: Checkpoint, s: StorePlan, version: int, provider: str) -
     for p in range(s.partitions):
         d = ck.path("state", str(s.operator), str(p)) if s.store == "default" else \
             ck.path("state", str(s.operator), str(p), s.store)
+        stale = []
         for e in ck.storage.list(d):
             name = e.name[1:-4] if e.name.startswith(".") and e.name.endswith(".crc") else e.name
             if not e.is_dir and pattern.fullmatch(name) and int(re.match(r"\d+", name).group()) == version:
-                log.info("deleting %s: version %d never committed", ck.storage.join(d, e.name), version)
-                ck.storage.delete(ck.storage.join(d, e.name))
+                stale.append(e.name)
+        # Snapshots first: one left without its changelog (a kill, a failed delete) would be
+        # taken as the version, while a changelog left alone is refused by the query's commit.
+        for name in sorted(stale, key=lambda n: not n.removesuffix(".crc").endswith(("snapshot", ".zip"))):
+            log.info("deleting %s: version %d never committed", ck.storage.join(d, name), version)
+            ck.storage.delete(ck.storage.join(d, name))
 
 
 def _uri(storage: Storage, root: str) -> str:

@@ -29,9 +29,9 @@ query restarts from (with the same provider, or any other after ``keyedstate mig
 restarted query's batch ids continue after ``B+1``. Nothing existing is modified, except Spark's
 state schema file of the changed store when its value schema changes (rewritten after the state
 is written, before the commit). Until ``commits/B+1`` exists the change has not happened: a
-failed one is rerun (the batch is taken over, its state written again) or undone by deleting
-``offsets/B+1`` and the state files of version ``B+2`` (a restarted query refuses to take an
-offline writer's file as its own batch's, and says which to delete).
+failed one is undone by deleting ``offsets/B+1`` and the state files of version ``B+2`` (a
+restarted query refuses to take an offline writer's file as its own batch's, and says which to
+delete); the change can then be made again.
 """
 from __future__ import annotations
 

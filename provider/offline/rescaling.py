@@ -803,7 +803,8 @@ def _replay_split(files: ckpt.StoreFiles, task: _SplitTask, temp: Path) -> dict:
     replay (checkpoint.write_snapshot), so these partitions need no merge task. No RocksDB is built: a flush would sort every key
     (~3 us each here), and the restarted query replays the file the way it replays any
     changelog."""
-    needed = range(1, task.version + 1)
+    # From the newest version written from empty (a base: routing replays from empty), else 1.
+    needed = range(ckpt.written_from_empty(files, task.version) or 1, task.version + 1)
     missing = [v for v in needed if v not in files.changelogs]
     if missing:
         raise ckpt.CheckpointError(

@@ -349,7 +349,7 @@ class Checkpoint:
                     return [(v, None) for v in range(version, base, -1)] + ([(base, None)] if base else [(0, None)])
             v = version  # no snapshot-based way: back to a changelog written from empty, if any
             while v >= 1 and (v, None) in sp.changelogs:
-                if self.read_changelog(sp, v, None).meta.get(changelog.FROM_EMPTY):
+                if self.read_changelog(sp, v, None).meta.get(changelog.FROM_EMPTY) is True:
                     return [(w, None) for w in range(version, v - 1, -1)] + [(0, None)]
                 v -= 1
             missing = [v for v in range(1, version + 1) if (v, None) not in sp.changelogs]
@@ -371,7 +371,7 @@ class Checkpoint:
                 chain.append((0, None))
                 continue
             meta = self.read_changelog(sp, v, i).meta
-            if meta.get(changelog.FROM_EMPTY):  # a base: nothing older is needed
+            if meta.get(changelog.FROM_EMPTY) is True:  # a base: nothing older is needed
                 chain.append((0, None))
                 continue
             source = sp.changelog_path(self.storage, v, i)

@@ -151,3 +151,24 @@ def test_a_change_replaces_files_of_its_version_that_never_committed(spark, tmp_
     result = p.transform(0, lambda key, value: value)
     assert result["version"] == 3
     assert sorted(map(str, keyedstate.state(spark, checkpoint).read(0).collect())) == before
+
+
+def test_a_change_without_its_snapshot_is_rescaled_as_written(spark, tmp_path):
+    """A transform's version whose snapshot never reached the checkpoint (its upload failed): a
+    rescale of the young query (changelogs only, split directly by key group) starts from that
+    version, written from empty, not from version 1, so the keys the transform dropped stay gone."""
+    from support.driver import session_confs
+    from support.constants import PFX
+    from support.scenarios import agg_update
+
+    keys = lambda: sorted(r.key.k for r in keyedstate.state(spark, checkpoint).read(0).collect())  # noqa: E731
+    checkpoint = tmp_path / "checkpoint"
+    with session_confs(spark, {PFX + "snapshotInterval": "100"}):
+        run_query(spark, KS, agg_update, KV, KV_STEPS[:2], checkpoint, tmp_path / "input", "update")
+    assert len(keys()) > 2
+    keyedstate.state(spark, checkpoint).transform(0, lambda key, value: value if key["k"] in ("k0", "k1") else None)
+    for m in (checkpoint / "state" / "0").glob("*/3.ks-snapshot"):
+        m.unlink()
+    assert keys() == ["k0", "k1"]
+    result = keyedstate.rescale(checkpoint, 4, spark=spark)
+    assert result.keys == 2 and keys() == ["k0", "k1"]
