@@ -2,9 +2,12 @@
 
 Every connection starts with a HELLO frame carrying the data-channel secret the JVM gave this
 server; anything else, or a wrong secret, gets an ERROR reply and the connection is closed. Until
-then a peer may hold a connection for :data:`HELLO_TIMEOUT_S` and make the server allocate
-nothing beyond a fixed-size header. A request longer than its op can be is refused before its
-body is allocated; a malformed request fails that exchange with an ERROR reply, never the server.
+then a peer may hold a connection for :data:`HELLO_TIMEOUT_S` in all (however slowly it sends),
+make the server allocate nothing beyond a fixed-size header, and hold one of the
+:data:`MAX_HANDSHAKES` threads that serve handshakes (a connection beyond them is closed at once,
+unread). The accept loop survives a failed accept (out of file descriptors) or thread start. A
+request longer than its op can be is refused before its body is allocated; a malformed request
+fails that exchange with an ERROR reply, never the server.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import mmap
 import os
 import socket
 import threading
+import time
 from pathlib import Path
 
 from ..formats import changelog
@@ -23,7 +27,37 @@ from .registry import StoreRegistry
 log = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_S = 10.0
-"""How long a new connection may take to say HELLO."""
+"""How long a new connection may take to say HELLO, all of it (one deadline for the whole
+handshake, not a timeout per read: a peer sending a byte at a time is closed when it is up)."""
+MAX_HANDSHAKES = 32
+"""How many connections may be in their handshake at once (each has a thread); one more is
+closed as soon as it is accepted, unread. Authenticated connections are not counted."""
+ACCEPT_RETRY_S = 0.05
+"""How long a listener waits before accepting again after accept() or a thread start failed
+(EMFILE, ENFILE, ENOMEM, no thread left, ...): that condition usually lasts a while, and an
+accept that fails at once must not spin."""
+
+
+class _RateLimitedLog:
+    """Logs one message per ``interval_s`` at most, counting those it left out: a flood of
+    connections (or of failed accepts) must not flood the log."""
+
+    def __init__(self, logger: logging.Logger, level: int, interval_s: float = 10.0) -> None:
+        self._logger, self._level, self._interval_s = logger, level, interval_s
+        self._lock = threading.Lock()
+        self._next = 0.0
+        self._skipped = 0
+
+    def __call__(self, msg: str, *args) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now < self._next:
+                self._skipped += 1
+                return
+            self._next, skipped, self._skipped = now + self._interval_s, self._skipped, 0
+        if skipped:
+            msg, args = msg + " (and %d more times since the last such message)", (*args, skipped)
+        self._logger.log(self._level, msg, *args)
 
 
 class _UnknownStore(Exception):
@@ -48,20 +82,47 @@ class DataServer:
         self._sock.bind(str(path))
         os.chmod(path, 0o600)
         self._sock.listen(128)
+        self._handshakes = threading.BoundedSemaphore(MAX_HANDSHAKES)
+        self._log_accept_error = _RateLimitedLog(log, logging.ERROR)
+        self._log_refused = _RateLimitedLog(log, logging.WARNING)
 
     def start(self) -> None:
         threading.Thread(target=self._accept_loop, name="keyedstate-data-accept", daemon=True).start()
 
     def _accept_loop(self) -> None:
-        while True:
-            conn, _ = self._sock.accept()
-            threading.Thread(target=self._serve, args=(conn,), name="keyedstate-data",
-                             daemon=True).start()
+        while self._sock.fileno() != -1:  # for as long as the socket is open, whatever fails
+            try:
+                conn, _ = self._sock.accept()
+            except OSError as exc:  # EMFILE, ENFILE, ENOBUFS, ...: the next accept may succeed
+                if self._sock.fileno() == -1:
+                    return
+                self._log_accept_error("data channel: could not accept a connection (%s); accepting again",
+                                       exc)
+                time.sleep(ACCEPT_RETRY_S)
+                continue
+            if not self._handshakes.acquire(blocking=False):
+                conn.close()
+                self._log_refused("data channel: closed a new connection: %d others are still in their "
+                                  "handshake", MAX_HANDSHAKES)
+                continue
+            try:
+                threading.Thread(target=self._serve, args=(conn,), name="keyedstate-data",
+                                 daemon=True).start()
+            except RuntimeError as exc:  # no thread can be started now
+                self._handshakes.release()
+                conn.close()
+                self._log_accept_error("data channel: could not serve a connection (%s); accepting again",
+                                       exc)
+                time.sleep(ACCEPT_RETRY_S)
 
     def _serve(self, conn: socket.socket) -> None:
         with conn:
             try:
-                if self._hello(conn):
+                try:
+                    authenticated = self._hello(conn)
+                finally:
+                    self._handshakes.release()
+                if authenticated:
                     self._serve_frames(conn)
             except _Closed as closed:
                 if str(closed):
@@ -71,10 +132,10 @@ class DataServer:
 
     def _hello(self, conn: socket.socket) -> bool:
         """Reads and checks the first frame; False (after an ERROR reply) when it is no valid HELLO."""
-        conn.settimeout(HELLO_TIMEOUT_S)
+        deadline = time.monotonic() + HELLO_TIMEOUT_S
         head = bytearray(f.REQUEST_HEAD.size)
         try:
-            if not _recv_exact(conn, memoryview(head)):
+            if not _recv_exact_before(conn, memoryview(head), deadline):
                 return False
         except socket.timeout:
             raise _Closed("no hello within the timeout") from None
@@ -87,7 +148,7 @@ class DataServer:
             return False
         body = bytearray(length - 5)
         try:
-            if not _recv_exact(conn, memoryview(body)):
+            if not _recv_exact_before(conn, memoryview(body), deadline):
                 return False
         except socket.timeout:
             raise _Closed("hello cut short") from None
@@ -216,6 +277,24 @@ def _reply(conn: socket.socket, status: int, reply: bytes) -> None:
     else:  # do not copy a large reply just to prepend five bytes
         conn.sendall(head_bytes)
         conn.sendall(reply)
+
+
+def _recv_exact_before(conn: socket.socket, view: memoryview, deadline: float) -> bool:
+    """:func:`_recv_exact` by ``deadline`` (time.monotonic()), else socket.timeout; leaves the
+    socket's timeout set to what was left of it."""
+    got = 0
+    while got < len(view):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise socket.timeout("the deadline passed")
+        conn.settimeout(remaining)
+        n = conn.recv_into(view[got:])
+        if n == 0:
+            if got == 0:
+                return False
+            raise _Closed("the peer closed the data channel in the middle of a frame")
+        got += n
+    return True
 
 
 def _recv_exact(conn: socket.socket, view: memoryview) -> bool:
