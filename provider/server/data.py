@@ -135,7 +135,7 @@ class DataServer:
         deadline = time.monotonic() + HELLO_TIMEOUT_S
         head = bytearray(f.REQUEST_HEAD.size)
         try:
-            if not _recv_exact_before(conn, memoryview(head), deadline):
+            if not _recv_exact(conn, memoryview(head), deadline):
                 return False
         except socket.timeout:
             raise _Closed("no hello within the timeout") from None
@@ -148,7 +148,7 @@ class DataServer:
             return False
         body = bytearray(length - 5)
         try:
-            if not _recv_exact_before(conn, memoryview(body), deadline):
+            if not _recv_exact(conn, memoryview(body), deadline):
                 return False
         except socket.timeout:
             raise _Closed("hello cut short") from None
@@ -279,28 +279,17 @@ def _reply(conn: socket.socket, status: int, reply: bytes) -> None:
         conn.sendall(reply)
 
 
-def _recv_exact_before(conn: socket.socket, view: memoryview, deadline: float) -> bool:
-    """:func:`_recv_exact` by ``deadline`` (time.monotonic()), else socket.timeout; leaves the
-    socket's timeout set to what was left of it."""
+def _recv_exact(conn: socket.socket, view: memoryview, deadline: float | None = None) -> bool:
+    """Fill ``view``; False on a clean EOF before the first byte. With a ``deadline``
+    (time.monotonic(), the handshake's), socket.timeout once it passes, however slowly the peer
+    sends; the socket's timeout is then left at what remained of it."""
     got = 0
     while got < len(view):
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise socket.timeout("the deadline passed")
-        conn.settimeout(remaining)
-        n = conn.recv_into(view[got:])
-        if n == 0:
-            if got == 0:
-                return False
-            raise _Closed("the peer closed the data channel in the middle of a frame")
-        got += n
-    return True
-
-
-def _recv_exact(conn: socket.socket, view: memoryview) -> bool:
-    """Fill ``view``; False on a clean EOF before the first byte."""
-    got = 0
-    while got < len(view):
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise socket.timeout("the deadline passed")
+            conn.settimeout(remaining)
         n = conn.recv_into(view[got:])
         if n == 0:
             if got == 0:
