@@ -7,6 +7,8 @@ by hand from the TTL rules (Flink's StateTtlConfig semantics, documented in the 
 from __future__ import annotations
 
 import json
+import shutil
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -298,3 +300,35 @@ def test_invalid_ttl_conf_fails_at_query_start_naming_key_and_allowed_values(spa
         assert "0 (stateStoreSave: default)" in message  # the operators it could have named
     # Nothing was committed: the query failed before its first batch.
     assert not (Path(stream.checkpoint) / "commits" / "0").exists()
+
+
+def test_a_checkpoint_created_again_at_the_same_path_gets_its_own_batch_times(spark, tmp_path):
+    """TTL's "now" is the batch timestamp in offsets/<batch>, read once per JVM. A query whose
+    checkpoint was deleted and created again under the same path is another query (another id):
+    its batch 0 must not get the old query's time. Here the old batch 0 is 8 s older than the
+    new one; taken for the new write's time, that write would have expired (TTL 6 s) by the
+    new batch 1, a second or two later, and the key would pass the dedup again."""
+    checkpoint = tmp_path / "checkpoint"
+    confs = {PROVIDER_CONF: KS, **EVERY_VERSION, PFX + "ttl": "6s"}
+    emitted: list = []
+
+    def run(root: Path, batches: list[list[dict]]) -> list[list]:
+        stream = FileStream(spark, root, "id STRING", checkpoint=checkpoint)
+        out = []
+        with session_confs(spark, confs):
+            query = stream.start(lambda df: df.dropDuplicates(["id"]),
+                                 lambda batch, _: emitted.extend(tuple(r) for r in batch.collect()), "append")
+        try:
+            for rows in batches:
+                emitted.clear()
+                stream.step(query, rows)
+                out.append(sorted(emitted))
+        finally:
+            query.stop()
+        return out
+
+    assert run(tmp_path / "old", [[{"id": "a"}]]) == [[("a",)]]
+    shutil.rmtree(checkpoint)
+    time.sleep(8)
+    # The new query's batch 1 follows its batch 0 within the TTL: "a" is still a duplicate.
+    assert run(tmp_path / "new", [[{"id": "a"}], [{"id": "a"}]]) == [[("a",)], []]
