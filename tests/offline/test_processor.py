@@ -153,6 +153,46 @@ def test_a_change_replaces_files_of_its_version_that_never_committed(spark, tmp_
     assert sorted(map(str, keyedstate.state(spark, checkpoint).read(0).collect())) == before
 
 
+def test_a_change_killed_while_it_deletes_a_leftover_leaves_no_snapshot_without_its_changelog(
+        spark, tmp_path, monkeypatch):
+    """A leftover of the version a change writes (changelog and snapshot of an attempt that never
+    committed) is deleted snapshot first: a kill between the two deletes must leave the
+    changelog, which a query's commit refuses to adopt, not a snapshot that a load would take as
+    the version."""
+    from support.driver import session_confs
+    from support.constants import PFX
+    from support.scenarios import agg_update
+    from keyedstate.offline.storage import LocalStorage
+
+    checkpoint = tmp_path / "checkpoint"
+    with session_confs(spark, {PFX + "snapshotInterval": "1"}):
+        run_query(spark, KS, agg_update, KV, KV_STEPS[:2], checkpoint, tmp_path / "input", "update")
+    before = sorted(map(str, keyedstate.state(spark, checkpoint).read(0).collect()))
+    part = checkpoint / "state" / "0" / "0"
+    assert (part / "2.ks-snapshot").exists()
+    for name in ("ks-changelog", "ks-snapshot"):  # an attempt at version 3 that never committed
+        (part / f"3.{name}").write_bytes((part / f"2.{name}").read_bytes())
+
+    real_delete, deleted = LocalStorage.delete, []
+
+    def killed_after_one(self, path):
+        if deleted:
+            raise OSError("killed between two deletes")
+        deleted.append(path)
+        real_delete(self, path)
+
+    monkeypatch.setattr(LocalStorage, "delete", killed_after_one)
+    with pytest.raises(OSError, match="killed between two deletes"):
+        keyedstate.state(spark, checkpoint).transform(0, lambda key, value: value)
+    assert [p.rsplit("/", 1)[-1] for p in deleted] == ["3.ks-snapshot"]
+    assert (part / "3.ks-changelog").exists() and not (part / "3.ks-snapshot").exists()
+    monkeypatch.setattr(LocalStorage, "delete", real_delete)
+    # The committed state is untouched, and the next change says what to do first.
+    assert sorted(map(str, keyedstate.state(spark, checkpoint).read(0, batch=1).collect())) == before
+    with pytest.raises(keyedstate.MigrateError, match=r"offsets.2: batch 2 started but did not commit"):
+        keyedstate.state(spark, checkpoint).transform(0, lambda key, value: value)
+
+
 def test_a_change_without_its_snapshot_is_rescaled_as_written(spark, tmp_path):
     """A transform's version whose snapshot never reached the checkpoint (its upload failed): a
     rescale of the young query (changelogs only, split directly by key group) starts from that
