@@ -340,3 +340,29 @@ def test_a_task_killed_while_its_changelog_is_written_ends_the_write_and_keeps_t
         layer.close()
         if fresh is not None:
             fresh.close()
+
+
+def test_a_second_store_of_the_same_version_does_not_read_the_first_ones_writes(layer):
+    """Two attempts of one partition in one JVM (a zombie beside its retry): the first one's
+    writes reach the near cache before they commit, so the second would read them as the
+    committed version (a dedup would drop rows that no committed state holds). It gives way at
+    its first read instead, as at its first write; reads before the first write are clean."""
+    v0 = layer.store(0)
+    layer.put(v0, (1,), (10,))
+    v0.commit()
+    first, second = layer.store(1), layer.store(1)
+    assert layer.get(second, 1) == 10 and layer.get(second, 2) is None  # nothing written yet
+    layer.put(first, (2,), (20,))
+    layer.put(first, (1,), (11,))
+    with pytest.raises(Exception, match="two stores of .* open at once: .*gives way"):
+        layer.get(second, 2)
+    with pytest.raises(Exception, match="two stores of .* open at once: .*gives way"):
+        layer.get(second, 1)
+    assert layer.get(first, 2) == 20  # the writer reads its own writes
+    # Nor does it commit (it wrote nothing): the version it would publish is the committed one,
+    # while the cache holds the first one's writes, which the next batch would then read.
+    with pytest.raises(Exception, match="two stores of one partition were open at once"):
+        second.commit()
+    first.commit()
+    v2 = layer.store(2)
+    assert (layer.get(v2, 1), layer.get(v2, 2)) == (11, 20)

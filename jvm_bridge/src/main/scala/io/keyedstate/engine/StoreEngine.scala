@@ -165,7 +165,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     load(version, id, loadEmpty)
     val nowMs = if (policy.enabled) clock.now(version) else 0L
     val buffered = new BufferedVersion(version, session.settings.keyGroups, cachedReads(),
-      () => holds(version), claimCache, expected, committedEmpty = numKeys == 0)
+      () => holds(version), claimCache, expected, committedEmpty = numKeys == 0, cacheIsClean = readsCommitted)
     new StoreVersion(version, id, buffered, new TtlView(buffered, policy, nowMs, writable), nowMs, fromEmpty = loadEmpty)
   }
 
@@ -217,7 +217,8 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
    */
   def commit(v: StoreVersion, forceSnapshot: Boolean): CommitResult = synchronized {
     requireOpen()
-    if (loaded != v.version || (v.buffered.touchedCache && !(writer eq v.buffered))) {
+    val otherWriter = writer != null && !(writer eq v.buffered)
+    if (loaded != v.version || otherWriter || (v.buffered.touchedCache && !(writer eq v.buffered))) {
       release(v.buffered)
       throw new IllegalStateException(s"keyedstate: $describe holds version $loaded, cannot commit on top of " +
         s"version ${v.version} (two stores of one partition were open at once)")
@@ -390,7 +391,19 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   }
 
   // The one open version whose writes go into the near cache (each write as it happens).
-  private var writer: BufferedVersion = _
+  @volatile private var writer: BufferedVersion = _
+
+  /** Before a read of `v` from the near cache: fails it while another open version (a zombie or
+   *  duplicate attempt of the partition in this JVM) has written into the cache, whose entries
+   *  then run ahead of the committed version. Spark's RocksDB provider makes the second attempt
+   *  wait for the first one's lock; here it gives way, as it does at its first write. */
+  private def readsCommitted(v: BufferedVersion): Unit = {
+    val w = writer
+    if (w != null && !(w eq v)) {
+      throw new IllegalStateException(s"keyedstate: two stores of $describe open at once: version ${w.version}'s " +
+        "writes are in the near cache and not committed, and this attempt's reads would see them; this attempt gives way")
+    }
+  }
 
   /** Makes `v` the version that writes into the near cache; a second one open at once (a zombie
    *  or duplicate attempt of the partition in this JVM) fails instead of mixing its writes in. */

@@ -32,7 +32,7 @@ trait KeyValueView {
  */
 final class BufferedVersion(val version: Long, keyGroups: Int, val committed: CachedReads, holdsVersion: () => Boolean,
     claimCache: BufferedVersion => Unit, expected: WriteBuffer.Expected = WriteBuffer.Expected.None,
-    committedEmpty: Boolean = false) extends KeyValueView {
+    committedEmpty: Boolean = false, cacheIsClean: BufferedVersion => Unit = _ => ()) extends KeyValueView {
   val buffer = new WriteBuffer(version + 1, keyGroups, expected)
   /** Whether a write reached the near cache (which then runs ahead of the committed version). */
   @volatile var touchedCache = false
@@ -42,7 +42,13 @@ final class BufferedVersion(val version: Long, keyGroups: Int, val committed: Ca
 
   override def get(key: Bytes): Array[Byte] = {
     val pending = buffer.lookup(key)
-    if (pending == null) { if (committedEmpty) null else committed.get(key) }
+    if (pending == null) {
+      if (committedEmpty) null
+      else {
+        if (!touchedCache) cacheIsClean(this) // a version that writes is the cache's only writer
+        committed.get(key)
+      }
+    }
     else if (pending eq WriteBuffer.Tombstone) null
     else pending
   }
@@ -91,6 +97,7 @@ final class BufferedVersion(val version: Long, keyGroups: Int, val committed: Ca
     }
 
   private def scanNow(prefix: Array[Byte]): Iterator[(Array[Byte], Array[Byte])] = {
+    if (!touchedCache) cacheIsClean(this)
     val pending = buffer.snapshot()
     val overwritten = new java.util.HashSet[Bytes](pending.length * 2)
     pending.foreach { case (k, _) => overwritten.add(k) }
