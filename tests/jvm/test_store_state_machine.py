@@ -160,7 +160,7 @@ def test_a_version_written_from_empty_loads_as_written_without_its_snapshot(spar
     root = arm(spark, create={"nth": 1, "path": "ks-files", "times": 1000})  # every snapshot file's upload fails
     writer = LayerStore(spark, location, confs=confs)
     try:
-        s = writer.provider.getStore(1, writer.jvm.scala.Option.empty(), True, True)
+        s = writer.store_from_empty(1)
         writer.put(s, (1,), (100,))
         assert s.commit() == 2
     finally:
@@ -196,7 +196,7 @@ def test_a_query_never_takes_a_version_an_offline_writer_left_uncommitted(spark,
         assert s.commit() == 1
         offline = LayerStore(spark, directory)
         try:
-            s = offline.provider.getStore(1, offline.jvm.scala.Option.empty(), True, True)
+            s = offline.store_from_empty(1)
             offline.put(s, (1,), (100,))
             assert s.commit() == 2
         finally:

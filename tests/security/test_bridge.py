@@ -25,6 +25,7 @@ import pytest
 
 from keyedstate.formats import frames
 from support.constants import PFX
+from support.processes import answer as raw_answer
 from support.processes import (alive, initial_environ, py4j_authenticates, rss_bytes, server_ports, signal_quietly,
                                unix_listening_paths, wait_until)
 from support.sessions import SessionProcess
@@ -280,15 +281,10 @@ def authenticated_data_socket(server: int) -> socket.socket:
 
 
 def reply_or_close(sock: socket.socket, timeout: float) -> str:
-    sock.settimeout(timeout)
-    try:
-        data = sock.recv(4096)
-    except socket.timeout:
-        return "nothing"
-    except OSError:
-        return "closed"
-    if not data:
-        return "closed"
+    """The data server's reply, parsed, or 'closed' / 'nothing' / 'garbage'."""
+    data = raw_answer(sock, timeout)
+    if isinstance(data, str):
+        return data
     if len(data) >= RESPONSE_HEAD.size:
         length, status = RESPONSE_HEAD.unpack_from(data)
         return f"reply status {status}: {data[RESPONSE_HEAD.size:].decode(errors='replace')}"

@@ -31,6 +31,7 @@ import pytest
 from keyedstate.formats import frames
 from keyedstate.server.api import AUTH_TIMEOUT_S
 from keyedstate.server.data import HELLO_TIMEOUT_S
+from support.processes import answer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -85,8 +86,10 @@ class Host:
         self.data_secret = secrets.token_hex(32)
         self.callback_secret = secrets.token_hex(32)
         self.log_path = workdir / "host.log"
+        tests_dir = str(Path(__file__).resolve().parents[1])  # this file imports from support/
         env = {**os.environ, "KEYEDSTATE_DATA_SECRET": self.data_secret,
-               "KEYEDSTATE_CALLBACK_SECRET": self.callback_secret}
+               "KEYEDSTATE_CALLBACK_SECRET": self.callback_secret,
+               "PYTHONPATH": os.pathsep.join(filter(None, [tests_dir, os.environ.get("PYTHONPATH")]))}
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen([sys.executable, __file__, str(workdir), str(nofile)], env=env,
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
@@ -150,18 +153,6 @@ def handshake(host: Host, listener: str, secret: str | None = None) -> bytes:
         body = frames.U16.pack(frames.PROTOCOL_VERSION) + (secret or host.data_secret).encode()
         return frames.REQUEST_HEAD.pack(5 + len(body), frames.OP_HELLO, 0) + body
     return f"A\n{secret or host.callback_secret}\ne\n".encode()
-
-
-def answer(sock: socket.socket, timeout: float) -> bytes | str:
-    """What the listener says within ``timeout``: its bytes, or 'closed' / 'nothing'."""
-    sock.settimeout(timeout)
-    try:
-        data = sock.recv(4096)
-    except socket.timeout:
-        return "nothing"
-    except OSError:
-        return "closed"
-    return data or "closed"
 
 
 def served(host: Host, listener: str, sock: socket.socket | None = None, timeout: float = 5.0) -> str:

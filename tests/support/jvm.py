@@ -104,6 +104,11 @@ class LayerStore:
         option = self.jvm.scala.Option.empty() if unique_id is None else self.jvm.scala.Some(unique_id)
         return self.provider.getStore(version, option, False, False)
 
+    def store_from_empty(self, version: int):
+        """The store an offline writer opens (migrate, the state processor, Spark's repartition):
+        version ``version + 1`` written from empty (loadEmpty), its snapshot forced."""
+        return self.provider.getStore(version, self.jvm.scala.Option.empty(), True, True)
+
     def key(self, *values):
         return unsafe_row(self.jvm, self.key_schema, list(values))
 

@@ -170,6 +170,18 @@ def server_ports(server_pid: int, jvm_pid: int) -> tuple[set[int], set[int]]:
     return own, remote & listening_ports(jvm_pid)
 
 
+def answer(sock: socket.socket, timeout: float) -> bytes | str:
+    """What a listener says on ``sock`` within ``timeout``: its bytes, or 'closed' / 'nothing'."""
+    sock.settimeout(timeout)
+    try:
+        data = sock.recv(4096)
+    except socket.timeout:
+        return "nothing"
+    except OSError:
+        return "closed"
+    return data or "closed"
+
+
 def py4j_authenticates(port: int, token: str, timeout: float = 10.0) -> bool:
     """Whether a py4j endpoint on loopback ``port`` accepts ``token`` (py4j's auth command)."""
     try:
