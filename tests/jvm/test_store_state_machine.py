@@ -366,3 +366,37 @@ def test_a_second_store_of_the_same_version_does_not_read_the_first_ones_writes(
     first.commit()
     v2 = layer.store(2)
     assert (layer.get(v2, 1), layer.get(v2, 2)) == (11, 20)
+
+
+def test_a_version_that_wrote_before_the_cache_was_reloaded_writes_no_more(layer):
+    """A load of another version reloads the near cache (here a store of an older version, as a
+    retry of an older batch opens): a version that was writing must not go on writing into the
+    reloaded cache, where the other version would read its writes."""
+    v0 = layer.store(0)
+    layer.put(v0, (1,), (10,))
+    v0.commit()
+    first = layer.store(1)
+    layer.put(first, (2,), (20,))
+    older = layer.store(0)  # loads version 0: the cache now holds it
+    with pytest.raises(Exception, match="holds version 0, cannot write on top of version 1"):
+        layer.put(first, (3,), (30,))
+    assert (layer.get(older, 1), layer.get(older, 2), layer.get(older, 3)) == (None, None, None)
+
+
+def test_a_read_store_of_another_operator_is_not_upgraded_into_this_ones_write_store(spark, tmp_path):
+    """Spark hands the write store of an operator the read store its task thread opened last,
+    whichever operator's: the upgrade takes only its own provider's, or one operator would write
+    into the other's state."""
+    one, other = LayerStore(spark, tmp_path / "one"), LayerStore(spark, tmp_path / "other")
+    try:
+        read = one.provider.getReadStore(0, one.jvm.scala.Option.empty())
+        write = other.provider.upgradeReadStoreToWriteStore(read, 0, other.jvm.scala.Option.empty(), False)
+        assert write.id().equals(other.provider.stateStoreId()) and not write.id().equals(read.id())
+        other.put(write, (1,), (10,))
+        assert write.commit() == 1
+        assert one.get(read, 1) is None and read.hasCommitted() is False
+        read.abort()
+        assert other.get(other.store(1), 1) == 10 and one.get(one.store(0), 1) is None
+    finally:
+        one.close()
+        other.close()

@@ -165,7 +165,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     load(version, id, loadEmpty)
     val nowMs = if (policy.enabled) clock.now(version) else 0L
     val buffered = new BufferedVersion(version, session.settings.keyGroups, cachedReads(),
-      () => holds(version), claimCache, expected, committedEmpty = numKeys == 0, cacheIsClean = readsCommitted)
+      () => holds(version), cacheOwnership, expected, committedEmpty = numKeys == 0)
     new StoreVersion(version, id, buffered, new TtlView(buffered, policy, nowMs, writable), nowMs, fromEmpty = loadEmpty)
   }
 
@@ -403,6 +403,12 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       throw new IllegalStateException(s"keyedstate: two stores of $describe open at once: version ${w.version}'s " +
         "writes are in the near cache and not committed, and this attempt's reads would see them; this attempt gives way")
     }
+  }
+
+  private val cacheOwnership = new BufferedVersion.CacheOwnership {
+    override def isWriter(v: BufferedVersion): Boolean = writer eq v
+    override def claim(v: BufferedVersion): Unit = claimCache(v)
+    override def checkReads(v: BufferedVersion): Unit = readsCommitted(v)
   }
 
   /** Makes `v` the version that writes into the near cache; a second one open at once (a zombie

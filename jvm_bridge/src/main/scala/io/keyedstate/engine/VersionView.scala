@@ -30,9 +30,23 @@ trait KeyValueView {
  * would be logged of unknown existence, and the commit would wait for the state server to read
  * every one of them.
  */
+object BufferedVersion {
+  /** The engine's near cache, which one open version at a time writes into (its writes run
+   *  ahead of the committed version there): the other versions open at once (a zombie or
+   *  duplicate attempt of the partition in the same JVM) may neither write nor read it. */
+  trait CacheOwnership {
+    /** Whether `v` is the cache's writer now (a volatile read: asked on every write). */
+    def isWriter(v: BufferedVersion): Boolean
+    /** Makes `v` the writer, or fails it: another version writes, or the engine moved on. */
+    def claim(v: BufferedVersion): Unit
+    /** Fails a read of `v` while another version writes into the cache. */
+    def checkReads(v: BufferedVersion): Unit
+  }
+}
+
 final class BufferedVersion(val version: Long, keyGroups: Int, val committed: CachedReads, holdsVersion: () => Boolean,
-    claimCache: BufferedVersion => Unit, expected: WriteBuffer.Expected = WriteBuffer.Expected.None,
-    committedEmpty: Boolean = false, cacheIsClean: BufferedVersion => Unit = _ => ()) extends KeyValueView {
+    cache: BufferedVersion.CacheOwnership, expected: WriteBuffer.Expected = WriteBuffer.Expected.None,
+    committedEmpty: Boolean = false) extends KeyValueView {
   val buffer = new WriteBuffer(version + 1, keyGroups, expected)
   /** Whether a write reached the near cache (which then runs ahead of the committed version). */
   @volatile var touchedCache = false
@@ -45,7 +59,7 @@ final class BufferedVersion(val version: Long, keyGroups: Int, val committed: Ca
     if (pending == null) {
       if (committedEmpty) null
       else {
-        if (!touchedCache) cacheIsClean(this) // a version that writes is the cache's only writer
+        cache.checkReads(this)
         committed.get(key)
       }
     }
@@ -54,7 +68,7 @@ final class BufferedVersion(val version: Long, keyGroups: Int, val committed: Ca
   }
 
   override def put(key: Bytes, value: Array[Byte]): Unit = {
-    if (!touchedCache) { claimCache(this); touchedCache = true }
+    claim()
     val op = committed.write(key, value)
     buffer.put(key, value, written(key) match {
       case Some(true) => ChangelogFormat.OpPutExisting
@@ -65,7 +79,7 @@ final class BufferedVersion(val version: Long, keyGroups: Int, val committed: Ca
   }
 
   override def delete(key: Bytes): Unit = {
-    if (!touchedCache) { claimCache(this); touchedCache = true }
+    claim()
     val op = committed.write(key, WriteBuffer.Tombstone)
     buffer.delete(key, written(key) match {
       case Some(true) => ChangelogFormat.OpDeleteExisting
@@ -74,6 +88,11 @@ final class BufferedVersion(val version: Long, keyGroups: Int, val committed: Ca
         else if (op == ChangelogFormat.OpDelete && justScanned(key)) ChangelogFormat.OpDeleteExisting else op
     })
   }
+
+  /** Before a write into the near cache: this version must be its writer. Asked of the engine on
+   *  every write, not once: an invalidation (a failed warm or native sync) clears the writer, and
+   *  a version that wrote before it must not go on writing into the reloaded cache. */
+  private def claim(): Unit = if (!cache.isWriter(this)) { cache.claim(this); touchedCache = true }
 
   /** The last scan yielded `key` from the committed version (and the version has not written it
    *  since, or [[written]] would have answered): it exists. */
@@ -97,7 +116,7 @@ final class BufferedVersion(val version: Long, keyGroups: Int, val committed: Ca
     }
 
   private def scanNow(prefix: Array[Byte]): Iterator[(Array[Byte], Array[Byte])] = {
-    if (!touchedCache) cacheIsClean(this)
+    cache.checkReads(this)
     val pending = buffer.snapshot()
     val overwritten = new java.util.HashSet[Bytes](pending.length * 2)
     pending.foreach { case (k, _) => overwritten.add(k) }

@@ -50,10 +50,22 @@ class KeyedStateProvider extends StateStoreProvider with SupportsFineGrainedRepl
   override def getReadStore(version: Long, uniqueId: Option[String]): ReadStateStore =
     getStore(version, uniqueId, forceSnapshotOnCommit = false, loadEmpty = false)
 
-  /** Aggregations open a read store and then a write store on the same version: reuse it. */
+  /**
+   * Aggregations open a read store and then a write store on the same version: reuse it. Only
+   * this provider's own: Spark hands over the read store its task thread last opened, of
+   * whichever operator (Spark's RocksDB provider asserts the same store id). An own read store
+   * that cannot be reused is aborted, so that it does not stay the near cache's writer (a TTL
+   * refresh on read writes); another provider's is left to its operator.
+   */
   override def upgradeReadStoreToWriteStore(readStore: ReadStateStore, version: Long,
       uniqueId: Option[String], forceSnapshotOnCommit: Boolean): StateStore = readStore match {
-    case s: KeyedStateStore if s.version == version && s.isUpdating && s.uniqueIdLoaded == engine.idOf(uniqueId) => s
+    case s: KeyedStateStore if s.servedBy(engine) =>
+      if (s.version == version && s.isUpdating && s.uniqueIdLoaded == engine.idOf(uniqueId)) s
+      else {
+        if (s.isUpdating) s.abort()
+        getStore(version, uniqueId, forceSnapshotOnCommit, loadEmpty = false)
+      }
+    case _: KeyedStateStore => getStore(version, uniqueId, forceSnapshotOnCommit, loadEmpty = false)
     case other =>
       other.release()
       getStore(version, uniqueId, forceSnapshotOnCommit, loadEmpty = false)

@@ -35,6 +35,7 @@ final class KeyedStateStore private[spark] (engine: StoreEngine, override val ve
 
   override def id: StateStoreId = engine.id
   private[spark] def isUpdating: Boolean = state == Updating
+  private[spark] def servedBy(e: StoreEngine): Boolean = engine eq e
   private[spark] def uniqueIdLoaded: Option[String] = current.uniqueId
 
   private def verify(condition: Boolean, message: => String): Unit =
