@@ -217,8 +217,9 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
    */
   def commit(v: StoreVersion, forceSnapshot: Boolean): CommitResult = synchronized {
     requireOpen()
-    val otherWriter = writer != null && !(writer eq v.buffered)
-    if (loaded != v.version || otherWriter || (v.buffered.touchedCache && !(writer eq v.buffered))) {
+    // Another version writes into the cache, or this one wrote and lost it (an invalidation).
+    val cacheNotOurs = !(writer eq v.buffered) && (writer != null || v.buffered.touchedCache)
+    if (loaded != v.version || cacheNotOurs) {
       release(v.buffered)
       throw new IllegalStateException(s"keyedstate: $describe holds version $loaded, cannot commit on top of " +
         s"version ${v.version} (two stores of one partition were open at once)")
@@ -393,22 +394,19 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   // The one open version whose writes go into the near cache (each write as it happens).
   @volatile private var writer: BufferedVersion = _
 
-  /** Before a read of `v` from the near cache: fails it while another open version (a zombie or
-   *  duplicate attempt of the partition in this JVM) has written into the cache, whose entries
-   *  then run ahead of the committed version. Spark's RocksDB provider makes the second attempt
-   *  wait for the first one's lock; here it gives way, as it does at its first write. */
-  private def readsCommitted(v: BufferedVersion): Unit = {
-    val w = writer
-    if (w != null && !(w eq v)) {
-      throw new IllegalStateException(s"keyedstate: two stores of $describe open at once: version ${w.version}'s " +
-        "writes are in the near cache and not committed, and this attempt's reads would see them; this attempt gives way")
-    }
-  }
-
   private val cacheOwnership = new BufferedVersion.CacheOwnership {
     override def isWriter(v: BufferedVersion): Boolean = writer eq v
     override def claim(v: BufferedVersion): Unit = claimCache(v)
-    override def checkReads(v: BufferedVersion): Unit = readsCommitted(v)
+    /** Another open version's writes run ahead of the committed version in the cache. Spark's
+     *  RocksDB provider makes the second attempt wait for the first one's lock; here it gives
+     *  way, as it does at its first write. */
+    override def checkReads(v: BufferedVersion): Unit = {
+      val w = writer
+      if (w != null && !(w eq v)) {
+        throw new IllegalStateException(s"keyedstate: two stores of $describe open at once: version ${w.version}'s " +
+          "writes are in the near cache and not committed, and this attempt's reads would see them; this attempt gives way")
+      }
+    }
   }
 
   /** Makes `v` the version that writes into the near cache; a second one open at once (a zombie

@@ -30,20 +30,6 @@ trait KeyValueView {
  * would be logged of unknown existence, and the commit would wait for the state server to read
  * every one of them.
  */
-object BufferedVersion {
-  /** The engine's near cache, which one open version at a time writes into (its writes run
-   *  ahead of the committed version there): the other versions open at once (a zombie or
-   *  duplicate attempt of the partition in the same JVM) may neither write nor read it. */
-  trait CacheOwnership {
-    /** Whether `v` is the cache's writer now (a volatile read: asked on every write). */
-    def isWriter(v: BufferedVersion): Boolean
-    /** Makes `v` the writer, or fails it: another version writes, or the engine moved on. */
-    def claim(v: BufferedVersion): Unit
-    /** Fails a read of `v` while another version writes into the cache. */
-    def checkReads(v: BufferedVersion): Unit
-  }
-}
-
 final class BufferedVersion(val version: Long, keyGroups: Int, val committed: CachedReads, holdsVersion: () => Boolean,
     cache: BufferedVersion.CacheOwnership, expected: WriteBuffer.Expected = WriteBuffer.Expected.None,
     committedEmpty: Boolean = false) extends KeyValueView {
@@ -148,6 +134,20 @@ final class BufferedVersion(val version: Long, keyGroups: Int, val committed: Ca
       i += 1
       e
     }
+  }
+}
+
+object BufferedVersion {
+  /** The engine's near cache, which one open version at a time writes into (its writes run
+   *  ahead of the committed version there): the other versions open at once (a zombie or
+   *  duplicate attempt of the partition in the same JVM) may neither write nor read it. */
+  trait CacheOwnership {
+    /** Whether `v` is the cache's writer now (a volatile read: asked on every write). */
+    def isWriter(v: BufferedVersion): Boolean
+    /** Makes `v` the writer, or fails it: another version writes, or the engine moved on. */
+    def claim(v: BufferedVersion): Unit
+    /** Fails a read of `v` while another version writes into the cache. */
+    def checkReads(v: BufferedVersion): Unit
   }
 }
 
