@@ -378,9 +378,17 @@ def test_a_version_that_wrote_before_the_cache_was_reloaded_writes_no_more(layer
     first = layer.store(1)
     layer.put(first, (2,), (20,))
     older = layer.store(0)  # loads version 0: the cache now holds it
-    with pytest.raises(Exception, match="holds version 0, cannot write on top of version 1"):
+    with pytest.raises(Exception, match="lost the near cache it wrote into"):
         layer.put(first, (3,), (30,))
     assert (layer.get(older, 1), layer.get(older, 2), layer.get(older, 3)) == (None, None, None)
+    # Nor once the cache holds its version again (a duplicate attempt reloaded it): the writes it
+    # made before are gone from there, and a commit would leave the cache behind the checkpoint.
+    again = layer.store(1)
+    with pytest.raises(Exception, match="lost the near cache it wrote into"):
+        layer.put(first, (3,), (30,))
+    with pytest.raises(Exception, match="two stores of one partition were open at once"):
+        first.commit()
+    assert (layer.get(again, 1), layer.get(again, 2), layer.get(again, 3)) == (10, None, None)
 
 
 def test_a_read_store_of_another_operator_is_not_upgraded_into_this_ones_write_store(spark, tmp_path):

@@ -76,9 +76,17 @@ final class BufferedVersion(val version: Long, keyGroups: Int, val committed: Ca
   }
 
   /** Before a write into the near cache: this version must be its writer. Asked of the engine on
-   *  every write, not once: an invalidation (a failed warm or native sync) clears the writer, and
-   *  a version that wrote before it must not go on writing into the reloaded cache. */
-  private def claim(): Unit = if (!cache.isWriter(this)) { cache.claim(this); touchedCache = true }
+   *  every write, not once: an invalidation (another version's load, a failed warm or native
+   *  sync) clears the writer, and a version that wrote before it lost its writes from the cache
+   *  and must not write into the reloaded one, nor claim it again. */
+  private def claim(): Unit = if (!cache.isWriter(this)) {
+    if (touchedCache) {
+      throw new IllegalStateException(s"keyedstate: the store of version $version lost the near cache it wrote " +
+        "into (another store of the partition loaded a version meanwhile); this attempt gives way")
+    }
+    cache.claim(this)
+    touchedCache = true
+  }
 
   /** The last scan yielded `key` from the committed version (and the version has not written it
    *  since, or [[written]] would have answered): it exists. */

@@ -55,7 +55,8 @@ class KeyedStateProvider extends StateStoreProvider with SupportsFineGrainedRepl
    * this provider's own: Spark hands over the read store its task thread last opened, of
    * whichever operator (Spark's RocksDB provider asserts the same store id). An own read store
    * that cannot be reused is aborted, so that it does not stay the near cache's writer (a TTL
-   * refresh on read writes); another provider's is left to its operator.
+   * refresh on read writes); another keyedstate provider's is left to its operator, and a read
+   * store of another provider class is released, as Spark's default does.
    */
   override def upgradeReadStoreToWriteStore(readStore: ReadStateStore, version: Long,
       uniqueId: Option[String], forceSnapshotOnCommit: Boolean): StateStore = readStore match {
