@@ -151,7 +151,8 @@ class SessionProcess:
 
     def __init__(self, workdir: Path, confs: dict[str, str] | None = None,
                  env: dict[str, str] | None = None, wrapper: list[str] | None = None,
-                 master: str = "local[2]", java_options: str = "", startup_timeout: float = 180.0) -> None:
+                 master: str = "local[2]", java_options: str = "", startup_timeout: float = 180.0,
+                 cwd: Path | None = None) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.workdir = workdir
         self.log_path = workdir / f"session-{time.monotonic_ns()}.log"
@@ -165,7 +166,7 @@ class SessionProcess:
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen([*(wrapper or []), sys.executable, str(script), json.dumps(spec)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
-                                     env=full_env, start_new_session=True)
+                                     env=full_env, start_new_session=True, cwd=cwd)
         self._known: dict[int, list[str]] = {}  # pid -> cmdline of every process seen in the session
         self._replies: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()

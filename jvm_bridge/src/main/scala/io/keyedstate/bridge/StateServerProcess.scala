@@ -267,8 +267,18 @@ object StateServerProcess {
       .build()
     gateway.start(true)
     val output = new ServerLog(workDir.resolve(ServerLog.Name))
+    // In its private work dir, and not importing from its working directory (Python's -P):
+    // a module planted where the job was launched never runs with the server's secrets.
     val builder = new ProcessBuilder(launch.pythonExec, "-m", "keyedstate.server").redirectErrorStream(true)
+      .directory(workDir.toFile)
     val env = builder.environment()
+    env.put("PYTHONSAFEPATH", "1")
+    // PYTHONPATH's relative entries meant the JVM's working directory: they still do. An empty
+    // entry (a stray ':') means the working directory, the server's own here: dropped.
+    Option(env.get("PYTHONPATH")).foreach { path =>
+      env.put("PYTHONPATH", path.split(java.io.File.pathSeparator, -1).filter(_.nonEmpty)
+        .map(entry => Paths.get(entry).toAbsolutePath.toString).mkString(java.io.File.pathSeparator))
+    }
     env.put("KEYEDSTATE_GATEWAY_PORT", gateway.getListeningPort.toString)
     env.put("KEYEDSTATE_GATEWAY_SECRET", gatewaySecret)
     env.put("KEYEDSTATE_CALLBACK_SECRET", callbackSecret)
