@@ -1,17 +1,17 @@
 """The state server process and its py4j control API.
 
-The JVM shim starts it (``python -m keyedstate.server``) with, in its environment, the py4j
-gateway's loopback port, its private work directory and three random secrets, one per use:
-``KEYEDSTATE_GATEWAY_SECRET`` (this process -> the JVM's gateway), ``KEYEDSTATE_CALLBACK_SECRET``
-(the JVM -> this process's callback server) and ``KEYEDSTATE_DATA_SECRET`` (the data channel's
-HELLO). It then
+The JVM shim starts it (``python -m keyedstate.server``, in its private work directory, importing
+nothing from it) with, in its environment, that work directory and two random secrets, one per
+use: ``KEYEDSTATE_CALLBACK_SECRET`` (the JVM -> this process's callback server) and
+``KEYEDSTATE_DATA_SECRET`` (the data channel's HELLO). It then
 1. opens the bulk data channel (a Unix domain socket in its private work dir),
-2. starts its py4j callback server on loopback (port 0, TCP_NODELAY on every socket: without it
-   any py4j payload over ~6 KB waits ~40 ms for Nagle + delayed ACK; an unauthenticated peer is
-   cut off after a short auth line or :data:`AUTH_TIMEOUT_S` for the whole handshake, and a
-   connection beyond :data:`MAX_HANDSHAKES` still authenticating is closed at once; the accept
-   loop survives a failed accept or thread start, where py4j's ends for good),
-3. points the JVM's callback client at it and says ``serverReady``.
+2. starts its py4j callback server on a Unix domain socket beside it (no TCP listener: only this
+   user can connect, so no other local user can take the connections the JVM needs; a peer is
+   still cut off after a short auth line or :data:`AUTH_TIMEOUT_S` for the whole handshake, a
+   connection beyond :data:`MAX_HANDSHAKES` still authenticating is closed at once, and the
+   accept loop survives a failed accept or thread start, where py4j's ends for good),
+3. says it is ready: its pid and the callback socket's path in the file ``ready`` of its work
+   dir, written whole (the JVM opens no listener for it to call).
 It exits when its stdin closes, i.e. when the JVM that started it is gone, removing the data
 socket's directory if that had to live outside the work dir. Everything it creates is private
 (umask 077); its log goes to stderr, which the JVM keeps in a bounded, rotated file, and no
@@ -41,7 +41,7 @@ from typing import Any
 
 from py4j import protocol as proto
 from py4j.java_gateway import (CallbackConnection, CallbackServer, CallbackServerParameters, GatewayClient,
-                               GatewayParameters, JavaGateway, quiet_close, quiet_shutdown,
+                               GatewayParameters, PythonProxyPool, quiet_close, quiet_shutdown,
                                server_connection_error, server_connection_started, server_started,
                                server_stopped)
 
@@ -61,6 +61,10 @@ AUTH_LINE_BYTES = 1024
 """The longest line read before a connection has authenticated."""
 SOCKET_DIR_MARKER = "socket-dir"
 """A file in the work dir naming the data socket's directory when that is outside it."""
+CALLBACK_SOCKET = "callback.sock"
+"""The py4j callback server's Unix socket, in the data socket's directory."""
+READY_FILE = "ready"
+"""The file in the work dir that says the server is ready: its pid, then its callback socket's path."""
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
 
 
@@ -115,15 +119,9 @@ class StateServerApi:
 
 
 def _nodelay(sock: socket.socket | None) -> None:
-    if sock is not None:
+    """TCP_NODELAY on a TCP socket (py4j's payloads over ~6 KB otherwise wait ~40 ms for Nagle)."""
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-class _NoDelayGatewayClient(GatewayClient):
-    def _create_connection(self):
-        connection = super()._create_connection()
-        _nodelay(connection.socket)
-        return connection
 
 
 class _AuthFailed(Exception):
@@ -194,11 +192,34 @@ class _GuardedCallbackServer(CallbackServer):
     connections holds every file descriptor), and closes a connection at once, unread, while
     :data:`MAX_HANDSHAKES` others are still authenticating."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    LISTEN_BACKLOG = 128
+    """On a Unix socket, as the data channel's: a connect beyond the backlog fails at once
+    (EAGAIN), where TCP's waits for a retry."""
+
+    def __init__(self, *args, unix_path: Path | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.unix_path = unix_path
         self._handshakes = threading.BoundedSemaphore(MAX_HANDSHAKES)
         self._log_accept_error = _RateLimitedLog(log, logging.ERROR)
         self._log_refused = _RateLimitedLog(log, logging.WARNING)
+
+    def start(self):
+        """py4j's ``CallbackServer.start`` on the Unix socket ``unix_path`` (a new entry: an
+        existing one fails), listening before it returns; on TCP without one."""
+        if self.unix_path is None:
+            super().start()
+            return
+        self.server_socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.server_socket.bind(str(self.unix_path))
+            self.server_socket.listen(self.LISTEN_BACKLOG)
+        except OSError as exc:
+            quiet_close(self.server_socket)
+            raise RuntimeError(f"cannot start the callback server on {self.unix_path}: {exc}") from exc
+        self._listening_address, self._listening_port = str(self.unix_path), 0
+        self.thread = threading.Thread(target=self.run, name="keyedstate-callback-server",
+                                       daemon=self.callback_server_parameters.daemonize)
+        self.thread.start()
 
     def _create_connection(self, socket_instance, stream):
         _nodelay(socket_instance)
@@ -206,14 +227,14 @@ class _GuardedCallbackServer(CallbackServer):
                                           self.callback_server_parameters, self)
 
     def run(self):
-        """py4j 0.10.9's ``CallbackServer.run`` (the same signals, logs, listen backlog and
+        """py4j 0.10.9's ``CallbackServer.run`` (the same signals, logs, TCP listen backlog and
         shutdown), but each connection is accepted by :meth:`_accept_one`, which contains its
         errors."""
         try:
             with self.lock:
                 self.is_shutdown = False
             _py4j_log.info("Callback Server Starting")
-            self.server_socket.listen(5)
+            self.server_socket.listen(self.LISTEN_BACKLOG if self.unix_path is not None else 5)
             _py4j_log.info("Socket listening on {0}".format(proto.smart_decode(self.server_socket.getsockname())))
             server_started.send(self, server=self)
 
@@ -276,13 +297,19 @@ class _GuardedCallbackServer(CallbackServer):
                 self._handshakes.release()
 
 
-class _NoDelayGateway(JavaGateway):
-    def _create_gateway_client(self):
-        return _NoDelayGatewayClient(gateway_parameters=self.gateway_parameters)
-
-    def _create_callback_server(self, callback_server_parameters):
-        return _GuardedCallbackServer(self.gateway_property.pool, self._gateway_client,
-                                      callback_server_parameters=callback_server_parameters)
+def start_callback_server(api: object, path: Path, secret: str) -> _GuardedCallbackServer:
+    """The py4j callback server serving ``api`` (a :class:`StateServerApi`) as its entry point on
+    the Unix socket ``path``, listening when it returns.
+    Its gateway client is one that reaches nothing: the JVM passes only strings and numbers, and
+    this process never calls into the JVM."""
+    pool = PythonProxyPool()
+    pool.put(api, proto.ENTRY_POINT_OBJECT_ID)
+    server = _GuardedCallbackServer(
+        pool, GatewayClient(gateway_parameters=GatewayParameters(port=1)), unix_path=path,
+        callback_server_parameters=CallbackServerParameters(
+            port=0, auth_token=secret, daemonize=True, daemonize_connections=True))
+    server.start()
+    return server
 
 
 class _RedactingFormatter(logging.Formatter):
@@ -347,7 +374,8 @@ def _remove_abandoned_socket_dirs(base: Path) -> None:
     removes a dead server's directory through the marker in its work dir; when the work dir went
     first (an executor killed, its local dirs deleted by the cluster manager) nobody would, and
     each such server left one in /tmp for good. Only this user's directories, never through a
-    link, holding nothing but a ``data.sock`` nobody listens on (connecting is refused) and older
+    link, holding nothing but a ``data.sock`` nobody listens on (connecting is refused) and
+    perhaps the server's :data:`CALLBACK_SOCKET`, and older
     than a minute are removed, and only on a local file system (a socket of another host refuses
     connections too); anything else is left alone."""
     if not _on_local_file_system(base):
@@ -363,12 +391,15 @@ def _remove_abandoned_socket_dirs(base: Path) -> None:
         try:
             info = entry.stat(follow_symlinks=False)
             if (not stat.S_ISDIR(info.st_mode) or info.st_uid != uid
-                    or time.time() - info.st_mtime < _SOCKET_DIR_GRACE_S or os.listdir(entry.path) != ["data.sock"]):
+                    or time.time() - info.st_mtime < _SOCKET_DIR_GRACE_S
+                    or "data.sock" not in (names := os.listdir(entry.path))
+                    or not set(names) <= {"data.sock", CALLBACK_SOCKET}):
                 continue
             sock = Path(entry.path, "data.sock")
             if not stat.S_ISSOCK(sock.lstat().st_mode) or _listening(sock):
                 continue
-            sock.unlink()
+            for name in names:
+                Path(entry.path, name).unlink()
             os.rmdir(entry.path)
             log.info("removed the data socket directory %s of a state server that is gone", entry.path)
         except OSError:  # raced with its owner or another sweeper: leave it
@@ -429,12 +460,10 @@ def _return_large_buffers_to_the_os() -> None:
 
 def main() -> None:
     os.umask(0o077)  # everything this process creates is its user's alone
-    gateway_secret = os.environ.pop("KEYEDSTATE_GATEWAY_SECRET")
     callback_secret = os.environ.pop("KEYEDSTATE_CALLBACK_SECRET")
     data_secret = os.environ.pop("KEYEDSTATE_DATA_SECRET")
-    _configure_logging([gateway_secret, callback_secret, data_secret])
+    _configure_logging([callback_secret, data_secret])
     _return_large_buffers_to_the_os()  # before any thread starts: mallopt is not thread-safe
-    port = int(os.environ["KEYEDSTATE_GATEWAY_PORT"])
     workdir = Path(os.environ["KEYEDSTATE_WORK_DIR"])
     workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
     (workdir / "pid").write_text(str(os.getpid()))
@@ -451,17 +480,11 @@ def main() -> None:
     data = DataServer(registry, socket_path, data_secret.encode())
     data.start()
     api = StateServerApi(registry, data.path)
-    gateway = _NoDelayGateway(
-        gateway_parameters=GatewayParameters(address="127.0.0.1", port=port, auth_token=gateway_secret,
-                                             auto_convert=True),
-        callback_server_parameters=CallbackServerParameters(
-            address="127.0.0.1", port=0, auth_token=callback_secret, daemonize=True,
-            daemonize_connections=True),
-        python_server_entry_point=api)
-    server = gateway.java_gateway_server
-    callback_port = gateway.get_callback_server().get_listening_port()
-    server.resetCallbackClient(server.getCallbackClient().getAddress(), callback_port)
-    gateway.entry_point.serverReady(os.getpid())
+    callback_path = socket_path.with_name(CALLBACK_SOCKET)
+    start_callback_server(api, callback_path, callback_secret)
+    pending = workdir / f".{READY_FILE}.new"
+    pending.write_text(f"{os.getpid()}\n{callback_path}\n")
+    pending.rename(workdir / READY_FILE)  # whole, or not there
     log.info("keyedstate state server %d ready (work dir %s)", os.getpid(), workdir)
 
     sys.stdin.buffer.read()  # returns when the JVM closes our stdin or dies

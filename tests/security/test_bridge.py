@@ -12,10 +12,13 @@ must still run exactly. The data channel's HELLO frame is FORMATS.md's (protocol
 secret is read where a same-user peer could read it, the server's initial environment."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -64,12 +67,27 @@ def the_server(bridge) -> int:
     return servers[0]
 
 
-def py4j_ports(bridge) -> tuple[int, set[int], set[int]]:
-    """(server pid, its own TCP listening ports, the JVM ports it is connected to). Both empty
-    when control no longer travels over TCP (then there is nothing to attack here)."""
+Address = int | str
+"""A py4j listener: a loopback TCP port, or a Unix socket's path."""
+
+
+def py4j_ports(bridge) -> tuple[int, set[Address], set[Address]]:
+    """(server pid, its py4j callback server's listeners: its TCP listening ports and its Unix
+    sockets but the data channel's; the JVM's TCP ports it is connected to, keyedstate's py4j
+    gateway, empty where the JVM opens no listener for it)."""
     server = the_server(bridge)
     callback_ports, gateway_ports = server_ports(server, bridge.session.jvm_pid)
-    return server, callback_ports, gateway_ports
+    callback_paths = {p for p in unix_listening_paths(server) if not p.endswith("/data.sock")}
+    return server, callback_ports | callback_paths, gateway_ports
+
+
+def connect_to(address: Address, timeout: float = 10) -> socket.socket:
+    if isinstance(address, int):
+        return socket.create_connection(("127.0.0.1", address), timeout=timeout)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    sock.connect(address)
+    return sock
 
 
 class PeakRss:
@@ -97,9 +115,9 @@ class PeakRss:
         return self.peak - self.baseline
 
 
-def flood_line(port: int, total: int, chunk: int = MiB) -> tuple[socket.socket, int, str]:
+def flood_line(port: Address, total: int, chunk: int = MiB) -> tuple[socket.socket, int, str]:
     """Connect without the secret and stream ``total`` bytes of one line that never ends."""
-    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock = connect_to(port)
     data = b"A" * chunk
     sent = 0
     try:
@@ -152,7 +170,7 @@ def test_idle_unauthenticated_connections_are_closed(bridge):
     socks = {}
     for what, ports in (("state server", callback_ports), ("JVM gateway", gateway_ports)):
         for port in ports:
-            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+            sock = connect_to(port)
             sock.sendall(b"A\n")  # the auth command, then nothing: no token, no newline
             socks[f"{what} port {port}"] = sock
     data = data_socket(server)
@@ -206,28 +224,31 @@ def test_a_slow_unauthenticated_peer_is_closed_when_the_handshake_time_is_up(bri
     bridge.serves()
 
 
-def test_unauthenticated_connections_beyond_a_few_are_closed_at_once(bridge):
-    """py4j gives every connection a thread: more than 32 connections to the JVM gateway that
-    have not authenticated are closed as soon as they are accepted, and the query still runs."""
-    _, _, gateway_ports = py4j_ports(bridge)
-    port = next(iter(gateway_ports))
-    socks = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(48)]
-    try:
-        time.sleep(1.0)
-        closed = 0
-        for sock in socks:
-            sock.settimeout(0.05)
-            try:
-                if sock.recv(1) == b"":
+@pytest.mark.parametrize("side", ["JVM gateway", "state server"])
+def test_unauthenticated_connections_beyond_a_few_are_closed_at_once(bridge, side):
+    """py4j gives every connection a thread: more than 32 connections to a py4j listener (the
+    JVM's gateway, where it has one; the state server's callback server) that have not
+    authenticated are closed as soon as they are accepted, and the query still runs."""
+    _, callback, gateway = py4j_ports(bridge)
+    for port in gateway if side == "JVM gateway" else callback:
+        socks = [connect_to(port) for _ in range(48)]
+        try:
+            time.sleep(1.0)
+            closed = 0
+            for sock in socks:
+                sock.settimeout(0.05)
+                try:
+                    if sock.recv(1) == b"":
+                        closed += 1
+                except socket.timeout:
+                    pass
+                except OSError:
                     closed += 1
-            except socket.timeout:
-                pass
-            except OSError:
-                closed += 1
-        assert closed >= 48 - 32, f"only {closed} of 48 idle unauthenticated connections were closed at once"
-    finally:
-        for sock in socks:
-            sock.close()
+            assert closed >= 48 - 32, \
+                f"only {closed} of 48 idle unauthenticated connections to {port} were closed at once"
+        finally:
+            for sock in socks:
+                sock.close()
     bridge.serves()
 
 
@@ -246,14 +267,98 @@ def test_each_direction_has_its_own_secret(bridge):
     assert not both, "one secret serves both directions: " + "; ".join(both)
 
 
+# A local user other than the job's: holds as many connections as it can to every listener it is
+# given (TCP ports on loopback, Unix socket paths), reconnecting those closed, until its stdin
+# closes or 300 s have passed. First prints what it could connect to.
+OTHER_USER_ATTACKER = r'''
+import json, socket, sys, threading, time
+targets = json.loads(sys.argv[1])
+PER_TARGET = 80
+held = {str(t): [] for t in targets}
+errors = {}
+
+def connect(target):
+    if isinstance(target, int):
+        return socket.create_connection(("127.0.0.1", target), timeout=2)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(2)
+    sock.connect(target)
+    return sock
+
+def fill():
+    for target in targets:
+        live = []
+        for sock in held[str(target)]:
+            sock.setblocking(False)
+            try:
+                if sock.recv(1) == b"":
+                    sock.close()
+                    continue
+            except BlockingIOError:
+                pass
+            except OSError:
+                sock.close()
+                continue
+            live.append(sock)
+        held[str(target)] = live
+        while len(live) < PER_TARGET:
+            try:
+                live.append(connect(target))
+            except OSError as exc:
+                errors[str(target)] = f"{type(exc).__name__}: {exc}"
+                break
+
+fill()
+print(json.dumps({"held": {t: len(s) for t, s in held.items()}, "errors": errors}), flush=True)
+done = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+deadline = time.monotonic() + 300
+while not done.wait(0.3) and time.monotonic() < deadline:
+    fill()
+'''
+
+
+def test_another_local_user_holding_connections_cannot_stop_a_query(bridge):
+    """Another local user holds as many connections as it can (80 at a time, renewed as they are
+    closed) to every listener keyedstate opens: the state server's and keyedstate's in the JVM,
+    TCP or Unix. A query must still start, with new control connections to the state server (the
+    JVM closes idle ones after 30 to 60 s), and run exactly. Failed before: the callback server's
+    32 pre-authentication places were all taken, the JVM's new connection was closed at once,
+    and the query failed ('Error while obtaining a new communication channel')."""
+    if os.geteuid() != 0:
+        pytest.skip("running a process as another user needs root")
+    server, callback, gateway = py4j_ports(bridge)
+    targets = sorted(callback | gateway, key=str) + [p for p in unix_listening_paths(server) if p not in callback]
+    assert targets, "found no listener of keyedstate to attack"
+    python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    attacker = subprocess.Popen([python, "-c", OTHER_USER_ATTACKER, json.dumps(targets)], user=65534, group=65534,
+                                extra_groups=[], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/")
+    try:
+        first = attacker.stdout.readline()
+        assert first, "the attacker did not start"
+        reached = json.loads(first)
+        time.sleep(65)  # the JVM's idle control connections are closed: the next query opens new ones
+        assert attacker.poll() is None, "the attacker stopped early"
+        bridge.serves()
+        bridge.serves()
+    finally:
+        attacker.stdin.close()
+        try:
+            attacker.wait(30)
+        except subprocess.TimeoutExpired:
+            attacker.kill()
+            attacker.wait()
+    print(f"the attacker reached: {reached}")
+
+
 # -- the data channel ---------------------------------------------------------------------------------
 
 RESPONSE_HEAD = struct.Struct(">IB")  # length, status
 
 
 def data_socket(server: int) -> socket.socket:
-    paths = unix_listening_paths(server)
-    assert paths, f"state server {server} listens on no Unix socket"
+    paths = [p for p in unix_listening_paths(server) if p.endswith("/data.sock")]
+    assert paths, f"state server {server} listens on no data socket"
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(10)
     sock.connect(paths[0])

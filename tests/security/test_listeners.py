@@ -1,7 +1,7 @@
 """The state server's listeners give an unauthenticated peer nothing, not even a thread for long.
 
-Both of the state server's listeners (the data channel's Unix socket and the py4j callback
-server on loopback) must
+Both of the state server's listeners (the data channel's and the py4j callback server's Unix
+sockets) must
 - keep accepting after accept() fails (EMFILE when the process is out of file descriptors):
   an authenticated client is served again as soon as descriptors are free;
 - close a connection whose whole handshake is not done within its deadline
@@ -45,8 +45,6 @@ def _host(workdir: str, nofile: str) -> None:
     file descriptor, on ``release`` gives them back (each answered with a line on stdout)."""
     import resource
 
-    from py4j.java_gateway import CallbackServerParameters, GatewayClient, GatewayParameters, PythonProxyPool
-
     from keyedstate.server import api
     from keyedstate.server.data import DataServer
     from keyedstate.server.registry import StoreRegistry
@@ -59,12 +57,8 @@ def _host(workdir: str, nofile: str) -> None:
     root = Path(workdir)
     data = DataServer(StoreRegistry(root / "stores"), root / "data.sock", data_secret.encode())
     data.start()
-    callback = api._GuardedCallbackServer(
-        PythonProxyPool(), GatewayClient(gateway_parameters=GatewayParameters(port=1)),
-        callback_server_parameters=CallbackServerParameters(
-            address="127.0.0.1", port=0, auth_token=callback_secret, daemonize=True, daemonize_connections=True))
-    callback.start()
-    print(json.dumps({"data": str(data.path), "callback": callback.get_listening_port()}), flush=True)
+    callback = api.start_callback_server(object(), root / api.CALLBACK_SOCKET, callback_secret)
+    print(json.dumps({"data": str(data.path), "callback": callback.get_listening_address()}), flush=True)
     held: list[int] = []
     for line in sys.stdin:
         if line.strip() == "exhaust":
@@ -96,7 +90,7 @@ class Host:
         ready = self.proc.stdout.readline()
         assert ready, f"the listeners' host did not start: {self.log()}"
         info = json.loads(ready)
-        self.pid, self.data_path, self.callback_port = self.proc.pid, info["data"], info["callback"]
+        self.pid, self.data_path, self.callback_path = self.proc.pid, info["data"], info["callback"]
 
     def command(self, line: str) -> str:
         self.proc.stdin.write(line + "\n")
@@ -139,12 +133,10 @@ def start_host(tmp_path_factory):
 # -- clients ------------------------------------------------------------------------------------
 
 def connect(host: Host, listener: str) -> socket.socket:
-    if listener == "data":
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(10)
-        sock.connect(host.data_path)
-        return sock
-    return socket.create_connection(("127.0.0.1", host.callback_port), timeout=10)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(10)
+    sock.connect(host.data_path if listener == "data" else host.callback_path)
+    return sock
 
 
 def handshake(host: Host, listener: str, secret: str | None = None) -> bytes:
@@ -253,8 +245,7 @@ def test_unauthenticated_connections_beyond_a_few_are_closed_at_once(start_host,
     """48 idle connections: all but the few allowed to authenticate at once are closed at once,
     unread, the server holds no thread for them, and once the idle peers leave an authenticated
     client is served. Failed before: every connection kept a thread until its timeout. (A few
-    more than the cap will do: py4j's listen backlog of 5 makes loopback connects that overrun
-    it wait 1 s for a SYN retry each.)"""
+    more than the cap will do.)"""
     host = start_host()
     time.sleep(0.3)
     baseline = host.threads()

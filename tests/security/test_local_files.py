@@ -18,7 +18,7 @@ import pytest
 
 from support.constants import PFX
 from support.files import describe_changes, tree
-from support.processes import initial_environ, py4j_authenticates, server_ports
+from support.processes import initial_environ, py4j_authenticates, server_ports, unix_listening_paths
 from support.sessions import SessionProcess
 
 pytestmark = pytest.mark.timeout(300)
@@ -92,7 +92,7 @@ def test_secret_never_reaches_a_log_at_debug_level(debug_session):
     ports = set()
     for pid in servers:
         own, gateway = server_ports(pid, session.jvm_pid)
-        ports |= own | gateway
+        ports |= own | gateway | {p for p in unix_listening_paths(pid) if not p.endswith("/data.sock")}
     working = sorted({(t[:12] + "...", port) for t in list(tokens)[:200] for port in ports if py4j_authenticates(port, t)})
     assert not working, f"tokens written to a log authenticate to keyedstate's py4j endpoints: {working}"
 

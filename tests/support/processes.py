@@ -182,10 +182,17 @@ def answer(sock: socket.socket, timeout: float) -> bytes | str:
     return data or "closed"
 
 
-def py4j_authenticates(port: int, token: str, timeout: float = 10.0) -> bool:
-    """Whether a py4j endpoint on loopback ``port`` accepts ``token`` (py4j's auth command)."""
+def py4j_authenticates(port: int | str, token: str, timeout: float = 10.0) -> bool:
+    """Whether a py4j endpoint on loopback ``port`` (or the Unix socket at that path) accepts
+    ``token`` (py4j's auth command)."""
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        if isinstance(port, str):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(timeout)
+            sock.connect(port)
+        else:
+            sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        with sock:
             sock.sendall(f"A\n{token}\ne\n".encode())  # py4j's Python side also reads an end line
             answer = sock.recv(64)
     except OSError:

@@ -1,150 +1,108 @@
 package io.keyedstate.bridge
 
 import java.io.{IOException, InputStream, OutputStream}
-import java.net.{InetAddress, InetSocketAddress, ServerSocket, Socket, SocketException}
-import javax.net.{ServerSocketFactory, SocketFactory}
+import java.net.{InetAddress, Socket, SocketException, SocketTimeoutException, StandardProtocolFamily, UnixDomainSocketAddress}
+import java.nio.ByteBuffer
+import java.nio.channels.{ClosedSelectorException, SelectionKey, Selector, SocketChannel}
+import java.nio.file.Path
+import java.util.concurrent.TimeUnit
+import javax.net.SocketFactory
 
 /**
- * Server sockets for the py4j gateway: accepted connections have TCP_NODELAY (py4j's default
- * waits on Nagle) and, until they have authenticated, may send at most [[PreAuthBytes]] and must
- * do so within [[PreAuthTimeoutMs]] in all (py4j reads the auth line unbounded and waits for
- * ever); at most [[PreAuthConnections]] may be unauthenticated at once (py4j gives each a
- * thread), the rest are closed at once. A failing accept (no file descriptor left) is retried:
- * py4j's accept loop ends on the first exception, and the gateway would never accept again.
+ * py4j's connections to a state server's callback server, over its Unix domain socket (in a
+ * directory private to the user: no other local user can connect to it, nor take the connections
+ * a query needs). py4j wants a java.net.Socket, and Java's socket adaptor is for TCP only: this
+ * factory makes [[UnixChannelSocket]]s, whatever host and port py4j names.
  */
-object GuardedServerSocketFactory extends ServerSocketFactory {
-  val PreAuthBytes = 16 << 10
-  val PreAuthTimeoutMs = 10000
-  val PreAuthConnections = 32
-
-  private final class GuardedServerSocket extends ServerSocket {
-    private val unauthenticated = new java.util.concurrent.atomic.AtomicInteger
-
-    override def accept(): Socket = {
-      while (true) {
-        if (isClosed) throw new SocketException("Socket is closed")
-        val s = new PreAuthSocket(unauthenticated)
-        try implAccept(s) catch {
-          case e: IOException if !isClosed =>
-            org.slf4j.LoggerFactory.getLogger(getClass).warn(s"keyedstate: py4j gateway accept failed (${e.getMessage}); retrying")
-            Thread.sleep(100)
-        }
-        if (s.isConnected) {
-          if (unauthenticated.incrementAndGet() > PreAuthConnections) s.close()
-          else try {
-            s.setTcpNoDelay(true)
-            s.arm()
-            return s
-          } catch { case _: IOException => s.close() } // the peer is gone already
-        }
-      }
-      throw new IllegalStateException("unreachable")
-    }
-  }
-  override def createServerSocket(): ServerSocket = new GuardedServerSocket
-  override def createServerSocket(port: Int): ServerSocket = bound(port, 50, null)
-  override def createServerSocket(port: Int, backlog: Int): ServerSocket = bound(port, backlog, null)
-  override def createServerSocket(port: Int, backlog: Int, addr: InetAddress): ServerSocket =
-    bound(port, backlog, addr)
-  private def bound(port: Int, backlog: Int, addr: InetAddress): ServerSocket = {
-    val s = new GuardedServerSocket
-    s.bind(new InetSocketAddress(Option(addr).getOrElse(InetAddress.getLoopbackAddress), port), backlog)
-    s
-  }
-
-  /**
-   * A connection that counts as authenticated once the gateway has written to it (py4j's first
-   * write is its answer to the auth command; on a wrong token it closes the connection after
-   * it). Until then its reads are capped and time out.
-   */
-  private final class PreAuthSocket(unauthenticated: java.util.concurrent.atomic.AtomicInteger) extends Socket {
-    @volatile private var authenticated = false
-    private var counted = true
-    private var wantedTimeout = 0
-    private var deadline = 0L
-    private var in: InputStream = _
-    private var out: OutputStream = _
-
-    def arm(): Unit = { deadline = System.nanoTime() + PreAuthTimeoutMs * 1000000L; super.setSoTimeout(PreAuthTimeoutMs) }
-
-    /** No longer among the unauthenticated connections (authenticated, or closed). */
-    private def uncount(): Unit = synchronized { if (counted) { counted = false; unauthenticated.decrementAndGet() } }
-
-    override def close(): Unit = { uncount(); super.close() }
-
-    /** Before an unauthenticated read: the time left of the whole handshake, or none. */
-    private def remaining(): Unit = synchronized {
-      if (!authenticated) {
-        val left = (deadline - System.nanoTime()) / 1000000L
-        if (left <= 0) throw new java.net.SocketTimeoutException(s"keyedstate: an unauthenticated peer did not authenticate within $PreAuthTimeoutMs ms")
-        super.setSoTimeout(left.toInt)
-      }
-    }
-
-    override def setSoTimeout(timeout: Int): Unit = synchronized {
-      wantedTimeout = timeout
-      if (authenticated) super.setSoTimeout(timeout)
-    }
-
-    private def authenticate(): Unit = synchronized {
-      if (!authenticated) {
-        authenticated = true
-        uncount()
-        super.setSoTimeout(wantedTimeout)
-      }
-    }
-
-    override def getInputStream: InputStream = synchronized {
-      if (in == null) {
-        val raw = super.getInputStream
-        in = new InputStream {
-          private var read0 = 0L
-          private def room(len: Int): Int = {
-            if (authenticated) len
-            else {
-              if (read0 >= PreAuthBytes) throw new IOException(
-                s"keyedstate: an unauthenticated peer sent more than $PreAuthBytes bytes")
-              remaining()
-              math.min(len.toLong, PreAuthBytes - read0).toInt
-            }
-          }
-          override def read(): Int = { room(1); val b = raw.read(); if (b >= 0) read0 += 1; b }
-          override def read(b: Array[Byte], off: Int, len: Int): Int = {
-            if (len == 0) return 0
-            val n = raw.read(b, off, room(len))
-            if (n > 0) read0 += n
-            n
-          }
-          override def available(): Int = raw.available()
-          override def close(): Unit = raw.close()
-        }
-      }
-      in
-    }
-
-    override def getOutputStream: OutputStream = synchronized {
-      if (out == null) {
-        val raw = super.getOutputStream
-        out = new OutputStream {
-          override def write(b: Int): Unit = { authenticate(); raw.write(b) }
-          override def write(b: Array[Byte], off: Int, len: Int): Unit = { authenticate(); raw.write(b, off, len) }
-          override def flush(): Unit = raw.flush()
-          override def close(): Unit = raw.close()
-        }
-      }
-      out
-    }
-  }
+private[bridge] final class UnixSocketFactory(path: Path) extends SocketFactory {
+  override def createSocket(): Socket = throw new UnsupportedOperationException("a connected socket only")
+  override def createSocket(host: String, port: Int): Socket = new UnixChannelSocket(path)
+  override def createSocket(host: String, port: Int, local: InetAddress, localPort: Int): Socket =
+    new UnixChannelSocket(path)
+  override def createSocket(host: InetAddress, port: Int): Socket = new UnixChannelSocket(path)
+  override def createSocket(host: InetAddress, port: Int, local: InetAddress, localPort: Int): Socket =
+    new UnixChannelSocket(path)
 }
 
-/** Client sockets with TCP_NODELAY, for py4j's callback connections to Python. */
-object NoDelaySocketFactory extends SocketFactory {
-  private def nodelay(s: Socket): Socket = { s.setTcpNoDelay(true); s }
-  override def createSocket(): Socket = nodelay(new Socket())
-  override def createSocket(host: String, port: Int): Socket = nodelay(new Socket(host, port))
-  override def createSocket(host: String, port: Int, local: InetAddress, localPort: Int): Socket =
-    nodelay(new Socket(host, port, local, localPort))
-  override def createSocket(host: InetAddress, port: Int): Socket = nodelay(new Socket(host, port))
-  override def createSocket(host: InetAddress, port: Int, local: InetAddress, localPort: Int): Socket =
-    nodelay(new Socket(host, port, local, localPort))
+/**
+ * A java.net.Socket connected to the Unix domain socket `path`, with what py4j uses of one:
+ * its streams, a read timeout (`setSoTimeout`: a read waiting longer fails with a
+ * SocketTimeoutException, as on TCP; writes wait as long at most) and `close`, which ends a
+ * blocked read or write in another thread.
+ */
+private[bridge] final class UnixChannelSocket(path: Path) extends Socket {
+  private val channel = SocketChannel.open(StandardProtocolFamily.UNIX)
+  private val readable = Selector.open()
+  private val writable = Selector.open()
+  @volatile private var timeoutMs = 0
+  @volatile private var closed = false
+  try {
+    channel.connect(UnixDomainSocketAddress.of(path))
+    channel.configureBlocking(false)
+    channel.register(readable, SelectionKey.OP_READ)
+    channel.register(writable, SelectionKey.OP_WRITE)
+  } catch { case e: Throwable => close(); throw e }
+
+  private val in = new InputStream {
+    override def read(): Int = {
+      val one = new Array[Byte](1)
+      if (read(one, 0, 1) < 0) -1 else one(0) & 0xff
+    }
+    override def read(b: Array[Byte], off: Int, len: Int): Int =
+      if (len == 0) 0 else transfer(ByteBuffer.wrap(b, off, len), readable, "read")(channel.read)
+    override def close(): Unit = UnixChannelSocket.this.close()
+  }
+
+  private val out = new OutputStream {
+    override def write(b: Int): Unit = write(Array(b.toByte), 0, 1)
+    override def write(b: Array[Byte], off: Int, len: Int): Unit = {
+      val buf = ByteBuffer.wrap(b, off, len)
+      while (buf.hasRemaining) transfer(buf, writable, "write")(channel.write)
+    }
+    override def close(): Unit = UnixChannelSocket.this.close()
+  }
+
+  /** One read or write that moves at least a byte (or reads the end, -1), waiting for the
+   *  channel up to the timeout. */
+  private def transfer(buf: ByteBuffer, selector: Selector, what: String)(op: ByteBuffer => Int): Int = {
+    val timeout = timeoutMs
+    val deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(timeout)
+    try {
+      var n = op(buf)
+      while (n == 0) {
+        val left = if (timeout == 0) 0L else TimeUnit.NANOSECONDS.toMillis(deadline - System.nanoTime())
+        if (timeout > 0 && left <= 0) throw new SocketTimeoutException(s"$what timed out after $timeout ms")
+        selector.select(if (timeout == 0) 0L else math.max(1L, left))
+        if (closed) throw new SocketException("Socket closed")
+        selector.selectedKeys().clear()
+        n = op(buf)
+      }
+      n
+    } catch {
+      case _: ClosedSelectorException => throw new SocketException("Socket closed")
+      case e: IOException if closed && !e.isInstanceOf[SocketException] => throw new SocketException("Socket closed")
+    }
+  }
+
+  override def getInputStream: InputStream = { if (closed) throw new SocketException("Socket is closed"); in }
+  override def getOutputStream: OutputStream = { if (closed) throw new SocketException("Socket is closed"); out }
+  override def setSoTimeout(timeout: Int): Unit = {
+    if (timeout < 0) throw new IllegalArgumentException("timeout < 0")
+    timeoutMs = timeout
+  }
+  override def getSoTimeout: Int = timeoutMs
+  override def setSoLinger(on: Boolean, linger: Int): Unit = () // no lingering data on a local socket
+  override def setTcpNoDelay(on: Boolean): Unit = ()
+  override def isConnected: Boolean = true
+  override def isClosed: Boolean = closed
+  override def shutdownInput(): Unit = channel.shutdownInput()
+  override def shutdownOutput(): Unit = channel.shutdownOutput()
+  override def close(): Unit = synchronized {
+    if (!closed) {
+      closed = true
+      Seq[java.io.Closeable](channel, readable, writable).foreach(c => try c.close() catch { case _: IOException => })
+      try super.close() catch { case _: IOException => }
+    }
+  }
+  override def toString: String = s"UnixChannelSocket[$path]"
 }

@@ -4,12 +4,12 @@ import java.io.{IOException, OutputStream}
 import java.net.{InetAddress, SocketTimeoutException}
 import java.nio.charset.StandardCharsets
 import java.nio.file.{Files, LinkOption, Path, Paths}
-import java.util.concurrent.{ConcurrentLinkedDeque, CountDownLatch, TimeUnit}
+import java.util.concurrent.{ConcurrentLinkedDeque, TimeUnit}
 
 import scala.util.control.NonFatal
 
 import org.slf4j.LoggerFactory
-import py4j.{CallbackClient, GatewayServer}
+import py4j.{CallbackClient, Gateway}
 
 /** The state server process died; the task fails and its retry starts a new server. */
 class StateServerDiedException(message: String, cause: Throwable = null)
@@ -61,17 +61,41 @@ object ServerLaunch {
     }.getOrElse(default)
 }
 
-/** A gateway entry point through which the Python side announces that it is ready. */
-final class GatewayEntry {
-  private[bridge] val ready = new CountDownLatch(1)
-  @volatile private[bridge] var pid: Int = -1
-  def serverReady(pid: Int): Unit = { this.pid = pid; ready.countDown() }
+/**
+ * py4j's callback client (this JVM -> a state server) whose cleaner of idle connections runs on
+ * one daemon thread for the whole JVM: py4j's own runs on a pool thread of each client that is not
+ * a daemon, and kept a job's JVM from exiting after its work was done. Stopped with the client.
+ */
+private[bridge] final class DaemonCallbackClient(
+    pythonPort: Int, pythonAddress: InetAddress, secret: String, idleTime: Long, idleUnit: TimeUnit,
+    sockets: javax.net.SocketFactory, timeoutMs: Int)
+  // An idle time of 0 for py4j: its own cleaner is never scheduled, so its pool starts no thread.
+  extends CallbackClient(pythonPort, pythonAddress, secret, 0L, idleUnit, sockets, false, timeoutMs) {
+  private val cleaner = DaemonCallbackClient.Cleaner.scheduleAtFixedRate(
+    () => periodicCleanup(), idleTime, idleTime, idleUnit)
+
+  override def shutdown(): Unit = {
+    cleaner.cancel(false)
+    super.shutdown()
+  }
+
+  override def copyWith(newAddress: InetAddress, newPort: Int): py4j.Py4JPythonClient =
+    new DaemonCallbackClient(newPort, newAddress, secret, idleTime, idleUnit, sockets, timeoutMs)
+}
+
+private[bridge] object DaemonCallbackClient {
+  private val Cleaner = java.util.concurrent.Executors.newSingleThreadScheduledExecutor((r: Runnable) => {
+    val t = new Thread(r, "keyedstate-callback-cleaner")
+    t.setDaemon(true)
+    t
+  })
 }
 
 /**
- * One Python state server process with its py4j gateway (loopback only, TCP_NODELAY on every
- * socket) and its pool of bulk [[DataChannel]]s. Three random secrets, one per direction and
- * channel: the server's calls into this JVM's gateway, this JVM's callbacks into the server, and
+ * One Python state server process, called through py4j over its callback server's Unix socket,
+ * and its pool of bulk [[DataChannel]]s over another. Both sockets live in directories private to
+ * the user, and this JVM opens no listener for the server: no other local user can connect to
+ * either side. Two random secrets, one per channel: this JVM's control calls into the server, and
  * the data channel's HELLO. Its files live in `workDir`, private to the user, and go with it.
  */
 final class StateServerProcess private (
@@ -79,7 +103,7 @@ final class StateServerProcess private (
     val workDir: Path,
     process: Process,
     stdin: OutputStream,
-    gateway: GatewayServer,
+    gateway: Gateway,
     val api: PythonStateServer,
     dataPath: Path,
     dataSecret: Array[Byte],
@@ -180,6 +204,9 @@ final class StateServerProcess private (
 object StateServerProcess {
   private val log = LoggerFactory.getLogger(classOf[StateServerProcess])
   private val loopback = InetAddress.getLoopbackAddress
+  /** The file in a server's work dir that says it is ready: its pid, then its callback socket's
+   *  path (server/api.py READY_FILE). */
+  private val ReadyFile = "ready"
   /** Logs of replaced (dead) servers kept for diagnosis; older ones are deleted. */
   private val KeptDeadLogs = 4
 
@@ -252,20 +279,8 @@ object StateServerProcess {
   private def start(generation: Int, launch: ServerLaunch): StateServerProcess = {
     val workDir = LocalFiles.createNewPrivateDirectory(localRoot(launch).dir.resolve(s"server-$generation"))
     Seq("restore", "native").foreach(d => LocalFiles.createNewPrivateDirectory(workDir.resolve(d)))
-    val gatewaySecret = LocalFiles.randomHex(32)
     val callbackSecret = LocalFiles.randomHex(32)
     val dataSecret = LocalFiles.randomHex(32)
-    val entry = new GatewayEntry
-    val gateway = new GatewayServer.GatewayServerBuilder()
-      .entryPoint(entry)
-      .javaPort(0)
-      .javaAddress(loopback)
-      .authToken(gatewaySecret)
-      .serverSocketFactory(GuardedServerSocketFactory)
-      .callbackClient(new CallbackClient(0, loopback, callbackSecret, 30L, TimeUnit.SECONDS,
-        NoDelaySocketFactory, false, launch.callTimeoutMs))
-      .build()
-    gateway.start(true)
     val output = new ServerLog(workDir.resolve(ServerLog.Name))
     // In its private work dir, and not importing from its working directory (Python's -P):
     // a module planted where the job was launched never runs with the server's secrets.
@@ -279,8 +294,6 @@ object StateServerProcess {
       env.put("PYTHONPATH", path.split(java.io.File.pathSeparator, -1).filter(_.nonEmpty)
         .map(entry => Paths.get(entry).toAbsolutePath.toString).mkString(java.io.File.pathSeparator))
     }
-    env.put("KEYEDSTATE_GATEWAY_PORT", gateway.getListeningPort.toString)
-    env.put("KEYEDSTATE_GATEWAY_SECRET", gatewaySecret)
     env.put("KEYEDSTATE_CALLBACK_SECRET", callbackSecret)
     env.put("KEYEDSTATE_DATA_SECRET", dataSecret)
     env.put("KEYEDSTATE_WORK_DIR", workDir.toString)
@@ -288,7 +301,6 @@ object StateServerProcess {
     env.put("KEYEDSTATE_SERVER_PROCESSES", poolSize(launch).toString) // its share of memoryBudget
     val process = try builder.start() catch {
       case e: IOException =>
-        gateway.shutdown()
         output.close()
         throw new StateServerException(
           s"keyedstate: cannot start the state server with Python '${launch.pythonExec}' " +
@@ -296,26 +308,38 @@ object StateServerProcess {
             s"or PYSPARK_PYTHON to a Python with keyedstate installed): ${e.getMessage}", e)
     }
     output.pump(process.getInputStream, s"keyedstate-server-$generation-output")
+    val ready = workDir.resolve(ReadyFile)
     val deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(launch.startupTimeoutMs)
-    while (!entry.ready.await(100, TimeUnit.MILLISECONDS)) {
+    while (!Files.isRegularFile(ready, LinkOption.NOFOLLOW_LINKS)) {
       if (!process.isAlive || System.nanoTime() > deadline) {
         process.destroyForcibly()
         process.waitFor(5, TimeUnit.SECONDS)
-        gateway.shutdown()
         output.awaitEnd(2000)
-        val why = if (process.isAlive) s"did not connect within ${launch.startupTimeoutMs} ms"
+        val why = if (process.isAlive) s"was not ready within ${launch.startupTimeoutMs} ms"
           else s"exited with code ${process.exitValue()}"
         throw new StateServerException(
           s"keyedstate: the state server ('${launch.pythonExec} -m keyedstate.server') $why. " +
             s"Log: ${output.path}${output.tail()}")
       }
+      Thread.sleep(50)
     }
-    val api = gateway.getPythonServerEntryPoint(Array(classOf[PythonStateServer]))
+    val Array(pid, callbackPath) = new String(Files.readAllBytes(ready), StandardCharsets.UTF_8).split("\n").take(2)
+    val client = new DaemonCallbackClient(0, loopback, callbackSecret, 30L, TimeUnit.SECONDS,
+      new UnixSocketFactory(Paths.get(callbackPath)), launch.callTimeoutMs)
+    val gateway = new Gateway(null, client)
+    gateway.startup()
+    val api = client.getPythonServerEntryPoint(gateway, Array(classOf[PythonStateServer]))
       .asInstanceOf[PythonStateServer]
-    val dataPath = Paths.get(api.dataSocketPath())
-    log.info(s"keyedstate state server $generation started (pid ${entry.pid}, work dir $workDir)")
+    val dataPath = try Paths.get(api.dataSocketPath()) catch {
+      case NonFatal(e) =>
+        process.destroyForcibly()
+        gateway.shutdown()
+        throw new StateServerException(s"keyedstate: the state server (pid $pid) does not answer on its " +
+          s"callback socket $callbackPath: ${pythonMessage(e)}. Log: ${output.path}${output.tail()}", e)
+    }
+    log.info(s"keyedstate state server $generation started (pid $pid, work dir $workDir)")
     new StateServerProcess(generation, workDir, process, process.getOutputStream, gateway, api,
-      dataPath, dataSecret.getBytes(StandardCharsets.US_ASCII), launch.callTimeoutMs, output, entry.pid)
+      dataPath, dataSecret.getBytes(StandardCharsets.US_ASCII), launch.callTimeoutMs, output, pid.trim.toInt)
   }
 
   /** Whether a failure is a read timeout (py4j's control call, or the data channel's watchdog). */
