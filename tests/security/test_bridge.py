@@ -510,3 +510,31 @@ def test_hung_state_server_fails_the_batch_within_bounded_time(bridge):
         clear = ("timed out", "timeout", "time out", "did not respond", "not responding", "no response",
                  "did not answer", "unresponsive", "hung")
         assert any(c in error for c in clear), f"unclear error after {elapsed:.0f} s: {result['error'][:1500]}"
+
+
+def test_hung_state_server_fails_a_control_call_within_bounded_time(bridge):
+    """SIGSTOP the state server, then start a query on a new checkpoint: opening its stores is a
+    py4j control call (over the callback server's Unix socket), which must end within 60 s, not
+    hang, with the bridgeTimeout of 5 s: an error naming the hang, or (a new server) exact counts."""
+    session = bridge.session
+    server = the_server(bridge)
+    os.kill(server, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        session.send({"op": "run", "checkpoint": str(bridge.root / "control-checkpoint"),
+                      "input": str(bridge.root / "control-input"), "keys": ["x", "y", "x"], "confs": {}})
+        try:
+            result = session.reply(timeout=60)
+        except TimeoutError:
+            result = None
+        elapsed = time.monotonic() - started
+    finally:
+        signal_quietly(server, signal.SIGKILL)
+        signal_quietly(server, signal.SIGCONT)
+    assert result is not None, "starting a query still hangs 60 s after the state server stopped responding"
+    if result["ok"]:
+        assert result["counts"] == {"x": 2, "y": 1}, result
+    else:
+        error = result["error"].lower()
+        assert "did not answer" in error or "hung" in error, \
+            f"unclear error after {elapsed:.0f} s: {result['error'][:1500]}"
