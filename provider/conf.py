@@ -244,7 +244,7 @@ KNOBS: tuple[Knob, ...] = (
          "files). Default: a fresh directory under java.io.tmpdir, removed at JVM exit.",
          jvm=True),
     Knob("serverStartupTimeout", "60s", parse_duration,
-         "How long the JVM waits for the Python state server to start and connect.", jvm=True),
+         "How long the JVM waits for the Python state server to start and say it is ready.", jvm=True),
     Knob("bridgeTimeout", "10m", parse_duration,
          "Longest a single call to the Python state server may take before the task fails.",
          jvm=True),
