@@ -118,12 +118,6 @@ class StateServerApi:
         self.registry.close(handle)
 
 
-def _nodelay(sock: socket.socket | None) -> None:
-    """TCP_NODELAY on a TCP socket (py4j's payloads over ~6 KB otherwise wait ~40 ms for Nagle)."""
-    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
 class _AuthFailed(Exception):
     pass
 
@@ -187,16 +181,15 @@ _py4j_log = logging.getLogger("py4j.java_gateway")
 
 
 class _GuardedCallbackServer(CallbackServer):
-    """py4j's callback server whose accept loop keeps accepting when accepting or serving one
+    """py4j's callback server on a Unix socket, whose accept loop keeps accepting when accepting or serving one
     connection fails (py4j's ends for good on the first error, e.g. EMFILE while a flood of
     connections holds every file descriptor), and closes a connection at once, unread, while
     :data:`MAX_HANDSHAKES` others are still authenticating."""
 
     LISTEN_BACKLOG = 128
-    """On a Unix socket, as the data channel's: a connect beyond the backlog fails at once
-    (EAGAIN), where TCP's waits for a retry."""
+    """As the data channel's: on a Unix socket a connect beyond the backlog fails at once (EAGAIN)."""
 
-    def __init__(self, *args, unix_path: Path | None = None, **kwargs) -> None:
+    def __init__(self, *args, unix_path: Path, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.unix_path = unix_path
         self._handshakes = threading.BoundedSemaphore(MAX_HANDSHAKES)
@@ -205,10 +198,7 @@ class _GuardedCallbackServer(CallbackServer):
 
     def start(self):
         """py4j's ``CallbackServer.start`` on the Unix socket ``unix_path`` (a new entry: an
-        existing one fails), listening before it returns; on TCP without one."""
-        if self.unix_path is None:
-            super().start()
-            return
+        existing one fails), listening before it returns."""
         self.server_socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.server_socket.bind(str(self.unix_path))
@@ -222,19 +212,17 @@ class _GuardedCallbackServer(CallbackServer):
         self.thread.start()
 
     def _create_connection(self, socket_instance, stream):
-        _nodelay(socket_instance)
         return _GuardedCallbackConnection(self.pool, stream, socket_instance, self.gateway_client,
                                           self.callback_server_parameters, self)
 
     def run(self):
-        """py4j 0.10.9's ``CallbackServer.run`` (the same signals, logs, TCP listen backlog and
-        shutdown), but each connection is accepted by :meth:`_accept_one`, which contains its
+        """py4j 0.10.9's ``CallbackServer.run`` (the same signals, logs and shutdown), but each connection is accepted by :meth:`_accept_one`, which contains its
         errors."""
         try:
             with self.lock:
                 self.is_shutdown = False
             _py4j_log.info("Callback Server Starting")
-            self.server_socket.listen(self.LISTEN_BACKLOG if self.unix_path is not None else 5)
+            self.server_socket.listen(self.LISTEN_BACKLOG)
             _py4j_log.info("Socket listening on {0}".format(proto.smart_decode(self.server_socket.getsockname())))
             server_started.send(self, server=self)
 

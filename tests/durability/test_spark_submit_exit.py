@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -105,7 +105,6 @@ def test_spark_submit_exits_when_its_query_is_done(tmp_path, master):
     try:
         code, result, exited, servers, log = submit(tmp_path, master, home)
     finally:
-        import shutil
         shutil.rmtree(home, ignore_errors=True)
     assert result.get("counts") == {f"key-{i}": sum(1 for j in range(50) if j % 7 == i) for i in range(7)}, \
         f"the query's results are wrong or missing: {result}; log:\n{log[-3000:]}"
