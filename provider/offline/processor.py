@@ -559,10 +559,32 @@ def _undo(ck: Checkpoint) -> dict[str, Any]:
             f"state processor's change of batch {batch}; undoing the change would lose them: nothing was undone")
     record = _read_record(ck, batch)
     was_committed = batch in committed
+    if was_committed:
+        _refuse_changed_since(ck, record)
     deleted = _roll_back(ck, record)
     log.info("%s: undid the %s of batch %d", ck.root, record["operation"], batch)
     return {"checkpoint": ck.root, "batch": batch, "operation": record["operation"], "committed": was_committed,
             "lastCommitted": record["lastCommitted"], "deleted": deleted}
+
+
+def _refuse_changed_since(ck: Checkpoint, record: dict[str, Any]) -> None:
+    """Undo restores the checkpoint by removing what the change added: refused when something
+    else changed it since (``keyedstate migrate`` rewrites the last offsets entry and retires the
+    old provider's files), as the result would be neither the state before nor after."""
+    batch = record["batch"]
+    if ck.storage.read_bytes(ck.path("offsets", str(batch))) != \
+            ck.storage.read_bytes(ck.path("offsets", str(record["lastCommitted"]))):
+        raise StateProcessorError(f"{ck.path('offsets', str(batch))} was rewritten after the state processor's change "
+                                  f"of batch {batch} (by keyedstate migrate?): undo cannot restore the checkpoint; "
+                                  "nothing was undone")
+    own = (f"{batch + 1}.", f"{batch + 1}_")  # the change's own version: it replaced such leftovers itself
+    current = set(_names(ck))
+    gone = [n for n in record["names"] if n not in current
+            and not n.rsplit("/", 1)[-1].removeprefix(".").startswith(own)]
+    if gone:
+        raise StateProcessorError(f"{ck.path(gone[0])} and {len(gone) - 1} other name(s) present before the state "
+                                  f"processor's change of batch {batch} are gone: something else changed the "
+                                  "checkpoint since, and undo cannot restore them; nothing was undone")
 
 
 def _utf(text: str) -> bytes:

@@ -189,10 +189,13 @@ def test_a_change_killed_while_it_deletes_a_leftover_leaves_no_snapshot_without_
     assert [p.rsplit("/", 1)[-1] for p in deleted] == ["3.ks-snapshot"]
     assert (part / "3.ks-changelog").exists() and not (part / "3.ks-snapshot").exists()
     monkeypatch.setattr(LocalStorage, "delete", real_delete)
-    # The committed state is untouched, and the next change says what to do first.
+    # The committed state is untouched, and the next change recognises the cut-short one by its
+    # record, removes it, and replaces the leftover changelog with its own version.
     assert sorted(map(str, keyedstate.state(spark, checkpoint).read(0, batch=1).collect())) == before
-    with pytest.raises(keyedstate.MigrateError, match=r"offsets.2: batch 2 started but did not commit"):
-        keyedstate.state(spark, checkpoint).transform(0, lambda key, value: value)
+    assert (checkpoint / "offsets" / "2").exists() and (checkpoint / "_keyedstate_changes" / "2.json").exists()
+    result = keyedstate.state(spark, checkpoint).transform(0, lambda key, value: value)
+    assert result["version"] == 3
+    assert sorted(map(str, keyedstate.state(spark, checkpoint).read(0).collect())) == before
 
 
 def test_a_change_without_its_snapshot_is_rescaled_as_written(spark, tmp_path):
@@ -356,3 +359,19 @@ def test_a_failed_change_leaves_nothing_behind_and_a_cut_short_one_is_taken_over
     assert _counts(spark, checkpoint) == {k: (n * 2, s) for k, (n, s) in counts.items()}
     keyedstate.undo(checkpoint)
     assert _hashes(checkpoint) == clean
+
+
+def test_undo_refuses_a_change_that_a_migration_rewrote(spark, tmp_path):
+    """``keyedstate migrate`` after a change rewrites its offsets entry and retires the files the
+    state before the change lived in: undo cannot restore that state and refuses, touching nothing."""
+    from support.scenarios import agg_update
+
+    checkpoint = tmp_path / "checkpoint"
+    run_query(spark, KS, agg_update, KV, KV_STEPS[:2], checkpoint, tmp_path / "input", "update")
+    keyedstate.state(spark, checkpoint).transform(0, lambda key, value: value)
+    keyedstate.migrate(checkpoint, "hdfs", spark)
+    migrated = _hashes(checkpoint)
+    with pytest.raises(keyedstate.StateProcessorError,
+                       match=r"offsets.2 was rewritten after the state processor's change of batch 2 .*nothing was undone"):
+        keyedstate.undo(checkpoint)
+    assert _hashes(checkpoint) == migrated
