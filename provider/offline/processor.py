@@ -245,7 +245,7 @@ class StateProcessor:
         recorded first, and taken back whole if any step fails."""
         batch = p.batch + 1
         provider = p.source or DEFAULT_PROVIDER
-        require_state_migrator(self.spark)
+        require_state_migrator(self.spark, StateProcessorError)
         journal = _begin(self.ck, p, changed, value_schema, operation)
         try:
             offsets = self.ck.path("offsets", str(batch))

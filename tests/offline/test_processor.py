@@ -375,3 +375,29 @@ def test_undo_refuses_a_change_that_a_migration_rewrote(spark, tmp_path):
                        match=r"offsets.2 was rewritten after the state processor's change of batch 2 .*nothing was undone"):
         keyedstate.undo(checkpoint)
     assert _hashes(checkpoint) == migrated
+
+
+def test_a_session_without_the_jar_is_refused_before_anything_is_written(request, tmp_path):
+    """A change from a session whose JVM lacks keyedstate's jar (here on a query of Spark's own
+    provider, which needs none) is refused up front, naming the jar, and writes nothing: the
+    next call says the same, instead of taking a leftover offsets entry for a running query."""
+    from pyspark.sql import SparkSession
+
+    from support import jvmsession
+    from support.scenarios import agg_update
+
+    if not jvmsession.run_here_or_delegate(request, tmp_path):
+        return
+    builder = (SparkSession.builder.master("local[2]").appName("keyedstate-no-jar")
+               .config("spark.sql.shuffle.partitions", "2").config("spark.ui.enabled", "false")
+               .config("spark.driver.extraJavaOptions", jvmsession.QUICK_JVM_OPTIONS))
+    with jvmsession.own_jvm_session(builder) as session:
+        checkpoint = tmp_path / "checkpoint"
+        run_query(session, HDFS_PROVIDER, agg_update, KV, KV_STEPS[:2], checkpoint, tmp_path / "input", "update")
+        before = _hashes(checkpoint)
+        for _ in range(2):
+            with pytest.raises(keyedstate.StateProcessorError,
+                               match=r"no io\.keyedstate\.offline\.StateMigrator \(keyedstate's jar is not on its "
+                                     r"classpath\).*nothing was written"):
+                keyedstate.state(session, checkpoint).transform(0, lambda key, value: value)
+            assert _hashes(checkpoint) == before
