@@ -246,7 +246,8 @@ def test_a_function_whose_values_do_not_fit_the_schema_changes_nothing(spark, tm
         (lambda key, value: {"nosuchfield": "ten"},
          rf"{keys} of {keys} value\(s\) .* the first: key \{{'k': 'k\d'\}} returned \{{'nosuchfield': 'ten'\}}: "
          r"unknown field nosuchfield; missing field count, sum\. Nothing was written"),
-        (lambda key, value: {**value, "sum": "ten"}, r"returned \{'count': \d+, 'sum': 'ten'\}: sum is str 'ten', not bigint"),
+        (lambda key, value: {**value, "sum": "ten"},
+         r"returned \{'count': \d+, 'sum': 'ten'\}: sum is str 'ten', not bigint"),
         (lambda key, value: {"count": value["count"]}, r"missing field sum\."),
         (lambda key, value: value["count"], r"returned \d+: the value is int \d+, not struct<count:bigint,sum:bigint>"),
         (lambda key, value: 1 // 0 if key["k"] == "k1" else value,
@@ -372,7 +373,8 @@ def test_undo_refuses_a_change_that_a_migration_rewrote(spark, tmp_path):
     keyedstate.migrate(checkpoint, "hdfs", spark)
     migrated = _hashes(checkpoint)
     with pytest.raises(keyedstate.StateProcessorError,
-                       match=r"offsets.2 was rewritten after the state processor's change of batch 2 .*nothing was undone"):
+                       match=r"offsets.2 was rewritten after the state processor's change of batch 2 "
+                             r".*nothing was undone"):
         keyedstate.undo(checkpoint)
     assert _hashes(checkpoint) == migrated
 
