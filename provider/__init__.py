@@ -20,7 +20,7 @@ from .offline.checkpoint import CheckpointError
 from .offline.inspection import InspectError, inspect
 from .offline.lookup import get
 from .offline.migration import MigrateError, migrate
-from .offline.processor import StateProcessor, StateProcessorError, state
+from .offline.processor import StateProcessor, StateProcessorError, state, undo
 from .offline.rescaling import RescaleError, rescale
 from .offline.storage import StorageError
 from .offline.stores import CheckpointProblem
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 __all__ = ["PROVIDER_CLASS", "CheckpointError", "CheckpointProblem", "InspectError", "MigrateError", "RescaleError",
-           "StateProcessor", "StateProcessorError", "StorageError", "configure", "get", "inspect", "jar_path", "migrate", "rescale", "state", "verify", "__version__"]
+           "StateProcessor", "StateProcessorError", "StorageError", "configure", "get", "inspect", "jar_path", "migrate", "rescale", "state", "undo", "verify", "__version__"]
 __version__ = "0.1.0"
 
 PROVIDER_CLASS_CONF = "spark.sql.streaming.stateStore.providerClass"

@@ -52,11 +52,15 @@ def main(argv: list[str] | None = None) -> int:
     mig.add_argument("--keep-old", action="store_true",
                      help="keep the old provider's files after the switch (rescale and verify then refuse them)")
     mig.add_argument("--json", action="store_true", help="print the result as JSON")
-    for p in (ver, getp, mig, insp, resc):
+    und = sub.add_parser("undo", help="take back the state processor's last change (transform, bootstrap) to a "
+                         "stopped query's checkpoint, exactly")
+    und.add_argument("--checkpoint", required=True, help="the query's checkpointLocation (any scheme)")
+    und.add_argument("--json", action="store_true", help="print the result as JSON")
+    for p in (ver, getp, mig, insp, resc, und):
         p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                        help="a Spark conf for the session that reaches a non-local checkpoint (repeatable)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.command in ("rescale", "migrate") else logging.WARNING,
+    logging.basicConfig(level=logging.INFO if args.command in ("rescale", "migrate", "undo") else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
 
@@ -103,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"keyedstate rescale: {exc}", file=sys.stderr)
             return 1
         print(json.dumps(result.to_dict()) if result else json.dumps({"rolledBack": True}))
-    elif args.command in ("verify", "get", "migrate"):
+    elif args.command in ("verify", "get", "migrate", "undo"):
         return _offline(args)
     return 0
 
@@ -150,6 +154,16 @@ def _offline(args) -> int:
                 print(f"keyedstate migrate: {exc}", file=sys.stderr)
                 return 1
             sys.stdout.write(json.dumps(result) + "\n" if args.json else render_migration(result))
+            return 0
+        if args.command == "undo":
+            from .offline.processor import StateProcessorError, render_undo, undo
+
+            try:
+                result = undo(args.checkpoint)
+            except StateProcessorError as exc:
+                print(f"keyedstate undo: {exc}", file=sys.stderr)
+                return 1
+            sys.stdout.write(json.dumps(result) + "\n" if args.json else render_undo(result))
             return 0
         if args.command == "verify":
             from .offline.verify import render, verify

@@ -217,6 +217,17 @@ def write_store(spark: "SparkSession", ck: Checkpoint, s: StorePlan, rows, value
     return int(sum(counts))
 
 
+def require_state_migrator(spark: "SparkSession", error: type[MigrateError] = MigrateError) -> None:
+    """Refuse, before anything is written, a session whose JVM cannot run :func:`write_store`
+    (keyedstate's jar is not on its classpath: py4j then gives a package, not the class)."""
+    from py4j.java_gateway import JavaClass
+
+    if not isinstance(spark.sparkContext._jvm.io.keyedstate.offline.StateMigrator, JavaClass):
+        raise error("this SparkSession's JVM has no io.keyedstate.offline.StateMigrator (keyedstate's jar is "
+                           "not on its classpath): create the session with keyedstate.configure(builder), or pass "
+                           "--jars $(keyedstate jar); nothing was written")
+
+
 def _delete_version(ck: Checkpoint, s: StorePlan, version: int, provider: str) -> None:
     pattern = FILES_OF.get(provider, (None,))[0]
     if pattern is None:

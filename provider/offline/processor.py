@@ -28,24 +28,47 @@ by the query's own provider classes, so that the result is a normal checkpoint v
 query restarts from (with the same provider, or any other after ``keyedstate migrate``). The
 restarted query's batch ids continue after ``B+1``. Nothing existing is modified, except Spark's
 state schema file of the changed store when its value schema changes (rewritten after the state
-is written, before the commit). Until ``commits/B+1`` exists the change has not happened: a
-failed one is undone by deleting ``offsets/B+1`` and the state files of version ``B+2`` (a
-restarted query refuses to take an offline writer's file as its own batch's, and says which to
-delete); the change can then be made again.
+is written, before the commit).
+
+**Checked first.** A transform runs the function over every row before anything is written:
+a value that does not fit the target value schema (an unknown or missing field, a value of
+another type, None in a non-nullable field), or a function that raises, fails the change with
+the first such row, and the checkpoint is left as it was. ``dry_run`` stops there and shows a
+sample of rows before and after.
+
+**Undo.** Before writing, a change records in ``_keyedstate_changes/<B+1>.json`` every name
+under the checkpoint and the bytes of the schema file it will rewrite. :func:`undo` (``keyedstate
+undo``) takes the change back exactly: ``commits/B+1`` first (from then on the change has not
+happened), the schema file's old bytes, every file and directory the change added (snapshots
+before changelogs: a changelog left alone is refused by a query's commit, a snapshot would be
+taken as the version), ``offsets/B+1``, the record. It refuses when a batch has started on top of
+the change (undoing it would lose that batch) and when there is no change to undo. A change that
+fails is taken back the same way before its error is raised; if that too is cut short (a kill),
+the next change or :func:`undo` recognises the leftover by its record and removes it first.
 """
 from __future__ import annotations
 
+import base64
+import functools
 import json
+import logging
 import os
 import struct
+import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from .migration import DEFAULT_PROVIDER, MigrateError, Plan, StorePlan, plan as plan_of, write_store
-from .storage import HadoopStorage, LocalStorage, Storage, is_local
+from .migration import (DEFAULT_PROVIDER, MigrateError, Plan, StorePlan, plan as plan_of, require_state_migrator,
+                        write_store)
+from .storage import HadoopStorage, LocalStorage, Storage, is_local, open_storage
 from .stores import Checkpoint, partition_key_layout
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+CHANGES_DIR = "_keyedstate_changes"  # at the checkpoint's root: one record per change, <batch>.json
+_SAMPLE = 5
 
 
 class StateProcessorError(MigrateError):
@@ -55,6 +78,12 @@ class StateProcessorError(MigrateError):
 def state(spark: "SparkSession", checkpoint: str | os.PathLike) -> "StateProcessor":
     """The state processor of a stopped query's checkpoint (any scheme Spark accepts)."""
     return StateProcessor(spark, checkpoint)
+
+
+def undo(checkpoint: str | os.PathLike, spark: "SparkSession | None" = None) -> dict[str, Any]:
+    """Take back the last change (transform, bootstrap) made to the stopped query's checkpoint,
+    exactly (see the module doc); a local checkpoint needs no Spark. Returns what was undone."""
+    return _undo(Checkpoint(open_storage(checkpoint, spark)))
 
 
 class StateProcessor:
@@ -87,13 +116,16 @@ class StateProcessor:
 
     # -- changing ------------------------------------------------------------------------------
     def transform(self, operator: int, fn: Callable[[dict, dict], dict | None], *, store: str | None = None,
-                  value_schema: Any = None) -> dict[str, Any]:
+                  value_schema: Any = None, dry_run: bool = False, sample: int = _SAMPLE) -> dict[str, Any]:
         """Replace every value of one store by ``fn(key, value)`` (None drops the key), optionally
-        into ``value_schema`` (a StructType or DDL string). Returns what was written."""
+        into ``value_schema`` (a StructType or DDL string). Every returned value is checked against
+        the target value schema before anything is written. ``dry_run``: write nothing; print and
+        return the counts and ``sample`` rows before and after. Returns what was written."""
         import cloudpickle
+        from pyspark import StorageLevel
         from pyspark.sql import types as T
 
-        p, target = self._target(operator, store)
+        p, target = self._target(operator, store, take_over=not dry_run)
         new_value = _struct(self.spark, value_schema) if value_schema is not None else \
             T.StructType.fromJson(target.value_schema)
         key_type = T.StructType.fromJson(target.key_schema)
@@ -104,15 +136,43 @@ class StateProcessor:
 
             user = cp.loads(payload)
             for r in rows:
-                value = user(r.key.asDict(recursive=True), r.value.asDict(recursive=True))
-                if value is not None:
-                    yield (r.key, _row_of(new_value, value), r.partition_id)
+                key = r.key.asDict(recursive=True)
+                try:  # the function gets its own copies: one that edits them in place keeps "before" intact
+                    value = user(r.key.asDict(recursive=True), r.value.asDict(recursive=True))
+                except Exception as exc:
+                    yield r.key, key, r.value.asDict(recursive=True), None, r.partition_id, \
+                        f"raised {type(exc).__name__}: {_short(str(exc))}"
+                    continue
+                why = None if value is None else _misfit(new_value, value, "")
+                yield r.key, key, r.value.asDict(recursive=True), value, r.partition_id, \
+                    why and f"returned {_short(repr(value))}: {why}"
 
         current = self.read(operator, target.store, p.batch)
-        schema = T.StructType([T.StructField("key", key_type), T.StructField("value", new_value),
-                               T.StructField("partition_id", T.IntegerType())])
-        changed = self.spark.createDataFrame(current.rdd.mapPartitions(apply), schema)
-        return self._write_state_batch(p, target, changed, json.loads(new_value.json()))
+        results = current.rdd.mapPartitions(apply).persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            counts = _summary(results.mapPartitions(_summarise).collect())
+            where = f"{self.ck.root}: operator {operator} store {target.store}"
+            if counts["bad"]:
+                key, why = counts["first"]
+                raise StateProcessorError(
+                    f"{where}: the transform's function gave {counts['bad']} of {counts['rows']} value(s) that do "
+                    f"not fit the value schema {new_value.simpleString()}; the first: key {_short(repr(key))} "
+                    f"{why}. Nothing was written")
+            out = {"checkpoint": self.ck.root, "operator": operator, "store": target.store,
+                   "rows": counts["rows"], "kept": counts["kept"], "dropped": counts["rows"] - counts["kept"]}
+            if dry_run:
+                out.update(dryRun=True, batch=p.batch + 1, valueSchema=new_value.simpleString(),
+                           sample=[{"key": t[1], "before": t[2], "after": _plain(t[3])} for t in results.take(sample)])
+                print(render_dry_run(out))
+                return out
+            schema = T.StructType([T.StructField("key", key_type), T.StructField("value", new_value),
+                                   T.StructField("partition_id", T.IntegerType())])
+            changed = self.spark.createDataFrame(
+                results.filter(lambda t: t[3] is not None or t[5] is not None).map(_written(new_value)), schema)
+            return {**self._write_state_batch(p, target, changed, json.loads(new_value.json()), "transform"),
+                    **{k: out[k] for k in ("kept", "dropped")}}
+        finally:
+            results.unpersist()
 
     def bootstrap(self, operator: int, data: "DataFrame", *, store: str | None = None,
                   replace: bool = False) -> dict[str, Any]:
@@ -143,16 +203,31 @@ class StateProcessor:
         if not replace:
             current = self.read(operator, target.store, p.batch)
             rows = rows.unionByName(current.join(rows.select("key"), "key", "left_anti"))
-        return self._write_state_batch(p, target, rows, target.value_schema)
+        return self._write_state_batch(p, target, rows, target.value_schema, "bootstrap")
+
+    def undo(self) -> dict[str, Any]:
+        """Take back the last change to this checkpoint (see :func:`undo`)."""
+        return _undo(self.ck)
 
     # -- internals -----------------------------------------------------------------------------
-    def _plan(self) -> Plan:
+    def _plan(self, take_over: bool = True) -> Plan:
+        leftover = _leftover(self.ck)
+        if leftover is not None:
+            batch = leftover["batch"]
+            if not take_over:
+                raise StateProcessorError(
+                    f"{self.ck.path('offsets', str(batch))}: an unfinished {leftover['operation']} of the state "
+                    f"processor (batch {batch}, cut short); the next change removes it first, or "
+                    f"`keyedstate undo --checkpoint {self.ck.root}` does")
+            log.warning("%s: removing the unfinished %s of batch %d that a state processor call left behind",
+                        self.ck.root, leftover["operation"], batch)
+            _roll_back(self.ck, leftover)
         p = plan_of(self.ck, "")
         p.target = p.source
         return p
 
-    def _target(self, operator: int, store: str | None) -> tuple[Plan, StorePlan]:
-        p = self._plan()
+    def _target(self, operator: int, store: str | None, take_over: bool = True) -> tuple[Plan, StorePlan]:
+        p = self._plan(take_over)
         stores = [s for s in p.stores if s.operator == operator]
         if not stores:
             raise StateProcessorError(f"{self.ck.path('state', str(operator))}: no stateful operator {operator} "
@@ -164,28 +239,42 @@ class StateProcessor:
             raise StateProcessorError(f"operator {operator} has no store {store!r} ({[s.store for s in stores]})")
         return p, chosen
 
-    def _write_state_batch(self, p: Plan, changed: StorePlan, rows: "DataFrame", value_schema: dict) -> dict:
-        """offsets/B+1, every store's version B+2 (``changed`` from ``rows``), schema, commits/B+1."""
+    def _write_state_batch(self, p: Plan, changed: StorePlan, rows: "DataFrame", value_schema: dict,
+                           operation: str) -> dict:
+        """offsets/B+1, every store's version B+2 (``changed`` from ``rows``), schema, commits/B+1;
+        recorded first, and taken back whole if any step fails."""
         batch = p.batch + 1
         provider = p.source or DEFAULT_PROVIDER
-        offsets = self.ck.path("offsets", str(batch))
-        if not self.storage.exists(offsets):
-            self.storage.write_atomic(offsets, self.storage.read_bytes(self.ck.path("offsets", str(p.batch))))
-        _, meta, _ = self.ck.offset_entry(batch)
-        confs = {k: str(v) for k, v in (meta.get("conf") or {}).items()
-                 if k != "spark.sql.streaming.stateStore.providerClass"}
-        written = []
-        for s in p.stores:
-            if s is changed:
-                df, vs = rows, value_schema
-            else:
-                df, vs = self.read(s.operator, s.store, p.batch), s.value_schema
-            n = write_store(self.spark, self.ck, s, df, vs, batch, provider, confs)
-            written.append({"operator": s.operator, "store": s.store, "rows": n})
-        if value_schema != changed.value_schema:
-            self._write_schema(changed, value_schema, batch)
-        commit = self.storage.read_bytes(self.ck.path("commits", str(p.batch)))
-        self.storage.write_atomic(self.ck.path("commits", str(batch)), commit)
+        require_state_migrator(self.spark, StateProcessorError)
+        journal = _begin(self.ck, p, changed, value_schema, operation)
+        try:
+            offsets = self.ck.path("offsets", str(batch))
+            if not self.storage.exists(offsets):
+                self.storage.write_atomic(offsets, self.storage.read_bytes(self.ck.path("offsets", str(p.batch))))
+            _, meta, _ = self.ck.offset_entry(batch)
+            confs = {k: str(v) for k, v in (meta.get("conf") or {}).items()
+                     if k != "spark.sql.streaming.stateStore.providerClass"}
+            written = []
+            for s in p.stores:
+                if s is changed:
+                    df, vs = rows, value_schema
+                else:
+                    df, vs = self.read(s.operator, s.store, p.batch), s.value_schema
+                n = write_store(self.spark, self.ck, s, df, vs, batch, provider, confs)
+                written.append({"operator": s.operator, "store": s.store, "rows": n})
+            if value_schema != changed.value_schema:
+                self._write_schema(changed, value_schema, batch)
+            commit = self.storage.read_bytes(self.ck.path("commits", str(p.batch)))
+            self.storage.write_atomic(self.ck.path("commits", str(batch)), commit)
+        except BaseException as failure:
+            log.warning("%s: the %s of batch %d failed (%s); removing what it wrote", self.ck.root, operation,
+                        batch, type(failure).__name__)
+            try:
+                _roll_back(self.ck, journal)
+            except BaseException as exc:
+                log.error("%s: could not remove what the failed %s wrote (%s); the next change or `keyedstate "
+                          "undo` removes it", self.ck.root, operation, exc)
+            raise
         return {"checkpoint": self.ck.root, "batch": batch, "version": batch + 1, "provider": provider,
                 "written": written}
 
@@ -193,16 +282,309 @@ class StateProcessor:
         """Spark's state schema file (format v2) of the store, with the new value schema. Spark
         keeps one schema per store, so the state data source then reads the batches before the
         change with the new schema: the previous file is kept beside it as
-        ``schema.before-batch-<batch>`` (for a rollback, or to read those batches)."""
-        base = self.ck.path("state", str(s.operator), "0")
-        path = self.storage.join(base, "_metadata", "schema") if s.store == "default" else \
-            self.storage.join(base, s.store, "_metadata", "schema")
+        ``schema.before-batch-<batch>`` (to read those batches)."""
+        path = _schema_path(self.ck, s)
         data = _utf("v2") + _chunks(json.dumps(s.key_schema, separators=(",", ":"))) + \
             _chunks(json.dumps(value_schema, separators=(",", ":")))
         backup = f"{path}.before-batch-{batch}"
         if not self.storage.exists(backup):  # Spark keeps one schema per store: keep the old one
             self.storage.write_atomic(backup, self.storage.read_bytes(path))
         self.storage.replace(path, data)
+
+
+def render_dry_run(result: dict[str, Any]) -> str:
+    """A transform's dry run as text: the counts, then each sampled row before -> after."""
+    lines = [f"{result['checkpoint']}: dry run, nothing written: a transform of operator {result['operator']} store "
+             f"{result['store']} would write batch {result['batch']} (value {result['valueSchema']}): "
+             f"{result['rows']} rows, {result['kept']} kept, {result['dropped']} dropped"]
+    for row in result["sample"]:
+        after = "(dropped)" if row["after"] is None else row["after"]
+        lines.append(f"  key {row['key']}: {row['before']} -> {after}")
+    return "\n".join(lines)
+
+
+def render_undo(result: dict[str, Any]) -> str:
+    return (f"{result['checkpoint']}: undid the {result['operation']} of batch {result['batch']}"
+            f"{'' if result['committed'] else ' (unfinished)'}; the last committed batch is {result['lastCommitted']} "
+            f"again ({result['deleted']} files and directories removed)\n")
+
+
+# -- checking what a function returns -----------------------------------------------------------
+
+def _misfit(schema: Any, value: Any, path: str) -> str | None:
+    """Why ``value`` does not fit ``schema`` (a struct: a dict with exactly its fields, a Row, or a
+    sequence of its length; each field of its type), or None when it fits."""
+    from pyspark.sql import Row
+    from pyspark.sql import types as T
+
+    where = path or "the value"
+    if isinstance(schema, T.StructType):
+        if isinstance(value, Row):
+            value = value.asDict()
+        if isinstance(value, dict):
+            names = schema.fieldNames()
+            unknown = [k for k in value if k not in names]
+            missing = [n for n in names if n not in value]
+            if unknown or missing:
+                return "; ".join(
+                    [f"unknown field {', '.join(_at(path, str(k)) for k in unknown)}"] * bool(unknown) +
+                    [f"missing field {', '.join(_at(path, n) for n in missing)}"] * bool(missing))
+            items = [(f, value[f.name]) for f in schema.fields]
+        elif isinstance(value, (tuple, list)):
+            if len(value) != len(schema.fields):
+                return f"{where} has {len(value)} fields, {schema.simpleString()} has {len(schema.fields)}"
+            items = list(zip(schema.fields, value))
+        else:
+            return f"{where} is {type(value).__name__} {_short(repr(value))}, not {schema.simpleString()}"
+        for f, v in items:
+            why = _misfit_nullable(f.dataType, v, f.nullable, _at(path, f.name))
+            if why:
+                return why
+        return None
+    if isinstance(schema, T.ArrayType):
+        if not isinstance(value, (list, tuple)):
+            return f"{where} is {type(value).__name__} {_short(repr(value))}, not {schema.simpleString()}"
+        for i, v in enumerate(value):
+            why = _misfit_nullable(schema.elementType, v, schema.containsNull, f"{where}[{i}]")
+            if why:
+                return why
+        return None
+    if isinstance(schema, T.MapType):
+        if not isinstance(value, dict):
+            return f"{where} is {type(value).__name__} {_short(repr(value))}, not {schema.simpleString()}"
+        for k, v in value.items():
+            why = _misfit_nullable(schema.keyType, k, False, f"{where} key {k!r}") or \
+                _misfit_nullable(schema.valueType, v, schema.valueContainsNull, f"{where}[{k!r}]")
+            if why:
+                return why
+        return None
+    try:  # a leaf: PySpark's own check (Python types, integer ranges), as its createDataFrame applies it
+        _leaf_verifier(schema)(value)
+    except (TypeError, ValueError):
+        return f"{where} is {type(value).__name__} {_short(repr(value))}, not {schema.simpleString()}"
+    return None
+
+
+def _misfit_nullable(schema: Any, value: Any, nullable: bool, path: str) -> str | None:
+    if value is None:
+        return None if nullable else f"{path} is None, but it is not nullable"
+    return _misfit(schema, value, path)
+
+
+@functools.lru_cache(maxsize=None)
+def _leaf_verifier(schema: Any) -> Callable[[Any], None]:
+    from pyspark.sql.types import _make_type_verifier
+
+    return _make_type_verifier(schema, nullable=False)
+
+
+def _at(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _short(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())  # the message stays one line
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _summarise(results):
+    """One partition's (rows, kept, misfits, first misfit as (key, why))."""
+    rows = kept = bad = 0
+    first = None
+    for _, key, _, value, _, why in results:
+        rows += 1
+        kept += value is not None and why is None
+        if why is not None:
+            bad += 1
+            first = first or (key, why)
+    yield rows, kept, bad, first
+
+
+def _summary(parts: list) -> dict[str, Any]:
+    return {"rows": sum(p[0] for p in parts), "kept": sum(p[1] for p in parts), "bad": sum(p[2] for p in parts),
+            "first": next((p[3] for p in parts if p[3] is not None), None)}
+
+
+def _written(schema: Any) -> Callable:
+    """A checked result as the row to write. A result recomputed after the check (its cached
+    copy lost) is checked again: one that no longer fits fails the write, which is then taken back."""
+    def row(t):
+        key_row, key, _, value, partition, why = t
+        if why is None:
+            why = _misfit(schema, value, "")
+        if why is not None:
+            raise StateProcessorError(f"the transform's function gave key {_short(repr(key))} a value that does not "
+                                      f"fit the value schema {schema.simpleString()} when run again: {why}")
+        return key_row, _row_of(schema, value), partition
+    return row
+
+
+def _plain(value: Any) -> Any:
+    from pyspark.sql import Row
+
+    if isinstance(value, Row):
+        return {k: _plain(v) for k, v in value.asDict().items()}
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+# -- the change's record, and taking a change back -------------------------------------------------
+
+def _schema_path(ck: Checkpoint, s: StorePlan) -> str:
+    base = ck.path("state", str(s.operator), "0")
+    return ck.storage.join(base, "_metadata", "schema") if s.store == "default" else \
+        ck.storage.join(base, s.store, "_metadata", "schema")
+
+
+def _names(ck: Checkpoint) -> list[str]:
+    """Every file and directory under the checkpoint (but the change records), relative to it."""
+    out: list[str] = []
+
+    def walk(path: str, rel: str) -> None:
+        for e in ck.storage.list(path):
+            child = f"{rel}/{e.name}" if rel else e.name
+            if child == CHANGES_DIR:
+                continue
+            out.append(child)
+            if e.is_dir:
+                walk(ck.storage.join(path, e.name), child)
+
+    walk(ck.root, "")
+    return out
+
+
+def _record_path(ck: Checkpoint, batch: int) -> str:
+    return ck.path(CHANGES_DIR, f"{batch}.json")
+
+
+def _records(ck: Checkpoint) -> list[int]:
+    return sorted(int(e.name[:-5]) for e in ck.storage.list(ck.path(CHANGES_DIR))
+                  if not e.is_dir and e.name.endswith(".json") and e.name[:-5].isdigit())
+
+
+def _read_record(ck: Checkpoint, batch: int) -> dict[str, Any]:
+    path = _record_path(ck, batch)
+    try:
+        record = json.loads(ck.storage.read_bytes(path))
+        if record["batch"] != batch or not isinstance(record["names"], list):
+            raise ValueError("it names another batch")
+        return record
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StateProcessorError(f"{path}: the record of the state processor's change of batch {batch} is "
+                                  f"unreadable ({exc}); the change cannot be taken back by keyedstate") from None
+
+
+def _begin(ck: Checkpoint, p: Plan, changed: StorePlan, value_schema: dict, operation: str) -> dict[str, Any]:
+    """Record what a change of batch ``p.batch + 1`` may need to take back; records of changes
+    that batches have run on top of are no longer needed and go."""
+    batch = p.batch + 1
+    for old in _records(ck):
+        if old < p.batch:
+            ck.storage.delete(_record_path(ck, old))
+    schemas = {}
+    if value_schema != changed.value_schema:
+        path = _schema_path(ck, changed)
+        schemas[path[len(ck.root) + 1:]] = base64.b64encode(ck.storage.read_bytes(path)).decode("ascii")
+    record = {"batch": batch, "lastCommitted": p.batch, "operation": operation, "operator": changed.operator,
+              "store": changed.store, "startedAt": time.time(), "schemas": schemas, "names": _names(ck)}
+    ck.storage.write_atomic(_record_path(ck, batch), json.dumps(record).encode("utf-8"), overwrite=True)
+    return record
+
+
+def _leftover(ck: Checkpoint) -> dict[str, Any] | None:
+    """The record of a change whose batch started (``offsets``) but never committed: left by a
+    call that was cut short before it could take the change back."""
+    offsets, committed = ck.offset_batches(), ck.committed_batches()
+    if not offsets or (committed and offsets[-1] <= committed[-1]) or offsets[-1] not in _records(ck):
+        return None
+    record = _read_record(ck, offsets[-1])
+    return record if committed and record["lastCommitted"] == committed[-1] else None
+
+
+def _roll_back(ck: Checkpoint, record: dict[str, Any]) -> int:
+    """Take back the change ``record`` describes: commit, schema, added names, offsets entry,
+    record, in that order (see the module doc); returns the names removed."""
+    storage, batch = ck.storage, record["batch"]
+    before = set(record["names"])
+    storage.delete(ck.path("commits", str(batch)))  # from here on the change has not happened
+    for rel, data in record["schemas"].items():
+        original = base64.b64decode(data)
+        if storage.read_bytes(ck.path(rel)) != original:
+            storage.replace(ck.path(rel), original)
+    added: list[str] = []
+
+    def walk(path: str, rel: str) -> None:
+        for e in storage.list(path):
+            child = f"{rel}/{e.name}" if rel else e.name
+            if child == CHANGES_DIR:
+                continue
+            if child not in before:
+                added.append(child)
+            elif e.is_dir:
+                walk(storage.join(path, e.name), child)
+
+    walk(ck.root, "")
+    last = f"offsets/{batch}"
+
+    def order(rel: str) -> tuple[bool, bool, str]:
+        name = rel.rsplit("/", 1)[-1].removesuffix(".crc")
+        return rel in (last, f"offsets/.{batch}.crc"), not name.endswith(("snapshot", ".zip")), rel
+
+    for rel in sorted(added, key=order):
+        log.info("%s: removing %s, written by the %s of batch %d", ck.root, rel, record["operation"], batch)
+        storage.delete(ck.path(rel))
+    storage.delete(_record_path(ck, batch))
+    if not storage.list(ck.path(CHANGES_DIR)):
+        storage.delete(ck.path(CHANGES_DIR))
+    return len(added)
+
+
+def _undo(ck: Checkpoint) -> dict[str, Any]:
+    committed, offsets = ck.committed_batches(), ck.offset_batches()
+    latest = max(committed[-1:] + offsets[-1:], default=-1)
+    records = _records(ck)
+    for stale in (b for b in records if b > latest):  # a rollback cut short after its offsets entry went
+        ck.storage.delete(_record_path(ck, stale))
+    records = [b for b in records if b <= latest]
+    if not records:
+        raise StateProcessorError(f"{ck.root}: nothing to undo: no change of the state processor (transform, "
+                                  f"bootstrap) is recorded in {ck.path(CHANGES_DIR)} (last batch {latest})")
+    batch = records[-1]
+    if batch < latest:
+        raise StateProcessorError(
+            f"{ck.path('offsets', str(latest))}: the query has run batch(es) {batch + 1}..{latest} on top of the "
+            f"state processor's change of batch {batch}; undoing the change would lose them: nothing was undone")
+    record = _read_record(ck, batch)
+    was_committed = batch in committed
+    if was_committed:
+        _refuse_changed_since(ck, record)
+    deleted = _roll_back(ck, record)
+    log.info("%s: undid the %s of batch %d", ck.root, record["operation"], batch)
+    return {"checkpoint": ck.root, "batch": batch, "operation": record["operation"], "committed": was_committed,
+            "lastCommitted": record["lastCommitted"], "deleted": deleted}
+
+
+def _refuse_changed_since(ck: Checkpoint, record: dict[str, Any]) -> None:
+    """Undo restores the checkpoint by removing what the change added: refused when something
+    else changed it since (``keyedstate migrate`` rewrites the last offsets entry and retires the
+    old provider's files), as the result would be neither the state before nor after."""
+    batch = record["batch"]
+    if ck.storage.read_bytes(ck.path("offsets", str(batch))) != \
+            ck.storage.read_bytes(ck.path("offsets", str(record["lastCommitted"]))):
+        raise StateProcessorError(f"{ck.path('offsets', str(batch))} was rewritten after the state processor's change "
+                                  f"of batch {batch} (by keyedstate migrate?): undo cannot restore the checkpoint; "
+                                  "nothing was undone")
+    own = (f"{batch + 1}.", f"{batch + 1}_")  # the change's own version: it replaced such leftovers itself
+    current = set(_names(ck))
+    gone = [n for n in record["names"] if n not in current
+            and not n.rsplit("/", 1)[-1].removeprefix(".").startswith(own)]
+    if gone:
+        raise StateProcessorError(f"{ck.path(gone[0])} and {len(gone) - 1} other name(s) present before the state "
+                                  f"processor's change of batch {batch} are gone: something else changed the "
+                                  "checkpoint since, and undo cannot restore them; nothing was undone")
 
 
 def _utf(text: str) -> bytes:
@@ -226,15 +608,20 @@ def _struct(spark, schema: Any):
 
 
 def _row_of(schema, value: Any):
-    """A user's value (dict or sequence) as a tuple in the schema's field order (nested too)."""
+    """A checked value (dict, Row or sequence) as a tuple in the schema's field order (nested too)."""
+    from pyspark.sql import Row
     from pyspark.sql import types as T
 
     if value is None:
         return None
     if isinstance(schema, T.StructType):
+        if isinstance(value, Row):
+            value = value.asDict()
         if isinstance(value, dict):
             return tuple(_row_of(f.dataType, value.get(f.name)) for f in schema.fields)
         return tuple(_row_of(f.dataType, v) for f, v in zip(schema.fields, value))
     if isinstance(schema, T.ArrayType):
         return [_row_of(schema.elementType, v) for v in value]
+    if isinstance(schema, T.MapType):
+        return {k: _row_of(schema.valueType, v) for k, v in value.items()}
     return value

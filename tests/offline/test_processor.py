@@ -4,6 +4,8 @@ whose output equals a query that had that state from the start.
 """
 from __future__ import annotations
 
+import hashlib
+
 import pandas as pd
 import pytest
 from pyspark.sql import functions as F
@@ -187,10 +189,13 @@ def test_a_change_killed_while_it_deletes_a_leftover_leaves_no_snapshot_without_
     assert [p.rsplit("/", 1)[-1] for p in deleted] == ["3.ks-snapshot"]
     assert (part / "3.ks-changelog").exists() and not (part / "3.ks-snapshot").exists()
     monkeypatch.setattr(LocalStorage, "delete", real_delete)
-    # The committed state is untouched, and the next change says what to do first.
+    # The committed state is untouched, and the next change recognises the cut-short one by its
+    # record, removes it, and replaces the leftover changelog with its own version.
     assert sorted(map(str, keyedstate.state(spark, checkpoint).read(0, batch=1).collect())) == before
-    with pytest.raises(keyedstate.MigrateError, match=r"offsets.2: batch 2 started but did not commit"):
-        keyedstate.state(spark, checkpoint).transform(0, lambda key, value: value)
+    assert (checkpoint / "offsets" / "2").exists() and (checkpoint / "_keyedstate_changes" / "2.json").exists()
+    result = keyedstate.state(spark, checkpoint).transform(0, lambda key, value: value)
+    assert result["version"] == 3
+    assert sorted(map(str, keyedstate.state(spark, checkpoint).read(0).collect())) == before
 
 
 def test_a_change_without_its_snapshot_is_rescaled_as_written(spark, tmp_path):
@@ -212,3 +217,189 @@ def test_a_change_without_its_snapshot_is_rescaled_as_written(spark, tmp_path):
     assert keys() == ["k0", "k1"]
     result = keyedstate.rescale(checkpoint, 4, spark=spark)
     assert result.keys == 2 and keys() == ["k0", "k1"]
+
+
+def _hashes(root) -> dict[str, str]:
+    """Every file and directory under ``root``: relative path -> SHA-256 of its bytes, or "dir"."""
+    return {str(p.relative_to(root)): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*"))}
+
+
+def _counts(spark, checkpoint, batch=None) -> dict[str, tuple]:
+    return {r.key.k: (r.value["count"], r.value["sum"])
+            for r in keyedstate.state(spark, checkpoint).read(0, batch=batch).collect()}
+
+
+def test_a_function_whose_values_do_not_fit_the_schema_changes_nothing(spark, tmp_path):
+    """Every value the function returns is checked against the value schema before anything is
+    written: an unknown, missing or mistyped field, a value that is no struct, or a function
+    that raises fails the change with the first such row (key and returned value) in one line,
+    and every file of the checkpoint is as it was."""
+    from support.scenarios import agg_update
+
+    checkpoint = tmp_path / "checkpoint"
+    run_query(spark, KS, agg_update, KV, KV_STEPS[:2], checkpoint, tmp_path / "input", "update")
+    before = _hashes(checkpoint)
+    p = keyedstate.state(spark, checkpoint)
+    keys = len(_counts(spark, checkpoint))
+    bad = [
+        (lambda key, value: {"nosuchfield": "ten"},
+         rf"{keys} of {keys} value\(s\) .* the first: key \{{'k': 'k\d'\}} returned \{{'nosuchfield': 'ten'\}}: "
+         r"unknown field nosuchfield; missing field count, sum\. Nothing was written"),
+        (lambda key, value: {**value, "sum": "ten"},
+         r"returned \{'count': \d+, 'sum': 'ten'\}: sum is str 'ten', not bigint"),
+        (lambda key, value: {"count": value["count"]}, r"missing field sum\."),
+        (lambda key, value: value["count"], r"returned \d+: the value is int \d+, not struct<count:bigint,sum:bigint>"),
+        (lambda key, value: 1 // 0 if key["k"] == "k1" else value,
+         r"1 of \d+ value\(s\) .*key \{'k': 'k1'\} raised ZeroDivisionError: integer division or modulo by zero"),
+    ]
+    for fn, why in bad:
+        with pytest.raises(keyedstate.StateProcessorError, match=why) as error:
+            p.transform(0, fn)
+        assert "\n" not in str(error.value)
+        assert _hashes(checkpoint) == before
+
+
+def test_a_dry_run_writes_nothing_and_prints_a_sample(spark, tmp_path, capsys):
+    from support.scenarios import agg_update
+
+    checkpoint = tmp_path / "checkpoint"
+    run_query(spark, KS, agg_update, KV, KV_STEPS[:2], checkpoint, tmp_path / "input", "update")
+    before = _hashes(checkpoint)
+    current = _counts(spark, checkpoint)
+    capsys.readouterr()
+    result = keyedstate.state(spark, checkpoint).transform(
+        0, lambda key, value: None if key["k"] == "k0" else {**value, "count": value["count"] * 10},
+        dry_run=True, sample=len(current))
+    assert _hashes(checkpoint) == before
+    printed = capsys.readouterr().out
+    assert "dry run, nothing written" in printed
+    assert (result["rows"], result["kept"], result["dropped"]) == (len(current), len(current) - 1, 1)
+    assert {row["key"]["k"] for row in result["sample"]} == set(current)
+    for row in result["sample"]:
+        k = row["key"]["k"]
+        assert (row["before"]["count"], row["before"]["sum"]) == current[k]
+        assert row["after"] == (None if k == "k0" else {"count": current[k][0] * 10, "sum": current[k][1]})
+        assert f"key {row['key']}: {row['before']} -> {row['after'] or '(dropped)'}" in printed
+
+
+def test_undo_restores_the_checkpoint_exactly_and_the_query_continues_from_it(spark, tmp_path):
+    """``keyedstate undo`` takes a change back to the byte (every file's hash); the restarted
+    query then continues from the state before the change, batch ids included. A second undo has
+    nothing to undo; a change that a batch ran on top of is refused and left as it is."""
+    from keyedstate.cli import main
+    from support.scenarios import agg_update
+
+    reference = run_query(spark, KS, agg_update, KV, KV_STEPS[:4], tmp_path / "ref" / "checkpoint",
+                          tmp_path / "ref" / "input", "update")
+    checkpoint = tmp_path / "checkpoint"
+    run_query(spark, KS, agg_update, KV, KV_STEPS[:2], checkpoint, tmp_path / "input", "update")
+    before, counts = _hashes(checkpoint), _counts(spark, checkpoint)
+    keyedstate.state(spark, checkpoint).transform(0, lambda key, value: {**value, "count": value["count"] * 1000})
+    assert _counts(spark, checkpoint) == {k: (n * 1000, s) for k, (n, s) in counts.items()}
+    assert main(["undo", "--checkpoint", str(checkpoint)]) == 0
+    assert _hashes(checkpoint) == before
+    with pytest.raises(keyedstate.StateProcessorError, match="nothing to undo"):
+        keyedstate.undo(checkpoint)
+    assert main(["undo", "--checkpoint", str(checkpoint)]) == 1
+    rest = run_query(spark, KS, agg_update, KV, KV_STEPS[2:3], checkpoint, tmp_path / "input", "update")
+    assert_same_output(reference[2:3], rest, labels=("uninterrupted", "changed, undone, restarted"))
+
+    keyedstate.state(spark, checkpoint).transform(0, lambda key, value: value)  # batch 3
+    rest = run_query(spark, KS, agg_update, KV, KV_STEPS[3:4], checkpoint, tmp_path / "input", "update")
+    assert_same_output(reference[3:4], [(b - 1, rows) for b, rows in rest], labels=("uninterrupted", "changed"))
+    on_top = _hashes(checkpoint)
+    with pytest.raises(keyedstate.StateProcessorError,
+                       match=r"offsets.4: the query has run batch\(es\) 4\.\.4 on top of the state processor's "
+                             r"change of batch 3; undoing the change would lose them: nothing was undone"):
+        keyedstate.state(spark, checkpoint).undo()
+    assert _hashes(checkpoint) == on_top
+
+
+def test_a_failed_change_leaves_nothing_behind_and_a_cut_short_one_is_taken_over(spark, tmp_path, monkeypatch):
+    """A change whose write fails (here a directory where a partition's new changelog goes) is
+    taken back whole before its error is raised, so the next change is not refused as if a query
+    were running. One whose taking back is cut short too (a kill) leaves its record: the next
+    change recognises the leftover as its own, removes it and goes ahead, and undo then restores
+    the checkpoint exactly."""
+    from keyedstate.offline.storage import LocalStorage
+    from support.scenarios import agg_update
+
+    checkpoint = tmp_path / "checkpoint"
+    run_query(spark, KS, agg_update, KV, KV_STEPS[:2], checkpoint, tmp_path / "input", "update")
+    clean, counts = _hashes(checkpoint), _counts(spark, checkpoint)
+    obstacle = checkpoint / "state" / "0" / "1" / "3.ks-changelog"
+    obstacle.mkdir()
+    (obstacle / "in-the-way").write_bytes(b"x")
+    obstructed = _hashes(checkpoint)
+    double = lambda key, value: {**value, "count": value["count"] * 2}  # noqa: E731
+    with pytest.raises(Exception) as failed:
+        keyedstate.state(spark, checkpoint).transform(0, double)
+    assert not isinstance(failed.value, keyedstate.StateProcessorError), failed.value
+    assert _hashes(checkpoint) == obstructed
+
+    real_delete = LocalStorage.delete
+
+    def killed_in_commits(self, path):
+        if "/commits/" in path:
+            raise OSError("killed while taking the change back")
+        real_delete(self, path)
+
+    monkeypatch.setattr(LocalStorage, "delete", killed_in_commits)
+    with pytest.raises(Exception):
+        keyedstate.state(spark, checkpoint).transform(0, double)
+    monkeypatch.setattr(LocalStorage, "delete", real_delete)
+    assert (checkpoint / "offsets" / "2").exists() and not (checkpoint / "commits" / "2").exists()
+    with pytest.raises(keyedstate.StateProcessorError, match=r"offsets.2: an unfinished transform .*keyedstate undo"):
+        keyedstate.state(spark, checkpoint).transform(0, double, dry_run=True)
+    for path in sorted(obstacle.rglob("*"), reverse=True):
+        path.unlink()
+    obstacle.rmdir()
+    result = keyedstate.state(spark, checkpoint).transform(0, double)
+    assert result["batch"] == 2
+    assert _counts(spark, checkpoint) == {k: (n * 2, s) for k, (n, s) in counts.items()}
+    keyedstate.undo(checkpoint)
+    assert _hashes(checkpoint) == clean
+
+
+def test_undo_refuses_a_change_that_a_migration_rewrote(spark, tmp_path):
+    """``keyedstate migrate`` after a change rewrites its offsets entry and retires the files the
+    state before the change lived in: undo cannot restore that state and refuses, touching nothing."""
+    from support.scenarios import agg_update
+
+    checkpoint = tmp_path / "checkpoint"
+    run_query(spark, KS, agg_update, KV, KV_STEPS[:2], checkpoint, tmp_path / "input", "update")
+    keyedstate.state(spark, checkpoint).transform(0, lambda key, value: value)
+    keyedstate.migrate(checkpoint, "hdfs", spark)
+    migrated = _hashes(checkpoint)
+    with pytest.raises(keyedstate.StateProcessorError,
+                       match=r"offsets.2 was rewritten after the state processor's change of batch 2 "
+                             r".*nothing was undone"):
+        keyedstate.undo(checkpoint)
+    assert _hashes(checkpoint) == migrated
+
+
+def test_a_session_without_the_jar_is_refused_before_anything_is_written(request, tmp_path):
+    """A change from a session whose JVM lacks keyedstate's jar (here on a query of Spark's own
+    provider, which needs none) is refused up front, naming the jar, and writes nothing: the
+    next call says the same, instead of taking a leftover offsets entry for a running query."""
+    from pyspark.sql import SparkSession
+
+    from support import jvmsession
+    from support.scenarios import agg_update
+
+    if not jvmsession.run_here_or_delegate(request, tmp_path):
+        return
+    builder = (SparkSession.builder.master("local[2]").appName("keyedstate-no-jar")
+               .config("spark.sql.shuffle.partitions", "2").config("spark.ui.enabled", "false")
+               .config("spark.driver.extraJavaOptions", jvmsession.QUICK_JVM_OPTIONS))
+    with jvmsession.own_jvm_session(builder) as session:
+        checkpoint = tmp_path / "checkpoint"
+        run_query(session, HDFS_PROVIDER, agg_update, KV, KV_STEPS[:2], checkpoint, tmp_path / "input", "update")
+        before = _hashes(checkpoint)
+        for _ in range(2):
+            with pytest.raises(keyedstate.StateProcessorError,
+                               match=r"no io\.keyedstate\.offline\.StateMigrator \(keyedstate's jar is not on its "
+                                     r"classpath\).*nothing was written"):
+                keyedstate.state(session, checkpoint).transform(0, lambda key, value: value)
+            assert _hashes(checkpoint) == before
