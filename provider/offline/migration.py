@@ -179,7 +179,8 @@ def migrate(checkpoint: str | os.PathLike, provider: str, spark: "SparkSession |
         spark = active_or_new_session()
     storage: Storage = LocalStorage(location) if local else HadoopStorage(location, spark)
     ck = Checkpoint(storage)  # a local checkpoint is checked and planned before Spark starts
-    ck.require_streaming()
+    if not storage.is_dir(ck.path("commits")):
+        ck.require_streaming()  # else the plan says that no batch committed
     the_plan = plan(ck, target)
     out = the_plan.to_dict()
     if dry_run:
