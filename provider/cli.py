@@ -1,9 +1,7 @@
-"""The ``keyedstate`` command: ``jar``, ``demo``, ``conf-reference``, ``inspect``, ``rescale``,
-``verify``, ``get``.
+"""The ``keyedstate`` command (see :data:`DESCRIPTION`).
 
-A checkpoint on a local path or ``file:`` URI needs no Spark; any other scheme (s3a, abfss, gs,
-hdfs, ...) is reached through a local SparkSession's JVM, configured like the query's:
-``spark-defaults.conf`` and ``--conf key=value`` (e.g. ``--conf spark.hadoop.fs.s3a.endpoint=...``)."""
+Errors the user can act on (a missing or foreign checkpoint, a corrupt file, a bad argument)
+print one line, ``keyedstate: error: ...``, and exit non-zero; a traceback means a bug."""
 from __future__ import annotations
 
 import argparse
@@ -11,10 +9,52 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import NoReturn
+
+DESCRIPTION = (
+    "keyedstate: the state store provider's tools. Commands: jar, demo, conf-reference, inspect, rescale, "
+    "verify, get, migrate. A checkpoint on a local path or file: URI needs no Spark; any other scheme (s3a, "
+    "abfss, gs, hdfs, ...) is reached through a local SparkSession's JVM, configured like the query's: "
+    "spark-defaults.conf and --conf key=value (e.g. --conf spark.hadoop.fs.s3a.endpoint=...).")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error as the one line every other user error is."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.partition(" ")[2]
+        self.exit(2, f"keyedstate: error: {command + ': ' if command else ''}{message} (see {self.prog} --help)\n")
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """What the offline tools raise for a checkpoint or an argument they refuse (each names what
+    and where); anything else is a bug and keeps its traceback."""
+    from .offline.checkpoint import CheckpointError
+    from .offline.migration import MigrateError
+    from .offline.rescaling import RescaleError
+    from .offline.storage import StorageError
+    from .offline.stores import CheckpointProblem
+
+    return CheckpointError, CheckpointProblem, MigrateError, RescaleError, StorageError, FileNotFoundError
+
+
+def _error(message: object) -> int:
+    print("keyedstate: error: " + " ".join(str(message).split()), file=sys.stderr)
+    return 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="keyedstate", description=__doc__)
+    try:
+        return _main(argv)
+    except _user_errors() as exc:
+        return _error(exc)
+
+
+def _main(argv: list[str] | None) -> int:
+    from . import __version__
+
+    parser = _Parser(prog="keyedstate", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"keyedstate {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("jar", help="print the path of the JVM shim jar (building it if needed)")
     demo = sub.add_parser("demo", help="run a streaming aggregation on keyedstate and print it")
@@ -70,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             print(jar_path())
         except JarBuildError as exc:
-            print(f"keyedstate jar: {exc}", file=sys.stderr)
+            print(f"keyedstate: error: jar: {exc}", file=sys.stderr)  # the compiler's output follows
             return 1
     elif args.command == "demo":
         from .demo import run
@@ -90,8 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             report = _anywhere(args, "inspect")
         except InspectError as exc:
-            print(f"keyedstate inspect: {exc}", file=sys.stderr)
-            return 1
+            return _error(exc)
         sys.stdout.write(json.dumps(report) + "\n" if args.json else render(report))
     elif args.command == "rescale":
         from .offline.checkpoint import CheckpointError
@@ -104,8 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                                skip_failed_batch=args.skip_failed_batch, rollback=args.rollback,
                                idle_seconds=args.idle_seconds)
         except (RescaleError, CheckpointError) as exc:
-            print(f"keyedstate rescale: {exc}", file=sys.stderr)
-            return 1
+            return _error(exc)
         print(json.dumps(result.to_dict()) if result else json.dumps({"rolledBack": True}))
     elif args.command in ("verify", "get", "migrate", "undo"):
         return _offline(args)
@@ -140,7 +178,7 @@ def _offline(args) -> int:
     for item in args.conf:
         key, sep, value = item.partition("=")
         if not sep:
-            print(f"keyedstate {args.command}: --conf {item!r} is not KEY=VALUE", file=sys.stderr)
+            print(f"keyedstate: error: {args.command}: --conf {item!r} is not KEY=VALUE", file=sys.stderr)
             return 2
         confs[key] = value
     set_session_confs(confs)
@@ -151,8 +189,7 @@ def _offline(args) -> int:
             try:
                 result = migrate(args.checkpoint, args.to, dry_run=args.dry_run, keep_old=args.keep_old)
             except MigrateError as exc:
-                print(f"keyedstate migrate: {exc}", file=sys.stderr)
-                return 1
+                return _error(exc)
             sys.stdout.write(json.dumps(result) + "\n" if args.json else render_migration(result))
             return 0
         if args.command == "undo":
@@ -177,8 +214,7 @@ def _offline(args) -> int:
         print(json.dumps(result))
         return 0 if result["found"] else 3
     except (CheckpointProblem, StorageError, FileNotFoundError) as exc:
-        print(f"keyedstate {args.command}: {exc}", file=sys.stderr)
-        return 1
+        return _error(exc)
 
 
 if __name__ == "__main__":

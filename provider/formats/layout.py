@@ -22,12 +22,12 @@ MANIFEST_SUFFIX = ".ks-snapshot"
 FILES_DIR = "ks-files"
 DEFAULT_STORE = "default"
 
-FOREIGN_FILE = re.compile(r"\d+(?:_[0-9a-fA-F-]+)?\.(?:delta|snapshot|zip|changelog)")
+FOREIGN_FILE = re.compile(r"[0-9]+(?:_[0-9a-fA-F-]+)?\.(?:delta|snapshot|zip|changelog)")
 """Files of Spark's HDFS-backed and RocksDB providers: a directory holding them is not ours."""
 
 FILE_NAME = re.compile(
-    r"(?:\d{1,20}\.(?:sst|log|blob)|(?:MANIFEST|OPTIONS)-\d{1,20}|CURRENT|IDENTITY|rocksdict-config\.json"
-    r"|replay-\d{1,20}\.ks-changelog)")
+    r"(?:[0-9]{1,20}\.(?:sst|log|blob)|(?:MANIFEST|OPTIONS)-[0-9]{1,20}|CURRENT|IDENTITY|rocksdict-config\.json"
+    r"|replay-[0-9]{1,20}\.ks-changelog)")
 """A snapshot file's local name: what RocksDB puts in a checkpoint, or a rescale's replay log."""
 
 RELATIVE_PATH = re.compile(FILES_DIR + r"/[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
@@ -36,6 +36,14 @@ RELATIVE_PATH = re.compile(FILES_DIR + r"/[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 STORE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 """A store's name: ``default``, or a subdirectory of the partition directory such as a join's
 ``left-keyToNumValues`` (Spark names them so; it does not check a name read back from a file)."""
+
+
+UNIQUE_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+"""A version's unique id (checkpoint format 2), as the JVM's ``CheckpointLayout.UniqueId``."""
+
+_NUMBER = re.compile(r"[0-9]{1,19}")
+_VERSION_NAME = re.compile(r"([0-9]{1,19})(?:_(" + UNIQUE_ID.pattern + r"))?")
+_MAX_LONG = (1 << 63) - 1
 
 
 class UnsafePathError(ValueError):
@@ -73,10 +81,29 @@ def manifest_name(version: int) -> str:
     return f"{version}{MANIFEST_SUFFIX}"
 
 
-def version_of(name: str, suffix: str) -> int | None:
-    """The version in ``<v><suffix>``, or None for any other name."""
-    if name.endswith(suffix):
-        digits = name[: -len(suffix)]
-        if digits.isdigit() and len(digits) <= 19:
-            return int(digits)
+def number_of(name: str) -> int | None:
+    """The number a name is, by the rule of every store file name (FORMATS.md, "Checkpoint
+    layout"): ASCII digits only (``str.isdigit`` also takes ``²`` or ``٣``), at most 19, within
+    a signed 64-bit integer, as the JVM's ``CheckpointLayout.versionOf`` reads them. Also used
+    for Spark's numbered directories and log files (operators, partitions, batches)."""
+    if _NUMBER.fullmatch(name):
+        value = int(name)
+        if value <= _MAX_LONG:
+            return value
     return None
+
+
+def versioned_file(name: str, suffix: str) -> tuple[int, str | None] | None:
+    """(version, unique id or None) of ``<v>[_<id>]<suffix>``, else None (see :func:`number_of`)."""
+    if not name.endswith(suffix):
+        return None
+    m = _VERSION_NAME.fullmatch(name[: -len(suffix)])
+    if m is None or number_of(m.group(1)) is None:
+        return None
+    return int(m.group(1)), m.group(2)
+
+
+def version_of(name: str, suffix: str) -> int | None:
+    """The version in ``<v><suffix>`` (no unique id: checkpoint format 1), or None for any other name."""
+    found = versioned_file(name, suffix)
+    return found[0] if found is not None and found[1] is None else None

@@ -107,7 +107,7 @@ def check_inside(path: Path, root: Path) -> Path:
 
 def numbered_dirs(directory: Path) -> Iterator[Path]:
     """Subdirectories named by a number (operators, partitions), in no particular order."""
-    return (p for p in directory.iterdir() if p.is_dir() and p.name.isdigit())
+    return (p for p in directory.iterdir() if p.is_dir() and layout.number_of(p.name) is not None)
 
 
 def store_dir(op_dir: Path, partition: int, store: str) -> Path:
@@ -119,7 +119,8 @@ def store_dir(op_dir: Path, partition: int, store: str) -> Path:
 def latest_committed_batch(commits: Path) -> int | None:
     if not commits.is_dir():
         return None
-    return max((int(p.name) for p in commits.iterdir() if p.name.isdigit() and p.is_file()), default=None)
+    return max((n for p in commits.iterdir() if (n := layout.number_of(p.name)) is not None and p.is_file()),
+               default=None)
 
 
 def operator_metadata(op_dir: Path) -> tuple[str | None, dict[str, int]]:

@@ -27,7 +27,7 @@ from ..formats.manifest import Manifest
 from .checkpoint import (CheckpointError, StoreFiles, bytes_on_disk, discover_stores, latest_committed_batch,
                          local_path, numbered_dirs, operator_metadata, read_manifest, rebuild, refuse_links)
 from .storage import LocalStorage
-from .stores import Checkpoint
+from .stores import Checkpoint, CheckpointProblem
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,10 @@ def inspect(checkpoint: str | os.PathLike) -> dict[str, Any]:
         raise InspectError(
             f"{root} has no state/ directory: not the checkpoint of a stateful streaming query")
     refuse_links(root, "offsets", "commits", "state")
+    try:
+        Checkpoint(LocalStorage(root)).refuse_foreign("inspect")
+    except CheckpointProblem as exc:
+        raise InspectError(str(exc)) from None
     try:
         committed = latest_committed_batch(root / "commits")
         if committed is not None:

@@ -94,6 +94,7 @@ def get(checkpoint: str | os.PathLike, operator: int, key: Any, *, store: str | 
                                "'{\"k\": \"a\"}', or a list in key field order") from None
     storage = open_storage(checkpoint, spark)
     ck = Checkpoint(storage)
+    ck.refuse_foreign("get")
     batch = resolve_batch(ck, batch)
     op = ck.operator(operator)
     store = choose_store(op, store, ck.root)

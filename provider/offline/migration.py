@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..formats.layout import UnsafePathError, checked_store_name
+from ..formats.layout import UnsafePathError, checked_store_name, number_of
 from .storage import HadoopStorage, LocalStorage, Storage, active_or_new_session, is_local
 from .stores import Checkpoint, CheckpointProblem
 
@@ -56,9 +56,9 @@ PROVIDERS = {
 DEFAULT_PROVIDER = PROVIDERS["hdfs"]  # what Spark uses when the offset log records none
 _UUID = r"(?:_[0-9a-fA-F-]{36})?"
 FILES_OF = {  # a provider's files in a store partition directory: (file pattern, its directories)
-    PROVIDERS["hdfs"]: (re.compile(r"\d+\.(?:delta|snapshot)"), ()),
-    PROVIDERS["rocksdb"]: (re.compile(r"\d+" + _UUID + r"\.(?:zip|changelog)"), ("SSTs",)),
-    PROVIDERS["keyedstate"]: (re.compile(r"\d+" + _UUID + r"\.ks-(?:changelog|snapshot)"), ("ks-files",)),
+    PROVIDERS["hdfs"]: (re.compile(r"[0-9]+\.(?:delta|snapshot)"), ()),
+    PROVIDERS["rocksdb"]: (re.compile(r"[0-9]+" + _UUID + r"\.(?:zip|changelog)"), ("SSTs",)),
+    PROVIDERS["keyedstate"]: (re.compile(r"[0-9]+" + _UUID + r"\.ks-(?:changelog|snapshot)"), ("ks-files",)),
 }
 
 
@@ -133,6 +133,8 @@ def plan(ck: Checkpoint, target: str, *, change: bool = True) -> Plan:
                            "unique ids of the provider's files) is not supported by migrate or the state "
                            "processor's changes (its reads are)")
     source = ck.provider_at(batch) or DEFAULT_PROVIDER
+    if source == PROVIDERS["keyedstate"] and (foreign := ck.not_keyedstate("migrate")):
+        raise MigrateError(foreign)  # the data source would fail on it in Spark, naming no file
     result = Plan(ck.root, batch, source, target, already=source == target)
     for op in ck.operators().values():
         meta = _operator_metadata(ck, op.path)
@@ -171,11 +173,14 @@ def migrate(checkpoint: str | os.PathLike, provider: str, spark: "SparkSession |
     """Migrate a stopped query's state to ``provider`` (``keyedstate``, ``rocksdb``, ``hdfs`` or a
     class name); see the module doc. Returns the plan, and what was written."""
     target = provider_class(provider)
-    if spark is None:
-        spark = active_or_new_session()
     location = os.fspath(checkpoint)
-    storage: Storage = LocalStorage(location) if is_local(location) else HadoopStorage(location, spark)
-    ck = Checkpoint(storage)
+    local = is_local(location)
+    if spark is None and not local:
+        spark = active_or_new_session()
+    storage: Storage = LocalStorage(location) if local else HadoopStorage(location, spark)
+    ck = Checkpoint(storage)  # a local checkpoint is checked and planned before Spark starts
+    if not storage.is_dir(ck.path("commits")):
+        ck.require_streaming()  # else the plan says that no batch committed
     the_plan = plan(ck, target)
     out = the_plan.to_dict()
     if dry_run:
@@ -183,6 +188,8 @@ def migrate(checkpoint: str | os.PathLike, provider: str, spark: "SparkSession |
     if the_plan.already:
         _retire(ck, the_plan, keep_old)
         return out
+    if spark is None:
+        spark = active_or_new_session()
     started = time.monotonic()
     uri = _uri(storage, ck.root)
     _, meta, _ = ck.offset_entry(the_plan.batch)
@@ -238,7 +245,7 @@ def _delete_version(ck: Checkpoint, s: StorePlan, version: int, provider: str) -
         stale = []
         for e in ck.storage.list(d):
             name = e.name[1:-4] if e.name.startswith(".") and e.name.endswith(".crc") else e.name
-            if not e.is_dir and pattern.fullmatch(name) and int(re.match(r"\d+", name).group()) == version:
+            if not e.is_dir and pattern.fullmatch(name) and int(re.match(r"[0-9]+", name).group()) == version:
                 stale.append(e.name)
         # Snapshots first: one left without its changelog (a kill, a failed delete) would be
         # taken as the version, while a changelog left alone is refused by the query's commit.
@@ -271,7 +278,7 @@ def _retire(ck: Checkpoint, the_plan: Plan, keep_old: bool) -> None:
     for s in the_plan.stores:
         op_path = ck.path("state", str(s.operator))
         for part in storage.list(op_path):
-            if not (part.is_dir and part.name.isdigit()):
+            if not (part.is_dir and number_of(part.name) is not None):
                 continue
             d = storage.join(op_path, part.name) if s.store == "default" else storage.join(op_path, part.name, s.store)
             for cls, (pattern, dirs) in FILES_OF.items():

@@ -98,7 +98,7 @@ def inspect_anywhere(checkpoint: str | os.PathLike, spark: "SparkSession | None"
     storage = open_storage(checkpoint, spark)
     if storage.local:
         return inspect(checkpoint)
-    _refuse_before_download(storage, refuse_checkpoint_format_2)
+    _refuse_before_download(storage, refuse_checkpoint_format_2, "inspect")
     with local_copy(storage, storage.root) as (local, _):
         report = inspect(local)
     return _renamed(report, str(local), storage.root)
@@ -119,17 +119,18 @@ def rescale_anywhere(checkpoint: str | os.PathLike, partitions: int, *, spark: "
                            f"on this machine's copy of it, which the executors of {master} cannot see: run "
                            "`keyedstate rescale` (it starts a local session), or from a local-mode session")
     if not options.get("rollback"):
-        _refuse_before_download(storage, refuse_checkpoint_format_2)
+        _refuse_before_download(storage, refuse_checkpoint_format_2, "rescale")
     with local_copy(storage, storage.root) as (local, before):
         result = rescale(local, partitions, spark=storage.spark, **options)
         sync_back(storage, storage.root, local, before)
     return result
 
 
-def _refuse_before_download(storage: Storage, refuse: Callable[[Checkpoint, int], None]) -> None:
-    """A tool's refusal of the checkpoint's format, checked on the store itself: a download of
-    its state would be wasted (the local tool checks again)."""
+def _refuse_before_download(storage: Storage, refuse: Callable[[Checkpoint, int], None], tool: str) -> None:
+    """A tool's refusal of another provider's checkpoint and of the checkpoint's format, checked
+    on the store itself: a download of its state would be wasted (the local tool checks again)."""
     ck = Checkpoint(storage)
+    ck.refuse_foreign(tool)
     committed = ck.latest_committed() if storage.is_dir(ck.path("commits")) else None
     if committed is not None:
         refuse(ck, committed)

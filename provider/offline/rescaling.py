@@ -113,6 +113,8 @@ def rescale(checkpoint: str | os.PathLike, partitions: int, *, spark: "SparkSess
         if not (root / sub).is_dir():
             raise RescaleError(f"{root} has no {sub}/ directory: not the checkpoint of a stateful streaming query")
     ckpt.refuse_links(root, "offsets", "commits", "state", _STAGING)
+    if foreign := Checkpoint(LocalStorage(root)).not_keyedstate("rescale"):  # before starting Spark
+        raise RescaleError(foreign)
     owned = spark is None
     if spark is None:
         from pyspark.sql import SparkSession

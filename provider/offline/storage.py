@@ -42,6 +42,11 @@ class StorageError(OSError):
     """A checkpoint file could not be listed, read or written; the message names it."""
 
 
+class MissingFileError(StorageError, FileNotFoundError):
+    """The file to read does not exist (every storage raises this one, so that a caller can tell
+    a file that is absent, e.g. purged from Spark's logs, from one it cannot read)."""
+
+
 @dataclass(frozen=True)
 class Entry:
     """One directory entry."""
@@ -100,6 +105,7 @@ class Storage:
         raise NotImplementedError
 
     def read_bytes(self, path: str) -> bytes:
+        """The file's bytes; :class:`MissingFileError` when it does not exist."""
         raise NotImplementedError
 
     def fetch(self, path: str, local: Path, link: bool = True) -> None:
@@ -190,6 +196,8 @@ class LocalStorage(Storage):
         try:
             with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as fh:
                 return fh.read()
+        except FileNotFoundError:
+            raise MissingFileError(f"cannot read {path}: it does not exist") from None
         except OSError as exc:
             raise StorageError(f"cannot read {path}: {exc.strerror or exc}") from exc
 
@@ -334,7 +342,7 @@ class HadoopStorage(Storage):
         except Py4JJavaError as exc:
             message = exc.java_exception.toString()
             if "FileNotFoundException" in message:
-                raise FileNotFoundError(f"cannot {what} {path}: it does not exist") from None
+                raise MissingFileError(f"cannot {what} {path}: it does not exist") from None
             raise StorageError(f"cannot {what} {path}: {message}") from None
 
     def list(self, path: str) -> list[Entry]:

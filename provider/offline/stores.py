@@ -25,16 +25,14 @@ from ..formats import changelog, layout, rocksdb
 from ..formats import manifest as mf
 from ..formats.layout import CHANGELOG_SUFFIX, DEFAULT_STORE, FILES_DIR, MANIFEST_SUFFIX
 from ..formats.stored import KeyLayout
+from ..shim import PROVIDER_CLASS
 from .storage import Storage
 
 JOIN_STORES = ("left-keyToNumValues", "left-keyWithIndexToValue", "right-keyToNumValues",
                "right-keyWithIndexToValue")
 """A join's stores in the order Spark keeps their unique ids (checkpoint format 2)."""
 
-_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
-_VERSION_NAME = re.compile(r"(\d{1,19})(?:_(" + _UUID + r"))?")
-UNIQUE_ID = re.compile(_UUID)
-"""A version's unique id (checkpoint format 2), as the JVM's ``CheckpointLayout.UniqueId``."""
+UNIQUE_ID = layout.UNIQUE_ID
 
 VersionId = tuple  # (version, unique id or None)
 
@@ -44,12 +42,16 @@ class CheckpointProblem(ValueError):
     with what to do)."""
 
 
+class NotKeyedstateCheckpoint(CheckpointProblem):
+    """The checkpoint's state is another state store provider's (the message names it)."""
+
+
+PROVIDER_KEY = "spark.sql.streaming.stateStore.providerClass"
+
+
 def version_of(name: str, suffix: str) -> tuple[int, str | None] | None:
-    """(version, unique id) of ``<v>[_<id>]<suffix>``, else None."""
-    if not name.endswith(suffix):
-        return None
-    m = _VERSION_NAME.fullmatch(name[: -len(suffix)])
-    return (int(m.group(1)), m.group(2)) if m else None
+    """(version, unique id) of ``<v>[_<id>]<suffix>``, else None (``layout.versioned_file``)."""
+    return layout.versioned_file(name, suffix)
 
 
 def versioned_name(version: int, uid: str | None, suffix: str) -> str:
@@ -115,10 +117,58 @@ class Checkpoint:
     def path(self, *parts: str) -> str:
         return self.storage.join(self.root, *parts)
 
+    def require_streaming(self) -> None:
+        """Refuse a directory that is not a streaming query's checkpoint (Spark writes ``offsets/``
+        when the query starts)."""
+        if not self.storage.is_dir(self.path("offsets")):
+            raise CheckpointProblem(f"{self.root} has no offsets/ directory: not the checkpoint of a streaming query "
+                                    "(give the query's checkpointLocation)")
+
+    def state_provider(self) -> tuple[str | None, str | None]:
+        """(provider class, the offset-log entry that records it) of the newest batch; (None,
+        None) when no entry records one."""
+        batches = self.offset_batches()
+        if not batches:
+            return None, None
+        try:
+            _, meta, _ = self.offset_entry(batches[-1])
+        except (CheckpointProblem, FileNotFoundError):
+            return None, None
+        cls = (meta.get("conf") or {}).get(PROVIDER_KEY) if isinstance(meta, dict) else None
+        return (cls, self.path("offsets", str(batches[-1]))) if isinstance(cls, str) else (None, None)
+
+    def not_keyedstate(self, tool: str) -> str | None:
+        """Why the checkpoint's state is not keyedstate's, in one line naming the provider class
+        the offset log records (and the first store partition holding another provider's files,
+        ``layout.FOREIGN_FILE``); None when it is keyedstate's. Also when the offset log records
+        keyedstate (or nothing) while the store partitions hold only another provider's files."""
+        cls, where = self.state_provider()
+        parts = [sp for op in self.operators().values() for sps in op.stores.values() for sp in sps]
+        foreign = next((sp for sp in parts if sp.foreign), None)
+        files = (f"; its files were not written by keyedstate ({foreign.path} holds "
+                 f"{', '.join(sorted(foreign.foreign)[:3])})" if foreign is not None else "")
+        if cls is not None and cls != PROVIDER_CLASS:
+            return (f"{self.root} is not a keyedstate checkpoint: its state store provider is {cls}, not keyedstate "
+                    f"({where}){files}; keyedstate {tool} reads keyedstate's state only"
+                    + ("" if tool == "migrate" else " (keyedstate migrate --to keyedstate converts it)"))
+        if foreign is not None and not any(sp.changelogs or sp.snapshots or sp.snapshot_files for sp in parts):
+            recorded = f" although {where} records {cls}" if cls else ""
+            return (f"{self.root} is not a keyedstate checkpoint{recorded}{files}; restore its state files from a "
+                    "copy of the checkpoint, or run the query with the provider that wrote them")
+        return None
+
+    def refuse_foreign(self, tool: str) -> None:
+        """Refuse what is not a streaming checkpoint, and one whose state is not keyedstate's
+        (:class:`NotKeyedstateCheckpoint`, see :meth:`not_keyedstate`)."""
+        self.require_streaming()
+        why = self.not_keyedstate(tool)
+        if why is not None:
+            raise NotKeyedstateCheckpoint(why)
+
     # -- Spark's logs ------------------------------------------------------------------------
     def _log_batches(self, name: str) -> list[int]:
-        return sorted(int(e.name) for e in self.storage.list(self.path(name))
-                      if not e.is_dir and e.name.isdigit())
+        return sorted(n for e in self.storage.list(self.path(name))
+                      if not e.is_dir and (n := layout.number_of(e.name)) is not None)
 
     def committed_batches(self) -> list[int]:
         return self._log_batches("commits")
@@ -162,11 +212,17 @@ class Checkpoint:
     def provider_at(self, batch: int) -> str | None:
         return self.conf_at(batch, "spark.sql.streaming.stateStore.providerClass")
 
+    def recorded_partitions(self, batch: int) -> int | None:
+        """The shuffle partition count ``offsets/<batch>`` records; None once Spark purged the
+        entry (it keeps ``minBatchesToRetain`` batches, while a state version can be older)."""
+        value = self.conf_at(batch, "spark.sql.shuffle.partitions")
+        return int(value) if value is not None else None
+
     def partitions_at(self, batch: int, op: Operator | None = None) -> int | None:
         """The shuffle partition count of ``batch`` (what the query ran that batch with)."""
-        value = self.conf_at(batch, "spark.sql.shuffle.partitions")
+        value = self.recorded_partitions(batch)
         if value is not None:
-            return int(value)
+            return value
         if op is not None and op.store_partitions:
             return max(op.store_partitions.values())
         return None
@@ -207,8 +263,8 @@ class Checkpoint:
             state = self.path("state")
             ops = {}
             for e in self.storage.list(state):
-                if e.is_dir and e.name.isdigit():
-                    ops[int(e.name)] = self._operator(int(e.name), self.storage.join(state, e.name))
+                if e.is_dir and (n := layout.number_of(e.name)) is not None:
+                    ops[n] = self._operator(n, self.storage.join(state, e.name))
             self._operators = dict(sorted(ops.items()))
         return self._operators
 
@@ -223,7 +279,8 @@ class Checkpoint:
         name, stores = self.operator_metadata(path)
         found: dict[str, list[StorePartition]] = {}
         for e in self.storage.list(path):
-            if not (e.is_dir and e.name.isdigit()):
+            partition = layout.number_of(e.name) if e.is_dir else None
+            if partition is None:
                 continue
             part_path = self.storage.join(path, e.name)
             entries = self.storage.list(part_path)
@@ -233,7 +290,7 @@ class Checkpoint:
                     sub_path = self.storage.join(part_path, sub.name)
                     candidates.append((sub.name, sub_path, self.storage.list(sub_path)))
             for store, store_path, listing in candidates:
-                sp = self._store_partition(op, int(e.name), store, store_path, listing)
+                sp = self._store_partition(op, partition, store, store_path, listing)
                 if sp is not None:
                     found.setdefault(store, []).append(sp)
         for parts in found.values():

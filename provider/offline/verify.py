@@ -13,7 +13,7 @@ What is checked, per operator, store and partition (through :mod:`.storage`, any
 * **keys**: every key of every rebuilt snapshot and every changelog record carries the key
   group Spark's hash gives its key (recomputed from the row with the state schema, when the
   key types allow) and belongs to its partition's key groups for the partition count of that
-  batch (from the offset log);
+  batch (from the offset log, while Spark keeps the batch's entry there);
 * **TTL**: every value is of a known value format (plain or timed, with its 8-byte write
   time), and each manifest's TTL settings are readable.
 
@@ -73,6 +73,7 @@ def verify(checkpoint: str | os.PathLike, spark: "SparkSession | None" = None) -
     """Check a checkpoint (see the module doc); returns the report as a dict."""
     storage = open_storage(checkpoint, spark)
     ck = Checkpoint(storage)
+    ck.refuse_foreign("verify")
     report = Report(ck.root)
     committed = ck.latest_committed()
     for op in ck.operators().values():
@@ -162,16 +163,16 @@ def _verify_store_partition(ck: Checkpoint, op, sp: StorePartition, key_schema, 
             if uid is not None and log_.meta.get("uniqueId") not in (None, uid):
                 raise CheckpointProblem(f"{path} records the unique id {log_.meta.get('uniqueId')}, its name {uid}: "
                                         "renamed or corrupt")
-            count = sum(1 for _ in log_.records())
-        except CheckpointProblem as exc:
+            for _ in log_.records():  # every record's lengths and the count hold before any key is checked
+                pass
+        except (CheckpointProblem, changelog.CorruptChangelogError) as exc:  # the latter: CRCs right, lengths not
             report.problem(path, str(exc), RESTORE)
             continue
         key_groups = log_.key_groups
         logs[(v, uid)] = log_
-        partitions = ck.partitions_at(v - 1, op)
+        partitions = ck.recorded_partitions(v - 1)
         for _, key, value in log_.records():
             keys.check(key, value, key_groups, partitions, path)
-        del count
     # 2. every manifest and its files
     manifests = {}
     for (v, uid) in sorted(sp.snapshots, key=lambda x: (x[0], x[1] or "")):
@@ -210,7 +211,7 @@ def _verify_store_partition(ck: Checkpoint, op, sp: StorePartition, key_schema, 
         path = sp.manifest_path(storage, v, uid)
         try:
             with ck.rebuild(sp, v, uid) as rebuilt:
-                partitions = ck.partitions_at(v - 1, op)
+                partitions = ck.recorded_partitions(v - 1)
                 n = 0
                 it = rebuilt.db.iter()
                 it.seek_to_first()

@@ -73,9 +73,50 @@ def cache_dir() -> Path:
     return Path(base)
 
 
+def _foreign_link(path: Path) -> tuple[str, int] | None:
+    """The first symbolic link on the way to ``path`` (each component, and each link's target
+    in turn) that neither root nor this user owns, with its owner; None if there is none. Such
+    a link, e.g. in a sticky /tmp where fs.protected_symlinks is off, can be re-pointed by its
+    owner at any time, so a cache reached through it is not private even if its end is."""
+    trusted = (0, os.getuid())
+    pending = list(reversed(Path(os.path.join(os.getcwd(), path)).parts))
+    current = "/"
+    hops = 0
+    while pending:
+        name = pending.pop()
+        if name in ("/", "", "."):
+            current = "/" if name == "/" else current
+            continue
+        if name == "..":
+            current = os.path.dirname(current)
+            continue
+        candidate = os.path.join(current, name)
+        try:
+            st = os.lstat(candidate)
+        except FileNotFoundError:  # the rest is created by mkdir, under what was checked
+            return None
+        if not stat.S_ISLNK(st.st_mode):
+            current = candidate
+            continue
+        if st.st_uid not in trusted:
+            return candidate, st.st_uid
+        hops += 1
+        if hops > 40:
+            raise JarBuildError(f"the keyedstate jar cache {path} is reached through too many symbolic links")
+        pending.extend(reversed(Path(os.readlink(candidate)).parts))
+    return None
+
+
 def _private_cache_dir() -> Path:
-    """The cache directory, created 0700 if missing; refused unless it is the user's alone."""
+    """The cache directory, created 0700 if missing; refused unless it is the user's alone and
+    reached through no symbolic link of another user (:func:`_foreign_link`)."""
     directory = cache_dir()
+    link = _foreign_link(directory)
+    if link is not None:
+        raise JarBuildError(
+            f"the keyedstate jar cache {directory} is reached through the symbolic link {link[0]}, owned by uid "
+            f"{link[1]}, not by this user (uid {os.getuid()}) or root: its owner could point it at a jar of their "
+            "own. Set KEYEDSTATE_CACHE_DIR to a private directory reached through no other user's link")
     if not directory.exists():
         directory.parent.mkdir(parents=True, exist_ok=True)
         try:

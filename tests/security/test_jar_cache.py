@@ -196,6 +196,36 @@ def test_cache_dir_owned_by_another_user_is_refused(genuine_jar, tmp_path):
     assert_refused_or_not_used(result, cache, f"a directory owned by uid {NOBODY}")
 
 
+def test_cache_reached_through_another_users_link_is_refused(genuine_jar, tmp_path):
+    """A private cache directory of this user, reached through a symbolic link that another user
+    (nobody) owns in a sticky, world-writable directory: with fs.protected_symlinks=0 the link
+    is followed, and its owner can re-point it at a directory of their own whenever they like."""
+    if os.getuid() != 0:
+        pytest.skip("needs root to give a symbolic link to another user")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    mine = tmp_path / "mine"
+    cache = mine / "keyedstate"
+    cache.mkdir(parents=True, mode=0o700)
+    mine.chmod(0o700)
+    shutil.copyfile(genuine_jar, cache / genuine_jar.name)
+    shutil.copyfile(genuine_jar.with_name(genuine_jar.name + ".sha256"), cache / (genuine_jar.name + ".sha256"))
+    link = shared / "cache"
+    os.symlink(mine, link)
+    os.lchown(link, NOBODY, NOBODY)
+    assert os.lstat(link).st_uid == NOBODY
+    result = keyedstate_jar(link / "keyedstate")
+    assert result.returncode != 0, f"`keyedstate jar` used {result.stdout.strip()} through {link}, owned by uid {NOBODY}"
+    assert str(link) in result.stderr and f"uid {NOBODY}" in result.stderr, result.stderr[-1500:]
+    assert "Traceback" not in result.stderr, result.stderr[-1500:]
+    # a link of this user's own is followed as before
+    own = tmp_path / "own-link"
+    os.symlink(mine, own)
+    result = keyedstate_jar(own / "keyedstate")
+    assert result.returncode == 0 and printed_path(result) == own / "keyedstate" / genuine_jar.name, result.stderr[-1500:]
+
+
 def test_planted_file_with_the_jars_name_is_not_used(jar_name, fake_compiler, tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
