@@ -148,7 +148,20 @@ def test_truncated_changelog_fails_the_load_naming_the_file(spark, tmp_path):
     assert str(victim) in message and "truncated or corrupt" in message
 
 
-def test_a_corrupt_snapshot_is_skipped_for_an_older_one_and_changelogs(spark, tmp_path):
+def _truncate(victim: Path) -> None:
+    victim.write_text(victim.read_text()[:40])
+
+
+def _list_a_file_twice(victim: Path) -> None:
+    """A manifest that parses but lists one file name twice (two downloads to one local name)."""
+    node = json.loads(victim.read_text())
+    node["files"].append(node["files"][0])
+    victim.write_text(json.dumps(node, separators=(",", ":")))
+    (victim.parent / f".{victim.name}.crc").unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("corrupt", [_truncate, _list_a_file_twice], ids=["truncated", "a-file-listed-twice"])
+def test_a_corrupt_snapshot_is_skipped_for_an_older_one_and_changelogs(spark, tmp_path, corrupt):
     """Spark's auto snapshot repair: the load warns, counts it, and rebuilds the version exactly."""
     stream = FileStream(spark, tmp_path, "k STRING")
     confs = {PROVIDER_CONF: KS, PFX + "snapshotInterval": "1"}
@@ -163,8 +176,7 @@ def test_a_corrupt_snapshot_is_skipped_for_an_older_one_and_changelogs(spark, tm
     parts = [stream.partition_dir(partition=p) for p in (0, 1)]
     wait_for(lambda: all(3 in versions(part, ".ks-snapshot") for part in parts), what="snapshots of version 3")
     for part in parts:
-        victim = part / "3.ks-snapshot"
-        victim.write_text(victim.read_text()[:40])
+        corrupt(part / "3.ks-snapshot")
     with session_confs(spark, confs):
         query = stream.start(count_by_key, collect_into(out))
         try:
