@@ -189,6 +189,21 @@ def test_a_corrupt_snapshot_is_skipped_for_an_older_one_and_changelogs(spark, tm
     assert out["k5"][1] == 4 and out["new"][1] == 1  # k5 was in all three batches, then once more
 
 
+def test_a_changelog_linked_to_a_file_outside_the_checkpoint_is_refused_naming_it(spark, tmp_path):
+    """A symbolic link in place of a file would load another file's records (say, another
+    query's changelog) as this store's: the load refuses it, as it does linked directories."""
+    stream = FileStream(spark, tmp_path, "k STRING")
+    _three_batches(spark, stream, {PFX + "snapshotInterval": "100"})
+    victim = stream.partition_dir(partition=1) / "2.ks-changelog"
+    elsewhere = tmp_path / "elsewhere" / "2.ks-changelog"
+    elsewhere.parent.mkdir()
+    shutil.copyfile(victim, elsewhere)
+    victim.unlink()
+    victim.symlink_to(elsewhere)
+    message = _restart_error(spark, stream, {PFX + "snapshotInterval": "100"})
+    assert str(victim) in message and "symbolic link" in message
+
+
 def test_a_corrupt_snapshot_with_nothing_older_fails_the_load_naming_it(spark, tmp_path):
     stream = FileStream(spark, tmp_path, "k STRING")
     _three_batches(spark, stream, {PFX + "snapshotInterval": "1"})
