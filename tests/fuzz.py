@@ -566,8 +566,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     names = args.readers.split(",") if args.readers else None
     print(f"seed {args.seed}", flush=True)
-    outcomes = run(args.count, args.seconds, args.seed, names, not args.no_python, not args.no_jvm, args.keep)
-    print(report(outcomes))
+    outcomes = []
+    for name in names or readers():  # reader by reader, each reported as it ends
+        outcomes += run(args.count, args.seconds, args.seed, [name], not args.no_python, not args.no_jvm, args.keep)
+        print(report(outcomes), flush=True)
     return 1 if any(o.failures for o in outcomes) else 0
 
 

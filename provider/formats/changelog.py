@@ -329,11 +329,11 @@ ZSTD_UPFRONT_RATIO = 64  # output bytes allocated per frame byte before they dec
 _ZSTD_UPFRONT_SLACK = 1 << 16
 
 
-def _zstd_decompress(frame: memoryview, source: str) -> bytearray:
+def _zstd_decompress(frame: memoryview, source: str) -> bytes | bytearray:
     """One zstd frame: exactly the content size its header states (at most ``MAX_BYTES``), else
-    ``CorruptChangelogError`` naming ``source``. The output grows as the stream yields bytes, from
-    at most ``ZSTD_UPFRONT_RATIO`` times the frame's size: a header's claim is never allocated on
-    its word (the JVM's twin is ``ChangelogCodecs.unzstd``)."""
+    ``CorruptChangelogError`` naming ``source``. A claim beyond ``ZSTD_UPFRONT_RATIO`` times the
+    frame's size is not allocated on its word: the output grows from there as the stream yields
+    bytes (the JVM's twin is ``ChangelogCodecs.unzstd``)."""
     import zstandard
 
     try:
@@ -342,7 +342,13 @@ def _zstd_decompress(frame: memoryview, source: str) -> bytearray:
         raise CorruptChangelogError(f"{source} is truncated or corrupt (zstd: {exc})") from None
     if size < 0 or size > MAX_BYTES:  # no size recorded, or a bomb
         raise CorruptChangelogError(f"{source} is corrupt (its zstd frame states {size} bytes)")
-    out = bytearray(min(size, ZSTD_UPFRONT_RATIO * len(frame) + _ZSTD_UPFRONT_SLACK))
+    upfront = min(size, ZSTD_UPFRONT_RATIO * len(frame) + _ZSTD_UPFRONT_SLACK)
+    if upfront == size:  # within the bound: one call into the exact size, the fastest way
+        try:
+            return zstandard.ZstdDecompressor().decompress(frame, max_output_size=size, allow_extra_data=False)
+        except zstandard.ZstdError as exc:
+            raise CorruptChangelogError(f"{source} is truncated or corrupt (zstd: {exc})") from None
+    out = bytearray(upfront)
     n = 0
     try:
         with zstandard.ZstdDecompressor().stream_reader(frame, read_across_frames=True) as reader:

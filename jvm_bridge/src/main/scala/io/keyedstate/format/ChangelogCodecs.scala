@@ -46,9 +46,10 @@ private[format] object ChangelogCodecs {
 
   /**
    * One zstd frame, decompressed: exactly the content size its header states (at most
-   * [[MaxBytes]]), else [[CorruptChangelogException]] naming `source`. The output grows as bytes
-   * come out of the stream, from at most [[UpfrontRatio]] times the frame's size, so that a
-   * header claiming more than the frame holds costs no more than the frame could.
+   * [[MaxBytes]]), else [[CorruptChangelogException]] naming `source`. A claim beyond
+   * [[UpfrontRatio]] times the frame's size is not allocated: the output grows from there as
+   * bytes come out of the stream, so that a header claiming more than the frame holds costs no
+   * more than the frame could fill.
    */
   def unzstd(data: Array[Byte], offset: Int, length: Int, source: String): Array[Byte] = {
     def corrupt(why: String) = new CorruptChangelogException(s"$source is truncated or corrupt (zstd: $why)")
@@ -57,11 +58,29 @@ private[format] object ChangelogCodecs {
       case e: ZstdException => throw corrupt(e.getMessage)
     }
     if (size < 0 || size > MaxBytes) throw new CorruptChangelogException(s"$source is corrupt (its zstd frame states $size bytes)")
-    var out = new Array[Byte](math.min(size, UpfrontRatio.toLong * length + UpfrontSlack).toInt)
-    val in = try new ZstdInputStreamNoFinalizer(new ByteArrayInputStream(data, offset, length)) catch {
+    val upfront = math.min(size, UpfrontRatio.toLong * length + UpfrontSlack).toInt
+    val (out, n) = try {
+      if (upfront == size) { // within the bound: one call into the exact size, the fastest way
+        val out = new Array[Byte](upfront)
+        val n = Zstd.decompressByteArray(out, 0, out.length, data, offset, length)
+        if (Zstd.isError(n)) throw corrupt(Zstd.getErrorName(n))
+        (out, n)
+      } else streamed(data, offset, length, size, upfront, corrupt)
+    } catch {
       case e: IOException => throw corrupt(e.getMessage)
+      case e: ZstdException => throw corrupt(e.getMessage)
     }
+    if (n != size) throw corrupt(s"$n of $size bytes")
+    out
+  }
+
+  /** [[unzstd]] beyond the bound: the output starts at `upfront` bytes and doubles as the stream
+   *  fills it, up to `size`; (output, bytes decompressed). */
+  private def streamed(data: Array[Byte], offset: Int, length: Int, size: Long, upfront: Int,
+      corrupt: String => CorruptChangelogException): (Array[Byte], Long) = {
+    var out = new Array[Byte](upfront)
     var n = 0
+    val in = new ZstdInputStreamNoFinalizer(new ByteArrayInputStream(data, offset, length))
     try {
       var more = true
       while (more) {
@@ -71,11 +90,7 @@ private[format] object ChangelogCodecs {
         else if (n == size) throw corrupt(s"more than the $size bytes its frame states")
         else n += got
       }
-    } catch {
-      case e: IOException => throw corrupt(e.getMessage)
-      case e: ZstdException => throw corrupt(e.getMessage)
     } finally in.close()
-    if (n != size) throw corrupt(s"$n of $size bytes")
-    out
+    (out, n)
   }
 }
