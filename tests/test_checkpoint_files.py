@@ -148,7 +148,20 @@ def test_truncated_changelog_fails_the_load_naming_the_file(spark, tmp_path):
     assert str(victim) in message and "truncated or corrupt" in message
 
 
-def test_a_corrupt_snapshot_is_skipped_for_an_older_one_and_changelogs(spark, tmp_path):
+def _truncate(victim: Path) -> None:
+    victim.write_text(victim.read_text()[:40])
+
+
+def _list_a_file_twice(victim: Path) -> None:
+    """A manifest that parses but lists one file name twice (two downloads to one local name)."""
+    node = json.loads(victim.read_text())
+    node["files"].append(node["files"][0])
+    victim.write_text(json.dumps(node, separators=(",", ":")))
+    (victim.parent / f".{victim.name}.crc").unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("corrupt", [_truncate, _list_a_file_twice], ids=["truncated", "a-file-listed-twice"])
+def test_a_corrupt_snapshot_is_skipped_for_an_older_one_and_changelogs(spark, tmp_path, corrupt):
     """Spark's auto snapshot repair: the load warns, counts it, and rebuilds the version exactly."""
     stream = FileStream(spark, tmp_path, "k STRING")
     confs = {PROVIDER_CONF: KS, PFX + "snapshotInterval": "1"}
@@ -163,8 +176,7 @@ def test_a_corrupt_snapshot_is_skipped_for_an_older_one_and_changelogs(spark, tm
     parts = [stream.partition_dir(partition=p) for p in (0, 1)]
     wait_for(lambda: all(3 in versions(part, ".ks-snapshot") for part in parts), what="snapshots of version 3")
     for part in parts:
-        victim = part / "3.ks-snapshot"
-        victim.write_text(victim.read_text()[:40])
+        corrupt(part / "3.ks-snapshot")
     with session_confs(spark, confs):
         query = stream.start(count_by_key, collect_into(out))
         try:
@@ -175,6 +187,21 @@ def test_a_corrupt_snapshot_is_skipped_for_an_older_one_and_changelogs(spark, tm
             query.stop()
     assert skipped >= 1
     assert out["k5"][1] == 4 and out["new"][1] == 1  # k5 was in all three batches, then once more
+
+
+def test_a_changelog_linked_to_a_file_outside_the_checkpoint_is_refused_naming_it(spark, tmp_path):
+    """A symbolic link in place of a file would load another file's records (say, another
+    query's changelog) as this store's: the load refuses it, as it does linked directories."""
+    stream = FileStream(spark, tmp_path, "k STRING")
+    _three_batches(spark, stream, {PFX + "snapshotInterval": "100"})
+    victim = stream.partition_dir(partition=1) / "2.ks-changelog"
+    elsewhere = tmp_path / "elsewhere" / "2.ks-changelog"
+    elsewhere.parent.mkdir()
+    shutil.copyfile(victim, elsewhere)
+    victim.unlink()
+    victim.symlink_to(elsewhere)
+    message = _restart_error(spark, stream, {PFX + "snapshotInterval": "100"})
+    assert str(victim) in message and "symbolic link" in message
 
 
 def test_a_corrupt_snapshot_with_nothing_older_fails_the_load_naming_it(spark, tmp_path):

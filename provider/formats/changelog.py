@@ -325,19 +325,52 @@ def _decode_v2(view: memoryview, source: str) -> Changelog:
     return log
 
 
-def _zstd_decompress(frame: memoryview, source: str) -> bytes:
+ZSTD_UPFRONT_RATIO = 64  # output bytes allocated per frame byte before they decompress (FORMATS.md)
+_ZSTD_UPFRONT_SLACK = 1 << 16
+
+
+def _zstd_decompress(frame: memoryview, source: str) -> bytes | bytearray:
+    """One zstd frame: exactly the content size its header states (at most ``MAX_BYTES``), else
+    ``CorruptChangelogError`` naming ``source``. A claim beyond ``ZSTD_UPFRONT_RATIO`` times the
+    frame's size is not allocated on its word: the output grows from there as the stream yields
+    bytes (the JVM's twin is ``ChangelogCodecs.unzstd``)."""
     import zstandard
 
     try:
         size = zstandard.frame_content_size(frame)
     except zstandard.ZstdError as exc:
         raise CorruptChangelogError(f"{source} is truncated or corrupt (zstd: {exc})") from None
-    if size < 0 or size > MAX_BYTES:  # no size recorded, or a bomb: never allocate on its word
+    if size < 0 or size > MAX_BYTES:  # no size recorded, or a bomb
         raise CorruptChangelogError(f"{source} is corrupt (its zstd frame states {size} bytes)")
+    upfront = min(size, ZSTD_UPFRONT_RATIO * len(frame) + _ZSTD_UPFRONT_SLACK)
+    if upfront == size:  # within the bound: one call into the exact size, the fastest way
+        try:
+            return zstandard.ZstdDecompressor().decompress(frame, max_output_size=size, allow_extra_data=False)
+        except zstandard.ZstdError as exc:
+            raise CorruptChangelogError(f"{source} is truncated or corrupt (zstd: {exc})") from None
+    out = bytearray(upfront)
+    n = 0
     try:
-        return zstandard.ZstdDecompressor().decompress(frame, max_output_size=size)
+        with zstandard.ZstdDecompressor().stream_reader(frame, read_across_frames=True) as reader:
+            while True:
+                if n == len(out) and n < size:
+                    out.extend(bytes(min(size, 2 * n) - n))
+                if n < len(out):
+                    with memoryview(out) as view:
+                        got = reader.readinto(view[n:])
+                else:
+                    got = len(reader.read(1))
+                if got == 0:
+                    break
+                if n == size:
+                    raise CorruptChangelogError(
+                        f"{source} is truncated or corrupt (zstd: more than the {size} bytes its frame states)")
+                n += got
     except zstandard.ZstdError as exc:
         raise CorruptChangelogError(f"{source} is truncated or corrupt (zstd: {exc})") from None
+    if n != size:
+        raise CorruptChangelogError(f"{source} is truncated or corrupt (zstd: {n} of {size} bytes)")
+    return out
 
 
 def _split_key_groups(inner: bytes) -> tuple[bytes, bytes]:

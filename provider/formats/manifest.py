@@ -16,6 +16,7 @@ Names and paths are checked with the rule in formats/layout.py when the manifest
 """
 from __future__ import annotations
 
+import collections
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,6 +87,11 @@ def decode(data: bytes, source: str, version: int | None = None) -> Manifest:
         if version is not None and found != version:
             raise ValueError(f"it describes version {found}")
         files = tuple(_file(f, source) for f in _list(node, "files"))
+        # each name is a file of the restored RocksDB directory: two entries cannot share one
+        names = collections.Counter(f.name for f in files)
+        for name, times in names.items():
+            if times > 1:
+                raise ValueError(f"it lists the file name {name} {times} times")
         replay = _file(node["replay"], source) if node.get("replay") is not None else None
         key_layout = KeyLayout.from_json(node["keyLayout"]) if node.get("keyLayout") is not None else None
         ttl, rescale = node.get("ttl"), node.get("rescale")

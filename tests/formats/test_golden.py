@@ -101,6 +101,18 @@ def test_manifest_both_codecs(fmt, name, case):
             case.key_layout.key_columns, case.key_layout.partition_key_columns, case.key_layout.prefix_columns)
 
 
+def test_a_manifest_listing_a_file_name_twice_is_refused_by_both_codecs(fmt):
+    """Each name is a file of the restored RocksDB directory: a manifest naming one twice is
+    corrupt (the load then falls back to an older snapshot, tests/test_checkpoint_files.py)."""
+    node = json.loads(read("manifest-v1.json"))
+    node["files"].append(dict(node["files"][1], path=node["files"][0]["path"]))
+    data = json.dumps(node, separators=(",", ":")).encode()
+    with pytest.raises(manifest.CorruptManifestError, match="doubled.ks-snapshot .*MANIFEST-000005 2 times"):
+        manifest.decode(data, "doubled.ks-snapshot")
+    with pytest.raises(Exception, match="doubled.ks-snapshot .*MANIFEST-000005 2 times"):
+        fmt.ManifestFormat.decode(bytearray(data), "doubled.ks-snapshot", -1)
+
+
 # -- data-channel frames -----------------------------------------------------------------------
 
 def _jvm_request(jvm, fmt, op, handle, body) -> bytes:

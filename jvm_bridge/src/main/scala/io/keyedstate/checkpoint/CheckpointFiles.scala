@@ -9,7 +9,7 @@ import scala.collection.immutable.SortedSet
 import scala.util.control.NonFatal
 
 import org.apache.hadoop.conf.Configuration
-import org.apache.hadoop.fs.{FileStatus, Path}
+import org.apache.hadoop.fs.{FileStatus, FSDataInputStream, Path}
 import org.apache.hadoop.io.IOUtils
 import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
 
@@ -122,9 +122,32 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
   }
   private lazy val localDisk = fs.getScheme == "file"
 
+  /**
+   * Opens a checkpoint file, refusing a symbolic link (its bytes would come from outside the
+   * checkpoint, say another query's changelog): on a local disk through java.nio as for
+   * directories, on HDFS through its link status; object stores have no links.
+   */
+  private def open(path: Path): FSDataInputStream = {
+    val link =
+      try {
+        if (localDisk) {
+          val local = java.nio.file.Paths.get(fs.makeQualified(path).toUri)
+          if (Files.isSymbolicLink(local)) Some(Files.readSymbolicLink(local).toString) else None
+        } else if (fs.getScheme == "hdfs") {
+          val status = fs.getFileLinkStatus(path)
+          if (status.isSymlink) Some(status.getSymlink.toString) else None
+        } else None
+      } catch { case NonFatal(e) => throw unreadable(path, e) }
+    link.foreach { target =>
+      throw new CheckpointFileException(s"keyedstate: $path in the checkpoint is a symbolic link (to $target); " +
+        "keyedstate reads no file through one: replace it with the file itself")
+    }
+    try fm.open(path) catch { case NonFatal(e) => throw unreadable(path, e) }
+  }
+
   /** Copies a checkpoint file to local disk; a failure says which side failed. */
   def download(path: Path, local: java.nio.file.Path): Unit = {
-    val in = try fm.open(path) catch { case NonFatal(e) => throw unreadable(path, e) }
+    val in = open(path)
     try copy(in, path, local) finally in.close()
   }
 
@@ -180,14 +203,17 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
 
   def readBytes(path: Path): Array[Byte] =
     try {
-      val in = fm.open(path)
+      val in = open(path)
       try IOUtils.readFullyToByteArray(in) finally in.close()
-    } catch { case NonFatal(e) => throw unreadable(path, e) }
+    } catch {
+      case e: CheckpointFileException => throw e
+      case NonFatal(e) => throw unreadable(path, e)
+    }
 
   /** The metadata of a changelog, from its header alone (format 1: none). */
   def readChangelogMeta(version: Long, id: Option[String]): ChangelogMeta = {
     val path = changelog(version, id)
-    val in = try fm.open(path) catch { case NonFatal(e) => throw unreadable(path, e) }
+    val in = open(path)
     try {
       var head = new Array[Byte](0)
       var result: Either[Int, ChangelogMeta] = Left(15)

@@ -1,10 +1,12 @@
 package io.keyedstate.engine
 
+import java.io.IOException
 import java.nio.charset.StandardCharsets
 
 import scala.jdk.CollectionConverters._
+import scala.util.control.NonFatal
 
-import com.fasterxml.jackson.databind.ObjectMapper
+import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
 import org.apache.hadoop.io.IOUtils
@@ -22,7 +24,7 @@ object SparkMetadata {
     val offsets = new Path(new Path(queryRoot, "offsets"), batch.toString)
     val fs = offsets.getFileSystem(hadoopConf)
     if (!fs.exists(offsets)) None
-    else readText(offsets, hadoopConf).linesIterator.toSeq.lift(1).map(Json.readTree).map(_.path("batchTimestampMs"))
+    else readText(offsets, hadoopConf).linesIterator.toSeq.lift(1).map(parse(_, offsets)).map(_.path("batchTimestampMs"))
       .filter(_.isNumber).map(_.asLong())
   }
 
@@ -33,13 +35,19 @@ object SparkMetadata {
     fs.listStatus(stateRoot).filter(_.isDirectory).flatMap { st =>
       val meta = new Path(new Path(st.getPath, "_metadata"), "metadata")
       st.getPath.getName.toIntOption.filter(_ => fs.exists(meta)).map { op =>
-        val json = Json.readTree(readText(meta, hadoopConf).linesIterator.drop(1).mkString("\n"))
+        val json = parse(readText(meta, hadoopConf).linesIterator.drop(1).mkString("\n"), meta)
         val name = json.path("operatorInfo").path("operatorName").asText("?")
         val stores = json.path("stateStoreInfo").elements().asScala.map(_.path("storeName").asText()).toSeq
         op -> (name, stores)
       }
     }.toMap
   }
+
+  /** JSON of Spark's file `path`; a failure names it. */
+  private def parse(text: String, path: Path): JsonNode =
+    try Json.readTree(text) catch {
+      case NonFatal(e) => throw new IOException(s"keyedstate: $path is truncated or corrupt (${e.getMessage})", e)
+    }
 
   private def readText(path: Path, hadoopConf: Configuration): String = {
     val in = path.getFileSystem(hadoopConf).open(path)

@@ -1,6 +1,8 @@
 package io.keyedstate.format
 
-import com.github.luben.zstd.{Zstd, ZstdException}
+import java.io.{ByteArrayInputStream, IOException}
+
+import com.github.luben.zstd.{Zstd, ZstdException, ZstdInputStreamNoFinalizer}
 
 import io.keyedstate.format.ChangelogFormat.{HeaderBytes, MaxBytes, TrailerBytes, ZstdLevel}
 
@@ -37,14 +39,58 @@ private[format] object ChangelogCodecs {
     out
   }
 
+  /** At most this many output bytes per input byte are allocated before they are decompressed
+   *  (FORMATS.md, "Changelog": a frame's content size is a claim, checked as the bytes come). */
+  val UpfrontRatio = 64
+  private val UpfrontSlack = 1 << 16
+
+  /**
+   * One zstd frame, decompressed: exactly the content size its header states (at most
+   * [[MaxBytes]]), else [[CorruptChangelogException]] naming `source`. A claim beyond
+   * [[UpfrontRatio]] times the frame's size is not allocated: the output grows from there as
+   * bytes come out of the stream, so that a header claiming more than the frame holds costs no
+   * more than the frame could fill.
+   */
   def unzstd(data: Array[Byte], offset: Int, length: Int, source: String): Array[Byte] = {
-    val size = Zstd.getFrameContentSize(data, offset, length)
-    if (size < 0 || size > MaxBytes) throw new CorruptChangelogException(s"$source is corrupt (its zstd frame states $size bytes)")
-    val out = new Array[Byte](size.toInt)
-    val n = Zstd.decompressByteArray(out, 0, out.length, data, offset, length)
-    if (Zstd.isError(n) || n != size) {
-      throw new CorruptChangelogException(s"$source is truncated or corrupt (zstd: ${if (Zstd.isError(n)) Zstd.getErrorName(n) else s"$n of $size bytes"})")
+    def corrupt(why: String) = new CorruptChangelogException(s"$source is truncated or corrupt (zstd: $why)")
+    if (length <= 0) throw corrupt("no frame")
+    val size = try Zstd.getFrameContentSize(data, offset, length) catch {
+      case e: ZstdException => throw corrupt(e.getMessage)
     }
+    if (size < 0 || size > MaxBytes) throw new CorruptChangelogException(s"$source is corrupt (its zstd frame states $size bytes)")
+    val upfront = math.min(size, UpfrontRatio.toLong * length + UpfrontSlack).toInt
+    val (out, n) = try {
+      if (upfront == size) { // within the bound: one call into the exact size, the fastest way
+        val out = new Array[Byte](upfront)
+        val n = Zstd.decompressByteArray(out, 0, out.length, data, offset, length)
+        if (Zstd.isError(n)) throw corrupt(Zstd.getErrorName(n))
+        (out, n)
+      } else streamed(data, offset, length, size, upfront, corrupt)
+    } catch {
+      case e: IOException => throw corrupt(e.getMessage)
+      case e: ZstdException => throw corrupt(e.getMessage)
+    }
+    if (n != size) throw corrupt(s"$n of $size bytes")
     out
+  }
+
+  /** [[unzstd]] beyond the bound: the output starts at `upfront` bytes and doubles as the stream
+   *  fills it, up to `size`; (output, bytes decompressed). */
+  private def streamed(data: Array[Byte], offset: Int, length: Int, size: Long, upfront: Int,
+      corrupt: String => CorruptChangelogException): (Array[Byte], Long) = {
+    var out = new Array[Byte](upfront)
+    var n = 0
+    val in = new ZstdInputStreamNoFinalizer(new ByteArrayInputStream(data, offset, length))
+    try {
+      var more = true
+      while (more) {
+        if (n == out.length && n < size) out = java.util.Arrays.copyOf(out, math.min(size, 2L * n).toInt)
+        val got = if (n < out.length) in.read(out, n, out.length - n) else if (in.read() < 0) -1 else 1
+        if (got < 0) more = false
+        else if (n == size) throw corrupt(s"more than the $size bytes its frame states")
+        else n += got
+      }
+    } finally in.close()
+    (out, n)
   }
 }

@@ -93,8 +93,12 @@ object ManifestFormat {
         if (!t.isObject) throw new IllegalArgumentException("field 'ttl' is not an object")
         Json.convertValue(t, classOf[java.util.LinkedHashMap[String, AnyRef]]): java.util.Map[String, AnyRef]
       }
-      SnapshotManifest(found, long(node, "keyGroups").toInt, long(node, "numKeys"),
-        files.elements().asScala.map(fileOf(_, source)).toSeq,
+      val listed = files.elements().asScala.map(fileOf(_, source)).toSeq
+      // each name is a file of the restored RocksDB directory: two entries cannot share one
+      listed.groupBy(_.name).find(_._2.size > 1).foreach { case (name, same) =>
+        throw new IllegalArgumentException(s"it lists the file name $name ${same.size} times")
+      }
+      SnapshotManifest(found, long(node, "keyGroups").toInt, long(node, "numKeys"), listed,
         Option(node.get("replay")).filterNot(_.isNull).map(fileOf(_, source)), keyLayout, ttl,
         Option(node.get("rescale")).filterNot(_.isNull))
     } catch {
