@@ -6,9 +6,13 @@ use; without ``mvn`` these tests are skipped with a message saying how to run th
 from __future__ import annotations
 
 import shutil
+import uuid
+from dataclasses import dataclass
+from typing import Callable
 
 import pytest
 
+from support.constants import PFX, REFERENCE_PROVIDER
 from support.storage import MiniHdfs, MotoS3, StorageSession, StorageUnavailable
 
 _servers: dict[str, object] = {}
@@ -57,16 +61,41 @@ def storage_session(s3, hdfs, tmp_path_factory):
     session.exit()
 
 
-@pytest.fixture(params=["hdfs", "s3a"])
-def storage_root(request):
-    """A checkpoint root URI on each real storage, unique to the test."""
-    import uuid
+@pytest.fixture(scope="session")
+def storage_roots(hdfs, s3) -> dict[str, str]:
+    """{"hdfs" | "s3a": a root URI for checkpoints on that storage, unique to this test run}."""
+    run = uuid.uuid4().hex[:8]
+    return {"hdfs": f"{hdfs.uri}/keyedstate-tests-{run}", "s3a": f"s3a://{s3.bucket}/keyedstate-tests-{run}"}
 
-    if request.param == "hdfs":
-        base = request.getfixturevalue("hdfs").uri
-    else:
-        base = f"s3a://{request.getfixturevalue('s3').bucket}"
-    return f"{base}/{request.node.name.split('[')[0]}-{uuid.uuid4().hex[:8]}"
+
+@dataclass(frozen=True)
+class ScenarioRun:
+    reference: list  # Spark's default provider, uninterrupted (support/driver.py's output)
+    candidate: list  # the provider under test, restarted after every step
+    checkpoint: str  # the candidate's checkpoint URI
+
+
+@pytest.fixture(scope="session")
+def scenario_runs(storage_session, storage_roots, candidate_provider, tmp_path_factory) -> Callable:
+    """``get(scenario, storage)``: the scenario of support/scenarios.py run on that storage, once
+    per test run (the operator and offline tests share the runs)."""
+    runs: dict[tuple[str, str], ScenarioRun] = {}
+
+    def get(scenario: str, where: str) -> ScenarioRun:
+        if (scenario, where) not in runs:
+            root = f"{storage_roots[where]}/{scenario}"
+            local = tmp_path_factory.mktemp(f"{scenario}-{where}")
+            reference = storage_session.run_scenario(scenario, REFERENCE_PROVIDER, f"{root}/reference",
+                                                     local / "reference")
+            # a snapshot every 2 versions: restarts load snapshots uploaded to the store, and the
+            # changelogs after them
+            candidate = storage_session.run_scenario(scenario, candidate_provider, f"{root}/candidate",
+                                                     local / "candidate", restart_every_step=True,
+                                                     confs={PFX + "snapshotInterval": "2"})
+            runs[(scenario, where)] = ScenarioRun(reference, candidate, f"{root}/candidate")
+        return runs[(scenario, where)]
+
+    return get
 
 
 @pytest.hookimpl(hookwrapper=True)
