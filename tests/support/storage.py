@@ -107,7 +107,7 @@ class _Server:
                 self._log.write(line)
                 self._log.flush()
 
-        thread = threading.Thread(target=read, daemon=True)
+        thread = self._reader = threading.Thread(target=read, daemon=True)
         thread.start()
         deadline = time.monotonic() + timeout
         while not found:
@@ -136,6 +136,8 @@ class _Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(30)
+        if getattr(self, "_reader", None) is not None:
+            self._reader.join(10)  # its last lines, before the log closes
         self._log.close()
 
 
@@ -143,7 +145,7 @@ class MiniHdfs(_Server):
     """A MiniDFSCluster with ``datanodes`` DataNodes and replication 2, data under ``base``;
     ``uri`` is its ``hdfs://host:port``."""
 
-    def __init__(self, base: Path, datanodes: int = 2, timeout: float = 300.0) -> None:
+    def __init__(self, base: Path, datanodes: int = 2, log: Path | None = None, timeout: float = 300.0) -> None:
         hdfs_jars = jars("hdfs")
         classes = _launcher_classes(hdfs_jars)
         base.mkdir(parents=True, exist_ok=True)
@@ -151,7 +153,7 @@ class MiniHdfs(_Server):
         cmd = [java, "-Xmx768m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
                "-Dorg.slf4j.simpleLogger.defaultLogLevel=info",
                "-cp", f"{classes}{os.pathsep}{hdfs_jars}/*", "MiniHdfs", str(base / "data"), str(datanodes)]
-        super().__init__(cmd, base / "minihdfs.log", "HDFS-READY", "the MiniDFSCluster", timeout)
+        super().__init__(cmd, log or base / "minihdfs.log", "HDFS-READY", "the MiniDFSCluster", timeout)
         self.uri = self.address.rstrip("/")
 
 
@@ -171,15 +173,16 @@ class MotoS3(_Server):
     """moto's S3 API server on 127.0.0.1 and a port the OS chose, with ``bucket`` created;
     ``endpoint`` is its ``http://127.0.0.1:port``."""
 
-    def __init__(self, base: Path, bucket: str = "checkpoints", timeout: float = 120.0) -> None:
+    def __init__(self, base: Path, bucket: str = "checkpoints", log: Path | None = None,
+                 timeout: float = 120.0) -> None:
         try:
             import boto3  # noqa: F401  (moto's dependency; the bucket is made with it)
             import moto.server  # noqa: F401
         except ImportError:
             raise StorageUnavailable(MISSING_MOTO) from None
         base.mkdir(parents=True, exist_ok=True)
-        super().__init__([sys.executable, "-c", MOTO_SCRIPT], base / "moto.log", "S3-READY", "moto's S3 server",
-                         timeout)
+        super().__init__([sys.executable, "-c", MOTO_SCRIPT], log or base / "moto.log", "S3-READY",
+                         "moto's S3 server", timeout)
         self.endpoint = self.address
         self.bucket = bucket
         import boto3
