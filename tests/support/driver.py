@@ -132,17 +132,27 @@ class _Inputs:
         self.counts[source] += 1
 
 
-def _committed_files(checkpoint: Path) -> int:
+def _committed_files(checkpoint: Path | str, storage: Any = None) -> int:
     """Files consumed by the last committed batch, summed over sources (-1: nothing committed).
 
     Reads the offset log: line 3+ of ``offsets/<id>`` is one offset per source, ``-`` for a
     source without one yet; a file source's offset is ``{"logOffset": n}`` after n+1 batches that
     read from it. With one file per batch per source, n+1 is the number of files consumed.
+    ``storage``: for a checkpoint URI of another scheme (hdfs://, s3a://), the offline tools'
+    storage (keyedstate.offline.storage) it is read through; None for a local directory.
     """
-    commits = [int(f) for f in _listdir(checkpoint / "commits") if f.isdigit()]
+    if storage is None:
+        names = _listdir(Path(checkpoint) / "commits")
+    else:
+        names = [e.name for e in storage.list(storage.join(str(checkpoint), "commits"))
+                 if not e.name.startswith(".")]
+    commits = [int(f) for f in names if f.isdigit()]
     if not commits:
         return -1
-    text = (checkpoint / "offsets" / str(max(commits))).read_text()
+    if storage is None:
+        text = (Path(checkpoint) / "offsets" / str(max(commits))).read_text()
+    else:
+        text = storage.read_bytes(storage.join(str(checkpoint), "offsets", str(max(commits)))).decode()
     total = 0
     for line in text.splitlines()[2:]:
         line = line.strip()
@@ -161,13 +171,13 @@ def _listdir(path: Path) -> list[str]:
         return []
 
 
-def drain(query, checkpoint: Path, expected_files: int, timeout: float = 120.0) -> None:
+def drain(query, checkpoint: Path | str, expected_files: int, timeout: float = 120.0, storage: Any = None) -> None:
     """Block until a committed batch has consumed ``expected_files`` files and every batch that
-    follows without new data (no-data batches) has run too."""
+    follows without new data (no-data batches) has run too (``storage``: see _committed_files)."""
     deadline = time.monotonic() + timeout
     while True:
         query.processAllAvailable()
-        consumed = _committed_files(checkpoint)
+        consumed = _committed_files(checkpoint, storage)
         if consumed >= expected_files:
             break
         if time.monotonic() > deadline:
@@ -182,7 +192,7 @@ def drain(query, checkpoint: Path, expected_files: int, timeout: float = 120.0) 
 
 
 def run_query(spark, provider_class: str, build_query: Callable, schema, steps: Sequence,
-              checkpoint_dir, input_dir, output_mode: str, restart_after: int | None = None,
+              checkpoint_dir, input_dir, output_mode: str, restart_after: int | Sequence[int] | None = None,
               *, trigger_timeout: float = 120.0, on_restart: Callable[[Path], None] | None = None,
               location: str | None = None) -> Output:
     """Run a stateful query over ``steps`` and return ``[(batch_id, sorted rows as tuples)]``.
@@ -194,11 +204,13 @@ def run_query(spark, provider_class: str, build_query: Callable, schema, steps: 
     * ``steps``: rows are dicts or tuples in schema order; ``datetime`` values become ISO strings.
     * ``restart_after=k``: after step k (0-based), stop the query and continue the remaining steps
       with a brand-new query on the same checkpoint and input; ``on_restart(checkpoint)`` runs
-      while the query is stopped (e.g. a rescale).
+      while the query is stopped (e.g. a rescale). A sequence of steps: a restart after each.
     * The provider is set as the session's ``providerClass`` before every start (Spark then keeps
       the checkpoint's value on restarts) and the previous session value is restored at the end.
     * ``location``: the checkpointLocation Spark gets when it is not ``checkpoint_dir`` itself, e.g.
       an ``objtest://`` URI whose objects are the files under ``checkpoint_dir``.
+    * ``checkpoint_dir`` may be a URI of another scheme (``hdfs://``, ``s3a://``): the driver then
+      reads its offset log through the session's Hadoop FileSystem.
     * Every sink call is recorded, in call order, including batches without rows. Nothing is ever
       replayed here (the driver stops a query only once all its batches are committed), so a
       batch id seen twice means the query re-ran a batch, and the comparison will show it.
@@ -210,9 +222,15 @@ def run_query(spark, provider_class: str, build_query: Callable, schema, steps: 
         raise ValueError("one input directory per schema is required")
     if not multi:
         steps = [[rows] for rows in steps]
-    if restart_after is not None and not 0 <= restart_after < len(steps) - 1:
-        raise ValueError(f"restart_after={restart_after} must leave steps on both sides of the restart")
-    checkpoint = Path(checkpoint_dir)
+    restarts = {restart_after} if isinstance(restart_after, int) else set(restart_after or ())
+    if any(not 0 <= r < len(steps) - 1 for r in restarts):
+        raise ValueError(f"restart_after={restart_after} must leave steps on both sides of every restart")
+    from keyedstate.offline.storage import is_local, open_storage
+
+    if is_local(checkpoint_dir):
+        checkpoint, storage = Path(checkpoint_dir), None
+    else:
+        checkpoint, storage = str(checkpoint_dir), open_storage(str(checkpoint_dir), spark)
     inputs = _Inputs(spark, schemas, dirs)
 
     outputs: Output = []
@@ -236,8 +254,8 @@ def run_query(spark, provider_class: str, build_query: Callable, schema, steps: 
                 raise ValueError(f"step {index} has {len(step)} row lists for {len(schemas)} sources")
             for source, rows in enumerate(step):
                 inputs.publish(source, rows)
-                drain(query, checkpoint, inputs.total, trigger_timeout)
-            if index == restart_after:
+                drain(query, checkpoint, inputs.total, trigger_timeout, storage)
+            if index in restarts:
                 query.stop()
                 if on_restart is not None:
                     on_restart(checkpoint)

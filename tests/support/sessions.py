@@ -152,19 +152,24 @@ class SessionProcess:
     def __init__(self, workdir: Path, confs: dict[str, str] | None = None,
                  env: dict[str, str] | None = None, wrapper: list[str] | None = None,
                  master: str = "local[2]", java_options: str = "", startup_timeout: float = 180.0,
+                 script: str = SESSION_SCRIPT, spec: dict | None = None,
                  cwd: Path | None = None) -> None:
+        """``script``: the child's program (SESSION_SCRIPT, or another speaking the same protocol),
+        given a JSON spec (confs, master, javaOptions, and ``spec``'s entries) as its argument;
+        ``cwd``: the child's working directory (the caller's if None)."""
         workdir.mkdir(parents=True, exist_ok=True)
         self.workdir = workdir
         self.log_path = workdir / f"session-{time.monotonic_ns()}.log"
-        script = workdir / "session_main.py"
-        script.write_text(SESSION_SCRIPT)
+        main = workdir / "session_main.py"
+        main.write_text(script)
         confs = {**testjar.forkless_local_conf(), **(confs or {})}
-        spec = {"confs": confs, "master": master, "javaOptions": f"{QUICK_JVM_OPTIONS} {java_options}".strip()}
+        spec = {**(spec or {}), "confs": confs, "master": master,
+                "javaOptions": f"{QUICK_JVM_OPTIONS} {java_options}".strip()}
         full_env = {**os.environ, **(env or {})}
         full_env.pop("PYSPARK_GATEWAY_PORT", None)
         full_env.pop("PYSPARK_GATEWAY_SECRET", None)
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen([*(wrapper or []), sys.executable, str(script), json.dumps(spec)],
+        self.proc = subprocess.Popen([*(wrapper or []), sys.executable, str(main), json.dumps(spec)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
                                      env=full_env, start_new_session=True, cwd=cwd)
         self._known: dict[int, list[str]] = {}  # pid -> cmdline of every process seen in the session

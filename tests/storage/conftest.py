@@ -1,0 +1,128 @@
+"""Real checkpoint storage (issue 48): a MiniDFSCluster (2 DataNodes, replication 2) in a JVM of its
+own, moto's S3 API server on loopback, and a child SparkSession with hadoop-aws that runs queries
+and offline tools on them (support/storage.py). One of each per test run: they start in about a
+minute on 2 loaded cores. The jars come from Maven Central through tests/storage/pom.xml on first
+use; without ``mvn`` these tests are skipped with a message saying how to run them."""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from support.constants import PFX, REFERENCE_PROVIDER
+from support.scenarios import SCENARIOS
+from support.storage import MiniHdfs, MotoS3, StorageSession, StorageUnavailable
+
+_servers: dict[str, object] = {}
+
+
+def _log(name: str) -> Path:
+    """A server's log file, outside pytest's basetemp (which later runs rotate away): kept when a
+    test of the run failed (its report names it), deleted otherwise."""
+    logs = Path(tempfile.gettempdir()) / "keyedstate-storage-logs"
+    logs.mkdir(exist_ok=True)
+    return logs / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+
+
+@pytest.fixture(scope="session")
+def hdfs(tmp_path_factory, request):
+    """The MiniDFSCluster; its ``uri`` is ``hdfs://host:port``. Its data (under pytest's basetemp)
+    and log are kept when a test of the run failed."""
+    base = tmp_path_factory.mktemp("minihdfs")
+    try:
+        cluster = MiniHdfs(base, log=_log("minihdfs"))
+    except StorageUnavailable as missing:
+        pytest.skip(str(missing))
+    _servers["MiniDFSCluster"] = cluster
+    yield cluster
+    _servers.pop("MiniDFSCluster", None)
+    cluster.stop()
+    if not request.session.testsfailed:
+        shutil.rmtree(base, ignore_errors=True)
+        cluster.log_path.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory, request):
+    """moto's S3 server with a bucket; ``s3a_confs()`` are a client's Spark confs."""
+    try:
+        server = MotoS3(tmp_path_factory.mktemp("moto"), log=_log("moto"))
+    except StorageUnavailable as missing:
+        pytest.skip(str(missing))
+    _servers["moto S3 server"] = server
+    yield server
+    _servers.pop("moto S3 server", None)
+    server.stop()
+    if not request.session.testsfailed:
+        server.log_path.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def storage_session(s3, hdfs, tmp_path_factory):
+    """A SparkSession (child process) with the s3a client of ``s3``; hdfs:// files it creates get
+    the cluster's replication, 2."""
+    confs = {**s3.s3a_confs(), "spark.hadoop.dfs.replication": "2"}
+    try:
+        session = StorageSession(tmp_path_factory.mktemp("storage-session"), confs)
+    except StorageUnavailable as missing:
+        pytest.skip(str(missing))
+    yield session
+    session.exit()
+
+
+@pytest.fixture(scope="session")
+def storage_roots(hdfs, s3) -> dict[str, str]:
+    """{"hdfs" | "s3a": a root URI for checkpoints on that storage, unique to this test run}."""
+    run = uuid.uuid4().hex[:8]
+    return {"hdfs": f"{hdfs.uri}/keyedstate-tests-{run}", "s3a": f"s3a://{s3.bucket}/keyedstate-tests-{run}"}
+
+
+@dataclass(frozen=True)
+class ScenarioRun:
+    reference: list  # Spark's default provider (support/driver.py's output), uninterrupted if it can be
+    candidate: list  # the provider under test, restarted after every step
+    checkpoint: str  # the candidate's checkpoint URI
+
+
+@pytest.fixture(scope="session")
+def scenario_runs(storage_session, storage_roots, candidate_provider, tmp_path_factory) -> Callable:
+    """``get(scenario, storage)``: the scenario of support/scenarios.py run on that storage, once
+    per test run (the operator and offline tests share the runs)."""
+    runs: dict[tuple[str, str], ScenarioRun] = {}
+
+    def get(scenario: str, where: str) -> ScenarioRun:
+        if (scenario, where) not in runs:
+            root = f"{storage_roots[where]}/{scenario}"
+            local = tmp_path_factory.mktemp(f"{scenario}-{where}")
+            # Spark checkpoints only the global watermark: after a restart an input counts as
+            # watermark 0 until it has data (support/driver.py), so the output of a query with
+            # several inputs depends on where it restarted. Its reference restarts at the same steps.
+            several_inputs = next(s for s in SCENARIOS if s.name == scenario).multi
+            reference = storage_session.run_scenario(scenario, REFERENCE_PROVIDER, f"{root}/reference",
+                                                     local / "reference", restart_every_step=several_inputs)
+            # a snapshot every 2 versions: restarts load snapshots uploaded to the store, and the
+            # changelogs after them
+            candidate = storage_session.run_scenario(scenario, candidate_provider, f"{root}/candidate",
+                                                     local / "candidate", restart_every_step=True,
+                                                     confs={PFX + "snapshotInterval": "2"})
+            runs[(scenario, where)] = ScenarioRun(reference, candidate, f"{root}/candidate")
+        return runs[(scenario, where)]
+
+    return get
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's report carries the storage servers' log paths and tails."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        for what, server in _servers.items():
+            report.sections.append((f"{what} log", f"{server.log_path}\n{server.log_tail(30)}"))

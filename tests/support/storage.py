@@ -1,0 +1,329 @@
+"""Real checkpoint storage for tests/storage: a MiniDFSCluster (HDFS: a NameNode and DataNodes) in
+a JVM of its own, an S3 API server (moto) on loopback, and a SparkSession in a child process with
+hadoop-aws on its classpath (the shared ``spark`` fixture has no s3a:// client).
+
+The Hadoop jars are fetched once by Maven (``tests/storage/pom.xml``) into the cache of the test
+jar (support/testjar.py), named by profile and a hash of the pom; nothing else goes to the network
+at test time. Without ``mvn`` the tests are skipped with a message saying how to run them.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from . import testjar
+from .sessions import SessionProcess
+
+STORAGE_DIR = Path(__file__).resolve().parent.parent / "storage"
+POM = STORAGE_DIR / "pom.xml"
+LAUNCHER = STORAGE_DIR / "src" / "MiniHdfs.java"
+TESTS_DIR = Path(__file__).resolve().parent.parent
+MISSING_MAVEN = ("tests/storage need Maven (mvn) to fetch the Hadoop minicluster and hadoop-aws jars from Maven "
+                 "Central once (into the keyedstate cache); install it (apt-get install -y maven) and run "
+                 "`python3 -m pytest tests/storage`; .ci/run does both")
+MISSING_MOTO = ("tests/storage need moto's S3 server: pip install -e '.[test]' (or pip install 'moto[server]'), "
+                "then `python3 -m pytest tests/storage`")
+S3_KEY = "keyedstate-test"  # moto accepts any credentials; s3a must still send some
+S3_REGION = "us-east-1"
+
+
+class StorageUnavailable(RuntimeError):
+    """A tool the storage tests need is not installed; the message says how to get it."""
+
+
+def jars(profile: str) -> Path:
+    """The directory of the jars of ``profile`` (hdfs, s3a) in tests/storage/pom.xml, fetched by
+    Maven on first use (under a lock: two test runs may race)."""
+    mvn = shutil.which("mvn")
+    digest = hashlib.sha256(POM.read_bytes()).hexdigest()[:16]
+    target = testjar._cache_dir() / "storage-jars" / f"{profile}-{digest}"
+    if target.is_dir():
+        return target
+    if mvn is None:
+        raise StorageUnavailable(MISSING_MAVEN)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / ".fetch.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not target.is_dir():
+            staging = target.with_name(f".{target.name}.{os.getpid()}")
+            shutil.rmtree(staging, ignore_errors=True)
+            proc = subprocess.run([mvn, "-q", "-B", "-f", str(POM), "-P", profile, "dependency:copy-dependencies",
+                                   f"-DoutputDirectory={staging}"], capture_output=True, text=True, timeout=900)
+            if proc.returncode != 0 or not any(staging.glob("*.jar")):
+                shutil.rmtree(staging, ignore_errors=True)
+                raise RuntimeError(f"mvn could not fetch the {profile} jars of {POM} (exit {proc.returncode}):\n"
+                                   f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+            staging.rename(target)
+    return target
+
+
+def _launcher_classes(hdfs_jars: Path) -> Path:
+    """MiniHdfs.java compiled against the hdfs jars, cached by source and jar set."""
+    digest = hashlib.sha256(LAUNCHER.read_bytes() + hdfs_jars.name.encode()).hexdigest()[:16]
+    target = testjar._cache_dir() / "storage-jars" / f"minihdfs-{digest}"
+    if target.is_dir():
+        return target
+    staging = target.with_name(f".{target.name}.{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    proc = subprocess.run([testjar._javac(), "-d", str(staging), "-cp", f"{hdfs_jars}/*", str(LAUNCHER)],
+                          capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        raise RuntimeError(f"javac {LAUNCHER} failed:\n{proc.stdout}\n{proc.stderr}")
+    try:
+        staging.rename(target)
+    except OSError:  # another run compiled it meanwhile
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+class _Server:
+    """A child process that prints ``<ready word> <address>`` once serving, and stops when its stdin
+    closes; its stdout and stderr go to ``log``."""
+
+    def __init__(self, cmd: list[str], log: Path, ready: str, what: str, timeout: float) -> None:
+        self.log_path = log
+        self.what = what
+        self._log = open(log, "wb")
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+                                     start_new_session=True)
+        self.address = self._await(ready, timeout)
+
+    def _await(self, ready: str, timeout: float) -> str:
+        found: list[str] = []
+
+        def read() -> None:
+            for line in self.proc.stdout:
+                text = line.decode(errors="replace")
+                if not found and text.startswith(ready + " "):
+                    found.append(text.split(None, 1)[1].strip())
+                self._log.write(line)
+                self._log.flush()
+
+        thread = self._reader = threading.Thread(target=read, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + timeout
+        while not found:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                state = (f"exited with {self.proc.returncode}" if self.proc.poll() is not None
+                         else f"not ready within {timeout:.0f} s")
+                self.stop()
+                raise RuntimeError(f"{self.what} {state}; log {self.log_path}:\n{self.log_tail()}")
+            time.sleep(0.1)
+        return found[0]
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Close its stdin (a clean shutdown), SIGKILL it if it has not exited within ``timeout``."""
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(30)
+        if getattr(self, "_reader", None) is not None:
+            self._reader.join(10)  # its last lines, before the log closes
+        self._log.close()
+
+
+class MiniHdfs(_Server):
+    """A MiniDFSCluster with ``datanodes`` DataNodes and replication 2, data under ``base``;
+    ``uri`` is its ``hdfs://host:port``."""
+
+    def __init__(self, base: Path, datanodes: int = 2, log: Path | None = None, timeout: float = 300.0) -> None:
+        hdfs_jars = jars("hdfs")
+        classes = _launcher_classes(hdfs_jars)
+        base.mkdir(parents=True, exist_ok=True)
+        java = str(Path(os.environ["JAVA_HOME"], "bin", "java")) if os.environ.get("JAVA_HOME") else "java"
+        cmd = [java, "-Xmx768m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+               "-Dorg.slf4j.simpleLogger.defaultLogLevel=info",
+               "-cp", f"{classes}{os.pathsep}{hdfs_jars}/*", "MiniHdfs", str(base / "data"), str(datanodes)]
+        super().__init__(cmd, log or base / "minihdfs.log", "HDFS-READY", "the MiniDFSCluster", timeout)
+        self.uri = self.address.rstrip("/")
+
+
+MOTO_SCRIPT = r'''
+import sys
+from moto.server import ThreadedMotoServer
+server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+server.start()
+host, port = server.get_host_and_port()
+print(f"S3-READY http://{host}:{port}", flush=True)
+sys.stdin.read()  # runs until stdin closes
+server.stop()
+'''
+
+
+class MotoS3(_Server):
+    """moto's S3 API server on 127.0.0.1 and a port the OS chose, with ``bucket`` created;
+    ``endpoint`` is its ``http://127.0.0.1:port``."""
+
+    def __init__(self, base: Path, bucket: str = "checkpoints", log: Path | None = None,
+                 timeout: float = 120.0) -> None:
+        try:
+            import boto3  # noqa: F401  (moto's dependency; the bucket is made with it)
+            import moto.server  # noqa: F401
+        except ImportError:
+            raise StorageUnavailable(MISSING_MOTO) from None
+        base.mkdir(parents=True, exist_ok=True)
+        super().__init__([sys.executable, "-c", MOTO_SCRIPT], log or base / "moto.log", "S3-READY",
+                         "moto's S3 server", timeout)
+        self.endpoint = self.address
+        self.bucket = bucket
+        import boto3
+
+        boto3.client("s3", endpoint_url=self.endpoint, region_name=S3_REGION, aws_access_key_id=S3_KEY,
+                     aws_secret_access_key=S3_KEY).create_bucket(Bucket=bucket)
+
+    def s3a_confs(self) -> dict[str, str]:
+        """The Spark confs of an s3a:// client of this server (hadoop-aws 3.5, AWS SDK v2)."""
+        prefix = "spark.hadoop.fs.s3a."
+        return {prefix + "endpoint": self.endpoint,
+                prefix + "endpoint.region": S3_REGION,
+                prefix + "path.style.access": "true",  # bucket in the path: no DNS name per bucket
+                prefix + "connection.ssl.enabled": "false",
+                prefix + "aws.credentials.provider": "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
+                prefix + "access.key": S3_KEY,
+                prefix + "secret.key": S3_KEY,
+                # a failing request fails a test within seconds, not after minutes of retries
+                prefix + "retry.limit": "2",
+                prefix + "attempts.maximum": "2"}
+
+
+# The child process: one SparkSession with the s3a client, driven by JSON commands on stdin, one
+# JSON reply per command on stdout (the protocol of support/sessions.py). It runs the operator
+# scenarios of support/scenarios.py with support/driver.py, and the offline tools.
+STORAGE_SESSION_SCRIPT = r'''
+import json, pickle, sys, traceback
+from pathlib import Path
+
+spec = json.loads(sys.argv[1])
+sys.path.insert(0, spec["tests"])
+from pyspark import cloudpickle
+from pyspark.sql import SparkSession
+import keyedstate
+import support.driver, support.scenarios
+for module in (support.driver, support.scenarios):  # Python UDF workers cannot import them
+    cloudpickle.register_pickle_by_value(module)
+from support.driver import run_query
+from support.scenarios import SCENARIOS
+
+builder = (SparkSession.builder.master("local[2]").appName("keyedstate-storage")
+           .config("spark.sql.shuffle.partitions", "2")
+           .config("spark.ui.enabled", "false")
+           .config("spark.ui.showConsoleProgress", "false")
+           .config("spark.sql.session.timeZone", "UTC")
+           .config("spark.sql.streaming.stateStore.maintenanceInterval", "1s")
+           .config("spark.driver.extraJavaOptions", spec["javaOptions"]))
+for key, value in spec.get("confs", {}).items():
+    builder = builder.config(key, value)
+spark = keyedstate.configure(builder).getOrCreate()
+spark.sparkContext.setLogLevel("WARN")
+out = sys.stdout
+sys.stdout = sys.stderr  # only replies go to the real stdout
+
+def reply(obj):
+    out.write(json.dumps(obj, default=str) + "\n")
+    out.flush()
+
+def scenario(cmd):
+    sc = next(s for s in SCENARIOS if s.name == cmd["scenario"])
+    steps = sc.steps[:cmd["steps"]] if cmd.get("steps") else sc.steps
+    restarts = range(len(steps) - 1) if cmd.get("restartEveryStep") else None
+    for key, value in cmd.get("confs", {}).items():
+        spark.conf.set(key, value)
+    try:
+        output = run_query(spark, cmd["provider"], sc.build, sc.schema, steps, cmd["checkpoint"],
+                           sc.inputs(Path(cmd["root"])), sc.mode, restart_after=restarts)
+    finally:
+        for key in cmd.get("confs", {}):
+            spark.conf.unset(key)
+    Path(cmd["output"]).write_bytes(pickle.dumps(output))
+    return {}
+
+def offline(cmd):
+    tool = cmd["tool"]
+    if tool == "inspect":
+        from keyedstate.offline.remote import inspect_anywhere
+        return {"report": inspect_anywhere(cmd["checkpoint"], spark=spark)}
+    if tool == "verify":
+        from keyedstate.offline.verify import verify
+        return {"report": verify(cmd["checkpoint"], spark=spark)}
+    if tool == "get":
+        from keyedstate.offline.lookup import get
+        return {"result": get(cmd["checkpoint"], cmd["operator"], cmd["key"], store=cmd.get("store"),
+                              batch=cmd.get("batch"), spark=spark)}
+    raise ValueError(f"unknown tool {tool}")
+
+reply({"ready": True, "jvmPid": int(spark._jvm.ProcessHandle.current().pid()), "pid": __import__("os").getpid()})
+for line in sys.stdin:
+    cmd = json.loads(line)
+    op = cmd["op"]
+    try:
+        if op == "exit":
+            spark.stop()
+            reply({"ok": True})
+            break
+        elif op == "scenario":
+            reply({"ok": True, **scenario(cmd)})
+        elif op == "offline":
+            reply({"ok": True, **offline(cmd)})
+        else:
+            reply({"ok": False, "error": f"unknown op {op}"})
+    except Exception as exc:
+        reply({"ok": False, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()})
+'''
+
+
+class StorageSession(SessionProcess):
+    """A SparkSession on keyedstate in a child process, with hadoop-aws on its classpath and the
+    given confs (the s3a client's): it runs operator scenarios with their checkpoint on any scheme
+    and the offline tools on such checkpoints."""
+
+    def __init__(self, workdir: Path, confs: dict[str, str], startup_timeout: float = 300.0) -> None:
+        s3a = sorted(str(p) for p in jars("s3a").glob("*.jar"))
+        super().__init__(workdir, confs={"spark.jars": ",".join(s3a), **confs}, script=STORAGE_SESSION_SCRIPT,
+                         spec={"tests": str(TESTS_DIR)}, startup_timeout=startup_timeout)
+
+    def _checked(self, reply: dict, what: str) -> dict:
+        if not reply.get("ok"):
+            raise AssertionError(f"{what} failed in the storage session: {reply.get('error')}\n"
+                                 f"{reply.get('trace', '')}\nsession log {self.log_path}:\n{self.log_tail()}")
+        return reply
+
+    def run_scenario(self, scenario: str, provider: str, checkpoint: str, root: Path, *, steps: int | None = None,
+                     restart_every_step: bool = False, confs: dict[str, str] | None = None,
+                     timeout: float = 600.0) -> list:
+        """The scenario's output (support/driver.py's ``[(batch_id, rows)]``), its checkpoint at the
+        URI ``checkpoint`` and its input files under ``root``; with ``restart_every_step`` the query
+        is stopped and started again on its checkpoint after every step."""
+        import pickle
+
+        root.mkdir(parents=True, exist_ok=True)
+        output = root / f"output-{time.monotonic_ns()}.pickle"
+        self._checked(self.call({"op": "scenario", "scenario": scenario, "provider": provider,
+                                 "checkpoint": checkpoint, "root": str(root), "steps": steps,
+                                 "restartEveryStep": restart_every_step, "confs": confs or {},
+                                 "output": str(output)}, timeout), f"scenario {scenario} on {checkpoint}")
+        return pickle.loads(output.read_bytes())
+
+    def offline(self, tool: str, checkpoint: str, timeout: float = 300.0, **args) -> dict:
+        """An offline tool (inspect, verify, get) on ``checkpoint``, through this session's storage."""
+        reply = self._checked(self.call({"op": "offline", "tool": tool, "checkpoint": checkpoint, **args}, timeout),
+                              f"{tool} on {checkpoint}")
+        return json.loads(json.dumps(reply.get("report", reply.get("result"))))
