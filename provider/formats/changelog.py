@@ -15,7 +15,7 @@ header that names its compression and carries metadata, so that old checkpoints 
     header   8s magic b"KSCHLOG2" | u16 format version (2) | u8 codec | u32 meta length | meta
              | u32 CRC-32 of the header before it
     meta     UTF-8 JSON object: "version", "keyGroups" and optional "keyLayout", "uniqueId", "lineage",
-             "fromEmpty"
+             "fromEmpty", "runId"
     body     the format-1 changelog C: as is (codec 0); one zstd frame with its content size
              (codec 1); or, codec 2, split in two before compression: G = the first 4 bytes of
              every record's key (its key group) in record order, R = C with those 4 bytes cut
@@ -72,6 +72,12 @@ _unpack_u32 = _U32.unpack_from
 FROM_EMPTY = "fromEmpty"
 """Format 2's metadata key marking a version written from empty (by migrate, the state processor
 or a repartition): a load replays it from empty, as a base, not as a delta on the version before."""
+
+
+RUN_ID = "runId"
+"""Format 2's metadata key naming the query run that committed the version (absent in files of
+offline writers). A later run that executes the batch again replaces the file of an earlier run
+(and that version's snapshot manifest): the attempt Spark commits is the version."""
 
 
 class CorruptChangelogError(ValueError):

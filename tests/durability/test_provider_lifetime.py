@@ -208,6 +208,36 @@ def test_a_snapshot_never_lists_a_file_deleted_after_its_load(spark):
         close_runs(spark, old, new)
 
 
+def test_a_later_run_replaces_an_uncommitted_version_and_a_stopped_run_does_not(spark):
+    """A run stops after its task committed version 3 (and uploaded its snapshot) but before
+    Spark's commit log: the restarted run executes the batch again over other input, and its
+    attempt is version 3, as with Spark's own providers (the first attempt's file was kept, and
+    a load took the first attempt's snapshot). A task of the stopped run that commits version 3
+    once more (a zombie) replaces nothing: it fails."""
+    location, local = objtest_location(spark, "rerun")
+    history, ids = {0: {}}, {}
+    old = Run(spark, location + "/state", "1", history, ids)
+    new = None
+    try:
+        for version in range(3):
+            old.commit(version)
+        wait_for(lambda: old.snapshot() or any(local.rglob("3.ks-snapshot")), timeout=30, what="the snapshot of version 3")
+        deactivate(spark, old.run_id)
+        new = Run(spark, location + "/state", "1", history, ids)
+        store = new.layer.store(2, None)
+        new.layer.put(store, (KEYS + 1,), (-1,))
+        assert store.commit() == 3
+        history[3] = {**history[2], KEYS + 1: -1}
+        zombie = old.layer.store(2, None)
+        old.layer.put(zombie, (KEYS + 2,), (-2,))
+        with pytest.raises(Exception, match="not the store's active instance: it does not replace the file"):
+            zombie.commit()
+        with restarted(spark, location + "/state") as fresh:
+            assert contents(fresh, 3, None) == history[3]
+    finally:
+        close_runs(spark, old, new)
+
+
 def wait_until_unchanged(directory, quiet_s: float = 2.0, limit_s: float = 30.0) -> None:
     """Until the files under ``directory`` stay the same for ``quiet_s`` (background work done)."""
     def names():

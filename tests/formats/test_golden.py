@@ -66,6 +66,22 @@ def test_changelog_v2_both_codecs(spark, fmt, name, codec):
     assert to_bytes(rewritten) == data  # the Scala writer, byte for byte (zstd: both sides libzstd 1.5.7)
 
 
+def test_changelog_v2_names_the_run_that_committed_it(spark, fmt):
+    """A query's commit records its run (a later run replaces the file of an earlier one's attempt)."""
+    data, inner = read("changelog-v2-run.bin"), read("changelog-v1.bin")
+    assert changelog.compress(inner, golden.CHANGELOG_V2_RUN_META, changelog.CODEC_ZSTD_SPLIT) == data
+    assert changelog.decode(data, "changelog-v2-run.bin").meta == {
+        "version": 7, "keyGroups": golden.KEY_GROUPS, **golden.CHANGELOG_V2_RUN_META}
+    scala = fmt.ChangelogFormat.read(bytearray(data), "changelog-v2-run.bin")
+    meta = scala.meta()
+    assert meta.runId().get() == golden.CHANGELOG_V2_RUN_META[changelog.RUN_ID]
+    assert meta.uniqueId().isEmpty() and meta.lineage().isEmpty() and not meta.fromEmpty()
+    rewritten = fmt.ChangelogFormat.compress(byte_buffer(spark._jvm, inner), meta, changelog.CODEC_ZSTD_SPLIT)
+    assert to_bytes(rewritten) == data
+    assert fmt.ChangelogFormat.readMeta(bytearray(data), "changelog-v2-run.bin").toOption().get().runId().get() == \
+        golden.CHANGELOG_V2_RUN_META[changelog.RUN_ID]
+
+
 def test_changelog_v2_refuses_a_zstd_bomb(fmt, spark):
     import zstandard
 

@@ -4,12 +4,13 @@ contract from pytest, without a streaming query."""
 from __future__ import annotations
 
 import time
+import uuid
 
 import pytest
 
 from support import testjar
 from support.constants import PFX
-from support.durability import arm, disarm, objtest_location
+from support.durability import RUN_ID_KEY, arm, deactivate, disarm, objtest_location, report_active
 from support.jvm import LayerStore
 from support.processes import wait_until
 
@@ -76,10 +77,17 @@ def test_a_second_store_of_the_same_version_cannot_commit_over_the_first(layer):
     assert (layer.get(v2, 2), layer.get(v2, 3)) == (20, None)
 
 
-def test_a_second_attempt_of_a_version_keeps_the_first_ones_commit(spark, tmp_path):
+@pytest.mark.parametrize("run", [None, "same"])
+def test_a_second_attempt_of_a_version_keeps_the_first_ones_commit(spark, tmp_path, run):
     """Two providers (two executors, a retried or speculative task) commit the same version: the
-    first changelog stays, never replaced or deleted; the second attempt takes it as committed."""
-    first, second = LayerStore(spark, tmp_path / "state"), LayerStore(spark, tmp_path / "state")
+    first changelog stays, never replaced or deleted; the second attempt takes it as committed.
+    So it does when both belong to the same query run, the second one its active instance (only
+    an earlier run's attempt is replaced: test_provider_lifetime.py)."""
+    hadoop_conf = {RUN_ID_KEY: str(uuid.uuid4())} if run else None
+    first = LayerStore(spark, tmp_path / "state", hadoop_conf=hadoop_conf)
+    second = LayerStore(spark, tmp_path / "state", hadoop_conf=hadoop_conf)
+    if run:
+        report_active(spark, second, hadoop_conf[RUN_ID_KEY])
     try:
         a, b = first.store(0), second.store(0)
         first.put(a, (1,), (10,))
@@ -89,6 +97,8 @@ def test_a_second_attempt_of_a_version_keeps_the_first_ones_commit(spark, tmp_pa
     finally:
         first.close()
         second.close()
+        if run:
+            deactivate(spark, hadoop_conf[RUN_ID_KEY])
 
 
 def _commit_one_write(layer: LayerStore, version: int) -> None:

@@ -33,6 +33,10 @@ CHANGELOG_V2_META = {"keyLayout": {"keyColumns": 2, "partitionKeyColumns": 1, "p
                      "uniqueId": "9a3c2b1e-0d4f-4e5a-8b7c-6d5e4f3a2b1c",
                      "lineage": [[6, "1f2e3d4c-5b6a-4798-8a9b-0c1d2e3f4a5b"], [5, "2a3b4c5d-6e7f-4a8b-9c0d-1e2f3a4b5c6d"]]}
 
+# What a query's commit under checkpoint format 1 writes: no unique id or lineage, its run.
+CHANGELOG_V2_RUN_META = {"keyLayout": {"keyColumns": 1, "partitionKeyColumns": 1, "prefixColumns": 0},
+                         changelog.RUN_ID: "5d1e8f3a-7c2b-4e9d-a6f0-3b8c1d2e4f5a"}
+
 MANIFEST_V1 = manifest.Manifest(
     version=12, key_groups=KEY_GROUPS, num_keys=3456,
     files=(manifest.SnapshotFile("000012.sst", "ks-files/0b6c3f9e-1d2a-4b7e-9f00-123456789abc-000012.sst", 104857),
@@ -102,6 +106,7 @@ def files() -> dict[str, bytes]:
            "changelog-v2-zstd.bin": changelog.compress(v1, CHANGELOG_V2_META, changelog.CODEC_ZSTD),
            "changelog-v2-none.bin": changelog.compress(v1, CHANGELOG_V2_META, changelog.CODEC_NONE),
            "changelog-v2-zstd-split.bin": changelog.compress(v1, CHANGELOG_V2_META, changelog.CODEC_ZSTD_SPLIT),
+           "changelog-v2-run.bin": changelog.compress(v1, CHANGELOG_V2_RUN_META, changelog.CODEC_ZSTD_SPLIT),
            "manifest-v1.json": manifest.encode(MANIFEST_V1),
            "manifest-v1-replay.json": manifest.encode(MANIFEST_V1_REPLAY),
            "value-plain.bin": PLAIN, "value-timed.bin": TIMED}

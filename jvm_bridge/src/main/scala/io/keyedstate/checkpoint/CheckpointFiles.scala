@@ -41,6 +41,7 @@ final case class Listing(changelogFiles: Set[(Long, Option[String])], snapshotFi
  * A file appears whole under its final name (`createAtomic`), and a committed file is never
  * replaced or deleted before nothing needs it: a second writer of the same name finds it there
  * and keeps it ([[createOnce]]), so there is no moment in which a committed version is absent.
+ * Only an attempt Spark never committed is replaced ([[replace]]).
  */
 final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
   private val fm = CheckpointFileManager.create(dir, hadoopConf)
@@ -53,6 +54,25 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
   @volatile private var dirsExist = false
   /** Creates the partition directory (Spark's state reader discovers partitions by listing). */
   def ensureDirs(): Unit = if (!dirsExist) { fm.mkdirs(filesDir); dirsExist = true }
+
+  /**
+   * Publishes `path` in place of a file of that name that is not the version: an attempt Spark
+   * never committed, which a later run of the query executes again. The files built from the old
+   * attempt (`derived`: the version's snapshot manifest) go first, then the file itself, then
+   * `path` is written as by [[createOnce]] (false: another attempt of this run was first). A
+   * crash in between leaves the old attempt without its snapshot, or no file, for a batch Spark
+   * runs again either way; the new file never appears beside the old attempt's snapshot. (A
+   * rename onto an existing object fails or keeps it on object stores: no overwrite in place.)
+   */
+  def replace(path: Path, data: ByteBuffer, derived: Seq[Path]): Boolean = {
+    (derived :+ path).foreach { p =>
+      try fm.delete(p) catch {
+        case NonFatal(e) =>
+          throw new CheckpointFileException(s"keyedstate: cannot delete $p from the checkpoint: ${e.getMessage}", e)
+      }
+    }
+    createOnce(path, data)
+  }
 
   /**
    * Writes `path` atomically unless a file of that name exists; returns false (and leaves the

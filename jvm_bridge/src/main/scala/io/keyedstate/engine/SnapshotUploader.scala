@@ -10,7 +10,7 @@ import scala.util.control.NonFatal
 import com.fasterxml.jackson.databind.ObjectMapper
 import org.slf4j.LoggerFactory
 
-import io.keyedstate.checkpoint.CheckpointFiles
+import io.keyedstate.checkpoint.{CheckpointFileException, CheckpointFiles}
 import io.keyedstate.format.{KeyLayout, SnapshotFile, SnapshotManifest}
 
 /**
@@ -18,8 +18,12 @@ import io.keyedstate.format.{KeyLayout, SnapshotFile, SnapshotManifest}
  * the checkpoint, incrementally: an SST file already uploaded for the same RocksDB lineage is
  * listed again, not copied. A lineage starts whenever the server's database is replaced (a load)
  * and lists the files the load installed; SST names never repeat within one lineage.
+ *
+ * Under checkpoint format 1 a version's snapshot is of the changelog this run committed: a later
+ * run that executes the batch again replaces that changelog and deletes its manifest
+ * ([[CheckpointFiles.replace]]), and a snapshot this run still uploads then is not the version.
  */
-final class SnapshotUploader(files: CheckpointFiles, describe: String) {
+final class SnapshotUploader(files: CheckpointFiles, describe: String, runId: Option[String]) {
   import SnapshotUploader._
 
   private val lock = new Object // `lineage`, `uploaded`
@@ -57,6 +61,7 @@ final class SnapshotUploader(files: CheckpointFiles, describe: String) {
       try {
         // Under checkpoint format 2 a snapshot is of one (version, id); unknown: not uploaded.
         val id = uniqueIdOf(version).getOrElse(throw new IllegalStateException(s"the unique id of version $version is unknown"))
+        if (!committedHere(version, id)) throw new Replaced(version)
         val dir = Paths.get(snap.get("dir").asText())
         val entries = snap.get("files").elements().asScala.map { f =>
           val name = f.get("name").asText()
@@ -84,6 +89,9 @@ final class SnapshotUploader(files: CheckpointFiles, describe: String) {
           // manifest would not load. Remove it; loads use an older snapshot and changelogs.
           files.delete(files.manifest(version, id))
           throw new IllegalStateException(s"a listed file vanished while the manifest was written")
+        } else if (!committedHere(version, id)) {
+          files.delete(files.manifest(version, id)) // replaced while the manifest was written
+          throw new Replaced(version)
         }
         lock.synchronized {
           if (snapLineage == lineage) uploaded ++= entries.filter(_.name.endsWith(".sst")).map(f => (f.name, f.size) -> f.path)
@@ -92,6 +100,7 @@ final class SnapshotUploader(files: CheckpointFiles, describe: String) {
         log.info(s"keyedstate: uploaded snapshot of version $version of $describe " +
           s"(${entries.size} files, ${entries.count(e => !known.get((e.name, e.size)).contains(e.path))} new)")
       } catch {
+        case e: Replaced => log.info(s"keyedstate: ${e.getMessage}; its snapshot of $describe is dropped")
         case NonFatal(e) =>
           log.warn(s"keyedstate: snapshot upload of version $version of $describe failed; will retry later", e)
           return newest
@@ -102,9 +111,16 @@ final class SnapshotUploader(files: CheckpointFiles, describe: String) {
     }
     newest
   }
+
+  /** Whether the changelog of `version` in the checkpoint is this run's ([[SnapshotUploader]]). */
+  private def committedHere(version: Long, id: Option[String]): Boolean =
+    id.isDefined || (try files.readChangelogMeta(version, None).runId == runId catch { case _: CheckpointFileException => false })
 }
 
 object SnapshotUploader {
   private val log = LoggerFactory.getLogger(classOf[SnapshotUploader])
   private val Json = new ObjectMapper()
+
+  private final class Replaced(version: Long)
+    extends RuntimeException(s"version $version was executed again by a later run, which replaced its changelog")
 }

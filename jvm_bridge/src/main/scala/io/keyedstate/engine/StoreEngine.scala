@@ -53,10 +53,10 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   val files = new CheckpointFiles(id.storeCheckpointLocation(), hadoopConf)
   private val session = new ServerSession(ServerLaunch.fromConfs(confs), id.partitionId, id.toString,
     Json.writeValueAsString(scala.jdk.CollectionConverters.MapHasAsJava(confs).asJava), describe, () => invalidate())
-  private val uploader = new SnapshotUploader(files, describe)
+  val fence = new RunFence(id, hadoopConf)
+  private val uploader = new SnapshotUploader(files, describe, fence.runId)
   private val loader = new VersionLoader(files, uploader, describe)
   private val clock = TtlClocks.forQuery(new Path(id.checkpointRootLocation).getParent, hadoopConf)
-  val fence = new RunFence(id, hadoopConf)
   private val maintenanceMutex = new Object // snapshot upload vs cleanup
 
   // Set whenever the store is (re)opened on a server; guarded by `this`.
@@ -239,7 +239,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       loaded = -1 // until the version is durable and shipped
       // The lineage back to the newest snapshot lets a load of this very version find it.
       val history = lineage.filter(_._1 >= math.max(1L, lastSnapshot)).flatMap { case (lv, lid) => lid.map(lv -> _) }
-      val file = ChangelogFormat.compress(changelog, ChangelogMeta(Some(keyCodec.layout), newId, history, v.fromEmpty), expectedFileBytes)
+      val file = ChangelogFormat.compress(changelog, ChangelogMeta(Some(keyCodec.layout), newId, history, v.fromEmpty, fence.runId), expectedFileBytes)
       val bytes = file.remaining().toLong
       expectedFileBytes = bytes + bytes / 4 + (64 << 10)
       val t1 = System.nanoTime()
@@ -247,11 +247,14 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       val overdue = newVersion - lastSnapshot >= 2L * session.settings.snapshotInterval
       val behind = session.settings.writeBehind && unknown == 0 && !forceSnapshot && !overdue
       val path = files.changelog(newVersion, newId)
+      // The file of an earlier run's attempt of this version is replaced, with its snapshot.
+      val publish = () => files.createOnce(path, file) ||
+        (rerunOf(newVersion, newId, v.fromEmpty) && files.replace(path, file, Seq(files.manifest(newVersion, newId))))
       val scan = cleanup.scanRequest(v.nowMs)
       // Write-behind: the changelog is shipped, held unapplied by the server, while its file is
       // written; the commit then waits for the longer of the two, not their sum.
       val (created, writeMs, counted, shipMs) = if (behind) {
-        val writing = CommitWrites.start(() => files.createOnce(path, file))
+        val writing = CommitWrites.start(publish)
         // A task killed (interrupted) while it waits for the write interrupts the write too, and
         // the release or drop still reaches the server (an interrupted NIO channel closes); the
         // interrupt is then kept for Spark. Killed during the hold, the hold fails, and so does
@@ -281,17 +284,17 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
         } finally if (interrupted) Thread.currentThread().interrupt()
       } else {
         val w0 = System.nanoTime()
-        val written = files.createOnce(path, file)
+        val written = publish()
         val w1 = System.nanoTime()
         val n = if (written) session.data(s"committing version $newVersion of $describe")(
           (c, h) => c.apply(h, changelog, Frames.ApplyNow, scan)) else 0L
         (written, (w1 - w0) / 1000000, n, (System.nanoTime() - w1) / 1000000)
       }
       if (!created) {
-        // Another attempt of this version committed first (a retried or speculative task under
-        // checkpoint format 1), or this one's file was published before its write failed (a
-        // killed task): the file is the version. Loads take it from there. Not a file an offline
-        // writer left uncommitted (a query's batch is no rerun of it, nor it of the batch).
+        // Another attempt of this version in this run committed first (a retried or speculative
+        // task under checkpoint format 1), or this one's file was published before its write
+        // failed (a killed task): the file is the version. Loads take it from there. Not a file
+        // an offline writer left uncommitted (a query's batch is no rerun of it, nor it of the batch).
         if (files.readChangelogMeta(newVersion, newId).fromEmpty != v.fromEmpty) {
           val writer = if (v.fromEmpty) "by a batch of the query" else "from empty by an offline writer (migrate, the state processor or a repartition)"
           throw new CheckpointFileException(s"keyedstate: version $newVersion of $describe is already in the checkpoint " +
@@ -318,6 +321,31 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       CommitResult(newVersion, bytes, cleaned, cleanupMs, newId, v.uniqueId)
     } catch {
       case NonFatal(e) => invalidate(); throw e
+    }
+  }
+
+  /**
+   * Whether the changelog of `version` a commit found in the checkpoint is an earlier run's
+   * attempt, which Spark never committed and runs again (that run stopped or died between its
+   * tasks' commits and its commit log), possibly over a changed query or other input. The
+   * attempt Spark commits is the version, as Spark's own providers overwrite `<v>.delta` and
+   * `<v>.changelog`: the caller replaces the file. An attempt of this run (a retried or
+   * speculative task: the same batch over the same input) stays the version, and so does an
+   * offline writer's file (the caller refuses it). Only the store's active instance replaces: a
+   * provider of a stopped run fails instead of overwriting what the active run committed.
+   */
+  private def rerunOf(version: Long, id: Option[String], fromEmpty: Boolean): Boolean = fence.runId.exists { run =>
+    val found = files.readChangelogMeta(version, id)
+    val writer = found.runId.fold("an earlier run")(r => s"run $r")
+    if (found.fromEmpty != fromEmpty || found.runId.contains(run)) false
+    else if (!fence.isActive) {
+      throw new CheckpointFileException(s"keyedstate: version $version of $describe is in the checkpoint " +
+        s"(${files.changelog(version, id)}), written by $writer, and this provider's run $run is not the store's " +
+        "active instance: it does not replace the file")
+    } else {
+      log.warn(s"keyedstate: version $version of $describe was written by $writer, which Spark did not commit; " +
+        s"run $run executes it again and replaces it")
+      true
     }
   }
 

@@ -16,7 +16,7 @@ class CorruptChangelogException(message: String) extends IllegalArgumentExceptio
 
 /** What a format-2 changelog says about itself beyond its records (see [[ChangelogFormat]]). */
 final case class ChangelogMeta(keyLayout: Option[KeyLayout] = None, uniqueId: Option[String] = None,
-    lineage: Seq[(Long, String)] = Nil, fromEmpty: Boolean = false)
+    lineage: Seq[(Long, String)] = Nil, fromEmpty: Boolean = false, runId: Option[String] = None)
 
 /**
  * The changelog: one version's writes (spec: FORMATS.md, "Changelog"; the Python twin is
@@ -33,7 +33,8 @@ final case class ChangelogMeta(keyLayout: Option[KeyLayout] = None, uniqueId: Op
  *   header   8s magic "KSCHLOG2" | u16 format version (2) | u8 codec | u32 meta length | meta
  *            | u32 CRC-32 of the header before it
  *   meta     UTF-8 JSON: "version", "keyGroups", then optional "keyLayout", "uniqueId", "lineage",
- *            "fromEmpty" (true: the version was written from empty, by an offline writer)
+ *            "fromEmpty" (true: the version was written from empty, by an offline writer), "runId"
+ *            (the query run that committed the version)
  *   body     the format-1 changelog C: as is (codec 0); one zstd frame with its content size
  *            (codec 1); or, codec 2, split in two before compression: G = the first 4 bytes of
  *            every record's key (its key group) in record order, R = C with those 4 bytes cut out
@@ -215,6 +216,7 @@ object ChangelogFormat {
     if (meta.lineage.nonEmpty) {
       tree.put("lineage", meta.lineage.map { case (v, id) => java.util.List.of(Long.box(v), id) }.asJava)
     }
+    meta.runId.foreach(run => tree.put("runId", run))
     val metaBytes = Json.writeValueAsBytes(tree)
     val bodyStart = HeaderV2Bytes + metaBytes.length + 4
     val room = if (mayShrink) math.min(bodyBytes, MaxBytes - bodyStart) else bodyBytes
@@ -322,7 +324,8 @@ object ChangelogFormat {
       Option(meta.get("uniqueId")).filterNot(_.isNull).map(_.asText()),
       Option(meta.get("lineage")).filterNot(_.isNull).map(_.elements().asScala.map(i => (i.get(0).asLong(), i.get(1).asText())).toSeq)
         .getOrElse(Nil),
-      Option(meta.get("fromEmpty")).exists(_.asBoolean())) catch {
+      Option(meta.get("fromEmpty")).exists(_.asBoolean()),
+      Option(meta.get("runId")).filterNot(_.isNull).map(_.asText())) catch {
       case NonFatal(e) => throw new CorruptChangelogException(s"$source has unreadable metadata (${e.getMessage})")
     }
     (codec, headEnd.toInt + 4, parsed, meta)
