@@ -84,6 +84,11 @@ private[bridge] final class DaemonCallbackClient(
 }
 
 private[bridge] object DaemonCallbackClient {
+  // py4j logs every command it sends and every answer at INFO (java.util.logging, which Spark
+  // routes into the executor's log) unless its GatewayServer class has been initialised, which
+  // turns py4j's logging off; an executor JVM never loads that class otherwise.
+  Class.forName("py4j.GatewayServer", true, classOf[CallbackClient].getClassLoader)
+
   private val Cleaner = java.util.concurrent.Executors.newSingleThreadScheduledExecutor((r: Runnable) => {
     val t = new Thread(r, "keyedstate-callback-cleaner")
     t.setDaemon(true)

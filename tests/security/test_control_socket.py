@@ -1,0 +1,108 @@
+"""The JVM's control connection to a state server (py4j over ``UnixChannelSocket``), driven from a
+JVM of its own that runs no Spark and no py4j gateway, as an executor's: a small Java harness
+compiled against the keyedstate jar and pyspark's jars calls the real bridge classes.
+
+- py4j writes every command and answer to java.util.logging at INFO (into the executor's log,
+  through Spark's bridge) unless its GatewayServer class is initialised, which an executor JVM
+  does not do by itself: control calls must log nothing."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from support.processes import alive
+
+pytestmark = pytest.mark.timeout(300)
+
+HARNESS = r'''
+import io.keyedstate.bridge.*;
+import java.lang.management.ManagementFactory;
+
+public class BridgeHarness {
+  static ServerLaunch launch(String python, String localDir) {
+    return new ServerLaunch(python, scala.Option.apply(localDir), 60000L, 20000, 1);
+  }
+
+  public static void main(String[] a) throws Exception {
+    switch (a[0]) {
+      case "calls": {
+        StateServerProcess s = StateServerProcess.get(launch(a[1], a[2]), 0);
+        for (int i = 0; i < 3; i++) s.api().processMemoryBytes();
+        System.out.println("calls done " + s.pid());
+        break;
+      }
+      case "interrupt": {
+        java.net.Socket sock = new UnixChannelSocket(java.nio.file.Paths.get(a[1]));
+        int timeout = Integer.parseInt(a[2]);
+        sock.setSoTimeout(timeout);
+        Thread.currentThread().interrupt();
+        long t0 = System.nanoTime();
+        long cpu0 = ManagementFactory.getThreadMXBean().getCurrentThreadCpuTime();
+        String outcome;
+        try { outcome = "read " + sock.getInputStream().read(); }
+        catch (java.io.IOException e) { outcome = e.getClass().getSimpleName(); }
+        long cpu = ManagementFactory.getThreadMXBean().getCurrentThreadCpuTime() - cpu0;
+        boolean kept = Thread.interrupted();
+        System.out.println("interrupt " + outcome + " " + (System.nanoTime() - t0) / 1000000 + " "
+            + cpu / 1000000 + " " + kept);
+        sock.close();
+        break;
+      }
+      case "startup-interrupt": {
+        final Thread main = Thread.currentThread();
+        new Thread(() -> {
+          try { Thread.sleep(Long.parseLong(a[3])); } catch (InterruptedException e) { return; }
+          main.interrupt();
+        }).start();
+        String outcome;
+        try { StateServerProcess.get(launch(a[1], a[2]), 0); outcome = "started"; }
+        catch (Throwable e) { outcome = e.getClass().getSimpleName(); }
+        Thread.interrupted();
+        Thread.sleep(1000);
+        StringBuilder left = new StringBuilder();
+        ProcessHandle.current().children().filter(ProcessHandle::isAlive)
+            .forEach(p -> left.append(" ").append(p.pid()));
+        System.out.println("startup " + outcome + " children" + left);
+        System.out.flush();
+        Runtime.getRuntime().halt(0); // no shutdown hook: what the failed start left is seen as is
+      }
+    }
+  }
+}
+'''
+
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory):
+    import pyspark
+
+    import keyedstate
+
+    build = tmp_path_factory.mktemp("harness")
+    (build / "BridgeHarness.java").write_text(HARNESS)
+    classpath = f"{keyedstate.jar_path()}:{Path(pyspark.__file__).resolve().parent / 'jars'}/*"
+    done = subprocess.run(["javac", "-nowarn", "-cp", classpath, "-d", str(build), str(build / "BridgeHarness.java")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    def run(*args: str, timeout: float = 120) -> tuple[str, str]:
+        result = subprocess.run(["java", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", f"{classpath}:{build}",
+                                 "BridgeHarness", *args], capture_output=True, text=True, timeout=timeout,
+                                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        return result.stdout, result.stderr
+    return run
+
+
+def test_control_calls_log_no_py4j_commands(harness, tmp_path):
+    """Failed before: every control call logged its command and its answer at INFO
+    ('Sending CB command: c t processMemoryBytes e', 'Returning CB command: ...')."""
+    out, err = harness("calls", sys.executable, str(tmp_path))
+    assert "calls done" in out, f"the control calls failed: {out}\n{err[-3000:]}"
+    assert "CB command" not in err and "Communication Channel" not in err, \
+        f"py4j logged the control calls:\n{err[-2000:]}"
