@@ -60,8 +60,11 @@ public class BridgeHarness {
       }
       case "startup-interrupt": {
         final Thread main = Thread.currentThread();
-        new Thread(() -> {
-          try { Thread.sleep(Long.parseLong(a[3])); } catch (InterruptedException e) { return; }
+        new Thread(() -> { // interrupts the start once the server's process runs, then a[3] ms later
+          try {
+            while (ProcessHandle.current().children().count() == 0) Thread.sleep(20);
+            Thread.sleep(Long.parseLong(a[3]));
+          } catch (InterruptedException e) { return; }
           main.interrupt();
         }).start();
         String outcome;
@@ -132,3 +135,24 @@ def test_an_interrupted_control_read_waits_without_spinning(harness, tmp_path):
     assert elapsed_ms >= 3900, f"the interrupted read ended early: {out}"
     assert kept == "true", "the interrupt was lost"
     assert cpu_ms < 100, f"the interrupted read spun: {cpu_ms} ms of CPU in {elapsed_ms} ms"
+
+
+def test_an_interrupted_server_start_leaves_no_process(harness, tmp_path):
+    """The store's first open starts a server, whose Python takes 3 s to start; the task's thread
+    is interrupted 0.5 s after the process started. The start fails and the server process is gone. Failed before: the
+    InterruptedException left the process running (until its stdin pipe was collected), and the
+    next open started another."""
+    slow = tmp_path / "slow-python"
+    slow.write_text(f"#!/bin/sh\nsleep 3\nexec {sys.executable} \"$@\"\n")
+    slow.chmod(0o700)
+    out, err = harness("startup-interrupt", str(slow), str(tmp_path / "local"), "500")
+    fields = out.split()
+    assert fields[:1] == ["startup"], f"the harness failed: {out}\n{err[-3000:]}"
+    assert fields[1] != "started", f"the start was not interrupted: {out}"
+    left = [int(p) for p in fields[3:]]
+    try:
+        assert not left, f"an interrupted start left server processes running: {left}"
+    finally:
+        for pid in left:
+            if alive(pid):
+                os.kill(pid, 9)
