@@ -7,7 +7,8 @@ compiled against the keyedstate jar and pyspark's jars calls the real bridge cla
   does not do by itself: control calls must log nothing.
 - A task killed while it waits for a control answer (Spark interrupts its thread) must not spin:
   a selector returns at once while its thread is interrupted. As on a TCP socket the wait goes on
-  until the answer, the timeout or a close, and the interrupt is kept for the caller.
+  until the answer, the timeout or a close, and the interrupt is kept for the caller. Such a
+  thread still connects, as on TCP (its cleanup calls must reach the server).
 - A server start interrupted (a task killed meanwhile) leaves no server process behind."""
 from __future__ import annotations
 
@@ -56,6 +57,18 @@ public class BridgeHarness {
         System.out.println("interrupt " + outcome + " " + (System.nanoTime() - t0) / 1000000 + " "
             + cpu / 1000000 + " " + kept);
         sock.close();
+        break;
+      }
+      case "interrupted-connect": {
+        Thread.currentThread().interrupt();
+        String outcome;
+        try {
+          java.net.Socket sock = new UnixChannelSocket(java.nio.file.Paths.get(a[1]));
+          sock.getOutputStream().write("ping\n".getBytes());
+          sock.close();
+          outcome = "connected";
+        } catch (java.io.IOException e) { outcome = e.getClass().getSimpleName(); }
+        System.out.println("connect " + outcome + " " + Thread.interrupted());
         break;
       }
       case "startup-interrupt": {
@@ -156,3 +169,27 @@ def test_an_interrupted_server_start_leaves_no_process(harness, tmp_path):
         for pid in left:
             if alive(pid):
                 os.kill(pid, 9)
+
+
+def test_an_interrupted_thread_still_connects(harness, tmp_path):
+    """A control connection opened by an interrupted thread (a killed task's cleanup, when no idle
+    connection is pooled) connects and works, and the interrupt is kept. Failed before: the
+    blocking channel closed itself at once (ClosedByInterruptException)."""
+    path = tmp_path / "listener.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(4)
+    try:
+        out, err = harness("interrupted-connect", str(path))
+        listener.settimeout(5)
+        try:
+            peer, _ = listener.accept()
+            with peer:
+                peer.settimeout(10)
+                received = peer.recv(16)
+        except socket.timeout:
+            received = None
+    finally:
+        listener.close()
+    assert out.split() == ["connect", "connected", "true"], f"{out}\n{err[-3000:]}"
+    assert received == b"ping\n"

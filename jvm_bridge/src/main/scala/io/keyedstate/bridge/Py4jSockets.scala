@@ -37,7 +37,11 @@ private[bridge] final class UnixChannelSocket(path: Path) extends Socket {
   @volatile private var timeoutMs = 0
   @volatile private var closed = false
   try {
-    channel.connect(UnixDomainSocketAddress.of(path))
+    // As on a TCP socket, an interrupted thread still connects (a killed task's cleanup calls
+    // reach the server); a blocking channel would close itself instead. The interrupt is kept.
+    val interrupted = Thread.interrupted()
+    try channel.connect(UnixDomainSocketAddress.of(path))
+    finally if (interrupted) Thread.currentThread().interrupt()
     channel.configureBlocking(false)
     channel.register(readable, SelectionKey.OP_READ)
     channel.register(writable, SelectionKey.OP_WRITE)
