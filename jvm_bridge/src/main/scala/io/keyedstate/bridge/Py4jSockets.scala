@@ -37,7 +37,11 @@ private[bridge] final class UnixChannelSocket(path: Path) extends Socket {
   @volatile private var timeoutMs = 0
   @volatile private var closed = false
   try {
-    channel.connect(UnixDomainSocketAddress.of(path))
+    // As on a TCP socket, an interrupted thread still connects (a killed task's cleanup calls
+    // reach the server); a blocking channel would close itself instead. The interrupt is kept.
+    val interrupted = Thread.interrupted()
+    try channel.connect(UnixDomainSocketAddress.of(path))
+    finally if (interrupted) Thread.currentThread().interrupt()
     channel.configureBlocking(false)
     channel.register(readable, SelectionKey.OP_READ)
     channel.register(writable, SelectionKey.OP_WRITE)
@@ -63,16 +67,21 @@ private[bridge] final class UnixChannelSocket(path: Path) extends Socket {
   }
 
   /** One read or write that moves at least a byte (or reads the end, -1), waiting for the
-   *  channel up to the timeout. */
+   *  channel up to the timeout. As on a TCP socket, an interrupt does not end the wait (only
+   *  `close` or the timeout does) and is kept for the caller: a selector returns at once while
+   *  its thread is interrupted, so the flag is cleared around each wait, else the wait spins. */
   private def transfer(buf: ByteBuffer, selector: Selector, what: String)(op: ByteBuffer => Int): Int = {
     val timeout = timeoutMs
     val deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(timeout)
+    var interrupted = false
     try {
       var n = op(buf)
       while (n == 0) {
         val left = if (timeout == 0) 0L else TimeUnit.NANOSECONDS.toMillis(deadline - System.nanoTime())
         if (timeout > 0 && left <= 0) throw new SocketTimeoutException(s"$what timed out after $timeout ms")
+        interrupted |= Thread.interrupted()
         selector.select(if (timeout == 0) 0L else math.max(1L, left))
+        interrupted |= Thread.interrupted()
         if (closed) throw new SocketException("Socket closed")
         selector.selectedKeys().clear()
         n = op(buf)
@@ -81,7 +90,7 @@ private[bridge] final class UnixChannelSocket(path: Path) extends Socket {
     } catch {
       case _: ClosedSelectorException => throw new SocketException("Socket closed")
       case e: IOException if closed && !e.isInstanceOf[SocketException] => throw new SocketException("Socket closed")
-    }
+    } finally if (interrupted) Thread.currentThread().interrupt()
   }
 
   override def getInputStream: InputStream = { if (closed) throw new SocketException("Socket is closed"); in }

@@ -84,6 +84,11 @@ private[bridge] final class DaemonCallbackClient(
 }
 
 private[bridge] object DaemonCallbackClient {
+  // py4j logs every command it sends and every answer at INFO (java.util.logging, which Spark
+  // routes into the executor's log) unless its GatewayServer class has been initialised, which
+  // turns py4j's logging off; an executor JVM never loads that class otherwise.
+  Class.forName("py4j.GatewayServer", true, classOf[CallbackClient].getClassLoader)
+
   private val Cleaner = java.util.concurrent.Executors.newSingleThreadScheduledExecutor((r: Runnable) => {
     val t = new Thread(r, "keyedstate-callback-cleaner")
     t.setDaemon(true)
@@ -308,38 +313,49 @@ object StateServerProcess {
             s"or PYSPARK_PYTHON to a Python with keyedstate installed): ${e.getMessage}", e)
     }
     output.pump(process.getInputStream, s"keyedstate-server-$generation-output")
-    val ready = workDir.resolve(ReadyFile)
-    val deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(launch.startupTimeoutMs)
-    while (!Files.isRegularFile(ready, LinkOption.NOFOLLOW_LINKS)) {
-      if (!process.isAlive || System.nanoTime() > deadline) {
-        process.destroyForcibly()
-        process.waitFor(5, TimeUnit.SECONDS)
-        output.awaitEnd(2000)
-        val why = if (process.isAlive) s"was not ready within ${launch.startupTimeoutMs} ms"
-          else s"exited with code ${process.exitValue()}"
-        throw new StateServerException(
-          s"keyedstate: the state server ('${launch.pythonExec} -m keyedstate.server') $why. " +
-            s"Log: ${output.path}${output.tail()}")
+    // A start that does not return its server (any failure, or the task's thread interrupted
+    // while it waits) stops the process and its callback client: nothing else would.
+    var gateway: Gateway = null
+    try {
+      val ready = workDir.resolve(ReadyFile)
+      val deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(launch.startupTimeoutMs)
+      while (!Files.isRegularFile(ready, LinkOption.NOFOLLOW_LINKS)) {
+        if (!process.isAlive || System.nanoTime() > deadline) {
+          process.destroyForcibly()
+          process.waitFor(5, TimeUnit.SECONDS)
+          output.awaitEnd(2000)
+          val why = if (process.isAlive) s"was not ready within ${launch.startupTimeoutMs} ms"
+            else s"exited with code ${process.exitValue()}"
+          throw new StateServerException(
+            s"keyedstate: the state server ('${launch.pythonExec} -m keyedstate.server') $why. " +
+              s"Log: ${output.path}${output.tail()}")
+        }
+        Thread.sleep(50)
       }
-      Thread.sleep(50)
-    }
-    val Array(pid, callbackPath) = new String(Files.readAllBytes(ready), StandardCharsets.UTF_8).split("\n").take(2)
-    val client = new DaemonCallbackClient(0, loopback, callbackSecret, 30L, TimeUnit.SECONDS,
-      new UnixSocketFactory(Paths.get(callbackPath)), launch.callTimeoutMs)
-    val gateway = new Gateway(null, client)
-    gateway.startup()
-    val api = client.getPythonServerEntryPoint(gateway, Array(classOf[PythonStateServer]))
-      .asInstanceOf[PythonStateServer]
-    val dataPath = try Paths.get(api.dataSocketPath()) catch {
-      case NonFatal(e) =>
+      val (pid, callbackPath) = new String(Files.readAllBytes(ready), StandardCharsets.UTF_8).split("\n") match {
+        case Array(pid, path, _*) if pid.trim.toIntOption.isDefined && path.nonEmpty => (pid.trim.toInt, path)
+        case _ => throw new StateServerException(s"keyedstate: the state server's ready file $ready is malformed")
+      }
+      val client = new DaemonCallbackClient(0, loopback, callbackSecret, 30L, TimeUnit.SECONDS,
+        new UnixSocketFactory(Paths.get(callbackPath)), launch.callTimeoutMs)
+      gateway = new Gateway(null, client)
+      gateway.startup()
+      val api = client.getPythonServerEntryPoint(gateway, Array(classOf[PythonStateServer]))
+        .asInstanceOf[PythonStateServer]
+      val dataPath = try Paths.get(api.dataSocketPath()) catch {
+        case NonFatal(e) =>
+          throw new StateServerException(s"keyedstate: the state server (pid $pid) does not answer on its " +
+            s"callback socket $callbackPath: ${pythonMessage(e)}. Log: ${output.path}${output.tail()}", e)
+      }
+      log.info(s"keyedstate state server $generation started (pid $pid, work dir $workDir)")
+      new StateServerProcess(generation, workDir, process, process.getOutputStream, gateway, api,
+        dataPath, dataSecret.getBytes(StandardCharsets.US_ASCII), launch.callTimeoutMs, output, pid)
+    } catch {
+      case e: Throwable =>
         process.destroyForcibly()
-        gateway.shutdown()
-        throw new StateServerException(s"keyedstate: the state server (pid $pid) does not answer on its " +
-          s"callback socket $callbackPath: ${pythonMessage(e)}. Log: ${output.path}${output.tail()}", e)
+        if (gateway != null) try gateway.shutdown() catch { case NonFatal(_) => }
+        throw e
     }
-    log.info(s"keyedstate state server $generation started (pid $pid, work dir $workDir)")
-    new StateServerProcess(generation, workDir, process, process.getOutputStream, gateway, api,
-      dataPath, dataSecret.getBytes(StandardCharsets.US_ASCII), launch.callTimeoutMs, output, pid.trim.toInt)
   }
 
   /** Whether a failure is a read timeout (py4j's control call, or the data channel's watchdog). */
