@@ -114,6 +114,21 @@ def run_route(route: str, work: Path) -> tuple[dict, str]:
     return _run(cmd, work)
 
 
+@pytest.mark.parametrize("route", ["spark.jars", "configure", "reused-configure"])
+def test_every_route_serves_listeners_streams_foreach_batch_and_state_sources(route, tmp_path):
+    """``reused-configure``: keyedstate.configure() in a Python process whose JVM already ran a
+    session; spark.jars then reaches only the executors, and ``spark.streams`` failed with
+    ClassNotFoundException of the provider on the driver."""
+    result, _ = run_route(route, tmp_path)
+    assert result["provider"] == keyedstate.PROVIDER_CLASS
+    assert result["seen"] == {"a": 2, "b": 1}
+    assert result["state"] == {"a": 2, "b": 1}
+    assert result["operators"] == ["stateStoreSave"]
+    assert result["active"] == [True]
+    assert result["events"][0] == "started" and result["events"][-1] == "terminated"
+    assert [2] in result["events"][1:-1], result["events"]
+
+
 def test_state_source_read_in_a_fresh_session_logs_no_keyedstate_warning(tmp_path):
     """A session that never ran a query has no state store coordinator; the stores a read opens
     asked it whether they are active, and every such question logged a WARN with a stack trace."""
