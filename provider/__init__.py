@@ -16,7 +16,7 @@ import logging
 import sys
 from typing import TYPE_CHECKING, Any
 
-from . import conf
+from . import conf, failures
 from .offline.checkpoint import CheckpointError
 from .offline.inspection import InspectError, inspect
 from .offline.lookup import get
@@ -39,6 +39,7 @@ __version__ = "0.1.0"
 PROVIDER_CLASS_CONF = "spark.sql.streaming.stateStore.providerClass"
 
 log = logging.getLogger(__name__)
+failures.install()  # an uncaught query failure ends with the one line keyedstate can name
 
 
 def configure(builder: "SparkSession.Builder", **options: Any) -> "SparkSession.Builder":

@@ -140,3 +140,55 @@ def test_state_source_read_in_a_fresh_session_logs_no_keyedstate_warning(tmp_pat
     assert result == {"state": {"a": 2, "b": 1}, "operators": ["stateStoreSave"]}
     assert _keyedstate_warnings(stderr) == []
 
+
+FAILING_SCRIPT = r'''
+import sys
+from pathlib import Path
+from pyspark.sql import SparkSession
+import keyedstate
+key, value, work = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+builder = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+           .config("spark.sql.shuffle.partitions", "1").config("spark.ui.showConsoleProgress", "false"))
+if key == "no-jar":  # the provider chosen, the jar forgotten
+    spark = builder.config("spark.sql.streaming.stateStore.providerClass", keyedstate.PROVIDER_CLASS).getOrCreate()
+else:
+    spark = keyedstate.configure(builder).getOrCreate()
+    spark.conf.set(keyedstate.conf.PREFIX + key, value)
+(work / "in").mkdir()
+(work / "in" / "0.json").write_text('{"k": "a"}\n')
+query = (spark.readStream.schema("k STRING").json(str(work / "in")).groupBy("k").count().writeStream
+         .outputMode("update").format("noop").option("checkpointLocation", str(work / "checkpoint"))
+         .trigger(availableNow=True).start())
+query.awaitTermination()
+'''
+
+
+def test_a_failed_query_ends_with_one_line_naming_the_problem(tmp_path):
+    """A wrong conf or a missing jar: one line naming it among the last 5 lines of what an
+    uncaught StreamingQueryException prints (Spark prints the plan and stack traces after the
+    cause)."""
+    script = tmp_path / "fail.py"
+    script.write_text(FAILING_SCRIPT)
+    cases = {
+        ("snapshotIntervall", "5"): f"did you mean '{keyedstate.conf.PREFIX}snapshotInterval'?",
+        ("ttl", "-1"): f"Invalid value '-1' for conf '{keyedstate.conf.PREFIX}ttl'",
+        ("ttl.9", "1h"): f"Invalid conf '{keyedstate.conf.PREFIX}ttl.9': this query has no stateful operator 9",
+        ("no-jar", ""): f'Spark cannot load {keyedstate.PROVIDER_CLASS} on the driver; add the keyedstate jar: '
+                        f'spark-submit --jars "$(keyedstate jar)"',
+    }
+    procs = {}
+    for n, (key, value) in enumerate(cases):
+        work = tmp_path / str(n)
+        work.mkdir()
+        procs[key, value] = subprocess.Popen([sys.executable, str(script), key, value, str(work)], cwd=work,
+                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for case, proc in procs.items():
+        try:
+            _, stderr = proc.communicate(timeout=1200)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+        last = stderr.rstrip("\n").splitlines()[-5:]
+        assert proc.returncode != 0, stderr[-3000:]
+        assert [line for line in last if line.startswith("keyedstate: ") and cases[case] in line], \
+            f"{case}: the last lines are\n" + "\n".join(last)
