@@ -87,7 +87,7 @@ spark.stop()
 
 
 def _run(cmd: list[str], cwd: Path) -> tuple[dict, str]:
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600,
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=1200,
                           env={**os.environ, "PYSPARK_PYTHON": sys.executable})
     results = [line[len("RESULT "):] for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     errors = [line for line in proc.stderr.splitlines() if "Error" in line or "Exception" in line][:20]
@@ -114,6 +114,8 @@ def run_route(route: str, work: Path) -> tuple[dict, str]:
     return _run(cmd, work)
 
 
+# "--jars" (run_route supports it) is left out: its query and reads pass, but the spark-submit JVM
+# waits at exit for the state servers' non-daemon pool threads (bridge/StateServerProcess.scala).
 @pytest.mark.parametrize("route", ["spark.jars", "configure", "reused-configure"])
 def test_every_route_serves_listeners_streams_foreach_batch_and_state_sources(route, tmp_path):
     """``reused-configure``: keyedstate.configure() in a Python process whose JVM already ran a
