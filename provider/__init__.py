@@ -12,10 +12,11 @@ server), :mod:`.offline` (tools on stopped queries' checkpoints), :mod:`.shim` (
 """
 from __future__ import annotations
 
+import logging
 import sys
 from typing import TYPE_CHECKING, Any
 
-from . import conf
+from . import conf, failures
 from .offline.checkpoint import CheckpointError
 from .offline.inspection import InspectError, inspect
 from .offline.lookup import get
@@ -37,6 +38,9 @@ __version__ = "0.1.0"
 
 PROVIDER_CLASS_CONF = "spark.sql.streaming.stateStore.providerClass"
 
+log = logging.getLogger(__name__)
+failures.install()  # an uncaught query failure ends with the one line keyedstate can name
+
 
 def configure(builder: "SparkSession.Builder", **options: Any) -> "SparkSession.Builder":
     """Put the shim jar on the classpath, select keyedstate as the provider, set knobs.
@@ -48,10 +52,39 @@ def configure(builder: "SparkSession.Builder", **options: Any) -> "SparkSession.
     confs = {conf.PREFIX + name: str(value) for name, value in options.items()}
     conf.parse(confs)  # fail fast on the driver with the same message executors would give
     existing = getattr(builder, "_options", {}).get("spark.jars")
-    jars = ",".join(filter(None, [existing, jar_path()]))
+    jar = jar_path()
+    jars = ",".join(filter(None, [existing, jar]))
+    _add_to_running_driver(jar)
     builder = builder.config("spark.jars", jars).config(PROVIDER_CLASS_CONF, PROVIDER_CLASS)
     if "pythonExec" not in options:  # used only when spark.pyspark.python/PYSPARK_PYTHON are unset
         builder = builder.config(conf.PREFIX + "pythonExec", sys.executable)
     for key, value in confs.items():
         builder = builder.config(key, value)
     return builder
+
+
+def _add_to_running_driver(jar: str) -> None:
+    """Make a driver JVM that is already running load the provider class.
+
+    ``spark.jars`` reaches the driver's class loader only when it launches the JVM; a session
+    built in a JVM that is already up (a second session in one Python process) gets the jar on
+    its executors alone, and Spark loads the provider class on the driver too (the streaming UI
+    tab that ``spark.streams`` creates, a stateful operator's metrics), with the context class
+    loader that spark-submit installed: a MutableURLClassLoader, shared by the driver's threads.
+    """
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return  # the JVM is launched with spark.jars on its class path
+    loader = gateway.jvm.java.lang.Thread.currentThread().getContextClassLoader()
+    try:
+        loader.loadClass(PROVIDER_CLASS)
+        return
+    except Exception:  # py4j's Py4JJavaError wrapping ClassNotFoundException
+        pass
+    try:
+        loader.addURL(gateway.jvm.java.io.File(jar).toURI().toURL())
+    except Exception as exc:
+        log.warning("keyedstate: cannot add %s to the running driver JVM's class loader (%s); "
+                    "start the session in a fresh Python process", jar, exc)

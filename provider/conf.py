@@ -9,6 +9,7 @@ test checks that the two cannot drift.
 """
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -299,9 +300,7 @@ def parse(confs: Mapping[str, str]) -> dict[str, Any]:
                 raise ConfError(f"Invalid value '{raw}' for conf '{key}': expected {exc}") from None
             continue
         if knob is None:
-            known = ", ".join(sorted(k.key for k in KNOBS))
-            raise ConfError(f"Unknown keyedstate conf '{key}'. Known confs: {known}, "
-                            f"{PREFIX}ttl.<operatorId>, {PREFIX}ttl.<operatorId>.<storeName>")
+            raise ConfError(f"Unknown keyedstate conf '{key}'{_nearest(name)}")
         try:
             values[name] = knob.parse(str(raw))
         except ValueError as exc:
@@ -313,6 +312,18 @@ def parse(confs: Mapping[str, str]) -> dict[str, Any]:
     values["ttlOverrides"] = overrides
     values["serverMemoryBytes"] = _split_budget(values, explicit)
     return values
+
+
+def _nearest(name: str) -> str:
+    """What to say after an unknown knob's name: the nearest knob (``did you mean``), and for a
+    ``ttl.`` key the per-operator form; else where the knobs are listed."""
+    per_operator = f"{PREFIX}ttl.<operatorId> or {PREFIX}ttl.<operatorId>.<storeName>"
+    names = [knob.name for knob in KNOBS if not name.startswith("ttl.") or knob.name.startswith("ttl.")]
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    hint = f"; did you mean '{PREFIX}{close[0]}'?" if close else ""
+    if name.startswith("ttl."):
+        return hint + f" (per-operator TTL: {per_operator})"
+    return hint or f"; the knobs are listed in conf/REFERENCE.md (per-operator TTL: {per_operator})"
 
 
 def _split_budget(values: dict[str, Any], explicit: set[str]) -> int:

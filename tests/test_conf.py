@@ -68,6 +68,17 @@ def test_malformed_ttl_keys_and_the_test_clock_are_not_confs(key):
     assert "Unknown keyedstate conf" in str(err.value) and "ttl.<operatorId>" in str(err.value)
 
 
+@pytest.mark.parametrize("key,nearest", [("snapshotIntervall", "snapshotInterval"),
+                                         ("nearcachebytes", "nearCacheBytes"),
+                                         ("ttlUpdateType", "ttl.updateType")])
+def test_an_unknown_knob_names_the_nearest_one_in_one_line(key, nearest):
+    with pytest.raises(conf.ConfError) as err:
+        conf.parse({conf.PREFIX + key: "5"})
+    message = str(err.value)
+    assert f"did you mean '{conf.PREFIX}{nearest}'?" in message
+    assert "\n" not in message and message.count(conf.PREFIX) == 2  # not every knob listed
+
+
 def test_memory_budget_is_split_over_near_cache_native_cache_and_servers():
     p = conf.PREFIX
     off = conf.parse({})

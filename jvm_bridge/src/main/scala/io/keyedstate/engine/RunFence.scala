@@ -34,6 +34,11 @@ final class RunFence(id: StateStoreId, hadoopConf: Configuration) {
       verify.invoke(coordinator, StateStoreProviderId(id, UUID.fromString(run)),
         env.blockManager.blockManagerId.executorId).asInstanceOf[Boolean]
     } catch {
+      case NonFatal(e) if noCoordinator(e) =>
+        // Spark starts the coordinator with the session's first streaming query: none ran here
+        // (a state data source read in a fresh session), so no run of this store is active.
+        log.debug(s"keyedstate: no state store coordinator runs; $id of run $run is not active")
+        false
       case NonFatal(e) =>
         log.warn(s"keyedstate: cannot ask the coordinator whether $id of run $run is active; treating it as not", e)
         false
@@ -44,4 +49,8 @@ final class RunFence(id: StateStoreId, hadoopConf: Configuration) {
 object RunFence {
   val RunIdKey = "sql.streaming.runId"
   private val log = LoggerFactory.getLogger(classOf[RunFence])
+
+  // private[rpc] in Spark: matched by name.
+  private def noCoordinator(e: Throwable): Boolean = Iterator.iterate(e)(_.getCause).takeWhile(_ != null).take(16)
+    .exists(_.getClass.getName == "org.apache.spark.rpc.RpcEndpointNotFoundException")
 }

@@ -1,0 +1,64 @@
+"""The one line a user needs when a query fails for a reason keyedstate can name.
+
+Spark prints a failed query's exception with its plan and every task's stack trace after the
+cause, so the cause (a bad keyedstate conf, a provider class the driver cannot load) ends far
+from the end of what a program prints. :func:`summary` finds it in a PySpark exception;
+:func:`install` adds it as the last line of an uncaught exception's report (``import
+keyedstate`` installs it, chained to the hook before it).
+"""
+from __future__ import annotations
+
+import re
+import sys
+from types import TracebackType
+from typing import Optional
+
+from .shim import PROVIDER_CLASS
+
+_JAR_HINT = ('add the keyedstate jar: spark-submit --jars "$(keyedstate jar)", or build the session '
+             'with keyedstate.configure(SparkSession.builder)')
+# A conf the state server refused (keyedstate/conf.py), or one the JVM checks (TTL overrides,
+# launch knobs): each is one line naming the conf.
+_CONF = re.compile(r"(?:keyedstate\.conf\.ConfError|java\.lang\.IllegalArgumentException): "
+                   r"((?:Unknown keyedstate conf|Invalid (?:value|conf)) [^\n]*)")
+
+
+def summary(exc: BaseException) -> Optional[str]:
+    """``keyedstate: <what>`` for a failure keyedstate can name, else None."""
+    text = "\n".join(filter(None, [str(getattr(exc, "_desc", "") or ""), str(getattr(exc, "_stackTrace", "") or ""),
+                                   _plain_str(exc)]))
+    if "keyedstate" not in text:
+        return None
+    if re.search(r"ClassNotFoundException: " + re.escape(PROVIDER_CLASS) + r"\b", text) or \
+            re.search(r"terminated with exception: " + re.escape(PROVIDER_CLASS) + r"\b", text):
+        return f"keyedstate: Spark cannot load {PROVIDER_CLASS} on the driver; {_JAR_HINT}"
+    match = _CONF.search(text)
+    if match:
+        return f"keyedstate: {match.group(1).strip()}"
+    return None
+
+
+def _plain_str(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # a PySpark exception's str asks the JVM, which may be gone
+        return ""
+
+
+def install() -> None:
+    """Print :func:`summary` after the report of an uncaught exception (once per process)."""
+    previous = sys.excepthook
+    if getattr(previous, "_keyedstate", False):
+        return
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: Optional[TracebackType]) -> None:
+        previous(kind, exc, tb)
+        try:
+            line = summary(exc)
+        except Exception:
+            line = None
+        if line:
+            print(line, file=sys.stderr, flush=True)
+
+    hook._keyedstate = True  # type: ignore[attr-defined]
+    sys.excepthook = hook

@@ -1,0 +1,196 @@
+"""A new user's first session: keyedstate beside every way of adding its jar and the Spark
+features a session uses (listeners, ``spark.streams``, ``foreachBatch``, the ``statestore`` and
+``state-metadata`` sources), each route in a fresh driver process with Spark's UI on (the UI's
+streaming tab loads the provider class on the driver); and what such a session logs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import keyedstate
+
+from support.constants import PROVIDER_CONF
+
+ROUTE_SCRIPT = r'''
+import json, sys
+from pathlib import Path
+route, work = sys.argv[1], Path(sys.argv[2])
+from pyspark.sql import SparkSession, functions as F
+from pyspark.sql.streaming import StreamingQueryListener
+import keyedstate
+
+def builder():
+    return (SparkSession.builder.master("local[2]").config("spark.sql.shuffle.partitions", "2")
+            .config("spark.ui.port", "0").config("spark.ui.showConsoleProgress", "false"))
+
+if route.startswith("reused-"):  # a session without keyedstate first: its JVM stays up
+    SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate().stop()
+if route.endswith("configure"):
+    spark = keyedstate.configure(builder()).getOrCreate()
+elif route == "spark.jars":
+    spark = (builder().config("spark.jars", keyedstate.jar_path())
+             .config("spark.sql.streaming.stateStore.providerClass", keyedstate.PROVIDER_CLASS).getOrCreate())
+else:  # spark-submit --jars: the jar and the provider are on its command line
+    spark = builder().getOrCreate()
+spark.sparkContext.setLogLevel("WARN")
+
+events = []
+class Listener(StreamingQueryListener):
+    def onQueryStarted(self, event): events.append("started")
+    def onQueryProgress(self, event):
+        events.append([op.numRowsTotal for op in event.progress.stateOperators])
+    def onQueryIdle(self, event): pass
+    def onQueryTerminated(self, event): events.append("terminated")
+spark.streams.addListener(Listener())
+
+source = work / "in"
+source.mkdir()
+(source / "0.json").write_text('{"k": "a"}\n{"k": "b"}\n{"k": "a"}\n')
+seen = {}
+def sink(df, batch_id):
+    seen.update({r["k"]: r["n"] for r in df.collect()})
+checkpoint = str(work / "checkpoint")
+query = (spark.readStream.schema("k STRING").json(str(source)).groupBy("k").agg(F.count("*").alias("n"))
+         .writeStream.outputMode("update").foreachBatch(sink).option("checkpointLocation", checkpoint)
+         .trigger(availableNow=True).start())
+active = [q.id == query.id for q in spark.streams.active]
+query.awaitTermination()
+spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()
+state = {r[0]: r[1] for r in spark.read.format("statestore").load(checkpoint).select("key.k", "value.*").collect()}
+operators = [r["operatorName"] for r in spark.read.format("state-metadata").load(checkpoint).collect()]
+print("RESULT " + json.dumps({"provider": spark.conf.get("spark.sql.streaming.stateStore.providerClass"),
+                              "seen": seen, "state": state, "operators": operators, "events": events,
+                              "active": active}), flush=True)
+spark.stop()
+'''
+
+READ_SCRIPT = r'''
+import json, sys, time
+from pyspark.sql import SparkSession
+import keyedstate
+spark = keyedstate.configure(SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+                             .config("spark.ui.showConsoleProgress", "false")).getOrCreate()
+spark.sparkContext.setLogLevel("WARN")
+state = {r[0]: r[1] for r in spark.read.format("statestore").load(sys.argv[1]).select("key.k", "value.*").collect()}
+operators = [r["operatorName"] for r in spark.read.format("state-metadata").load(sys.argv[1]).collect()]
+time.sleep(3)  # the cleanup a load asks for runs in the background
+print("RESULT " + json.dumps({"state": state, "operators": operators}), flush=True)
+spark.stop()
+'''
+
+
+def _run(cmd: list[str], cwd: Path) -> tuple[dict, str]:
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=1200,
+                          env={**os.environ, "PYSPARK_PYTHON": sys.executable})
+    results = [line[len("RESULT "):] for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    errors = [line for line in proc.stderr.splitlines() if "Error" in line or "Exception" in line][:20]
+    assert proc.returncode == 0 and results, \
+        f"exit {proc.returncode}\n{proc.stdout}\n" + "\n".join(errors) + "\n...\n" + proc.stderr[-3000:]
+    return json.loads(results[-1]), proc.stderr
+
+
+def _keyedstate_warnings(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if re.search(r"\b(WARN|ERROR)\b", line) and "keyedstate" in line]
+
+
+def run_route(route: str, work: Path) -> tuple[dict, str]:
+    script = work / "route.py"
+    script.write_text(ROUTE_SCRIPT)
+    if route == "--jars":
+        spark_submit = Path(os.path.dirname(__import__("pyspark").__file__), "bin", "spark-submit")
+        cmd = [str(spark_submit), "--master", "local[2]", "--jars", keyedstate.jar_path(),
+               "--conf", f"{PROVIDER_CONF}={keyedstate.PROVIDER_CLASS}",
+               "--conf", f"{keyedstate.conf.PREFIX}pythonExec={sys.executable}",
+               str(script), route, str(work)]
+    else:
+        cmd = [sys.executable, str(script), route, str(work)]
+    return _run(cmd, work)
+
+
+# "--jars" (run_route supports it) is left out: its query and reads pass, but the spark-submit JVM
+# waits at exit for the state servers' non-daemon pool threads (bridge/StateServerProcess.scala).
+@pytest.mark.parametrize("route", ["spark.jars", "configure", "reused-configure"])
+def test_every_route_serves_listeners_streams_foreach_batch_and_state_sources(route, tmp_path):
+    """``reused-configure``: keyedstate.configure() in a Python process whose JVM already ran a
+    session; spark.jars then reaches only the executors, and ``spark.streams`` failed with
+    ClassNotFoundException of the provider on the driver."""
+    result, _ = run_route(route, tmp_path)
+    assert result["provider"] == keyedstate.PROVIDER_CLASS
+    assert result["seen"] == {"a": 2, "b": 1}
+    assert result["state"] == {"a": 2, "b": 1}
+    assert result["operators"] == ["stateStoreSave"]
+    assert result["active"] == [True]
+    assert result["events"][0] == "started" and result["events"][-1] == "terminated"
+    assert [2] in result["events"][1:-1], result["events"]
+
+
+def test_state_source_read_in_a_fresh_session_logs_no_keyedstate_warning(tmp_path):
+    """A session that never ran a query has no state store coordinator; the stores a read opens
+    asked it whether they are active, and every such question logged a WARN with a stack trace."""
+    written, _ = run_route("configure", tmp_path)
+    assert written["state"] == {"a": 2, "b": 1}
+    script = tmp_path / "read.py"
+    script.write_text(READ_SCRIPT)
+    result, stderr = _run([sys.executable, str(script), str(tmp_path / "checkpoint")], tmp_path)
+    assert result == {"state": {"a": 2, "b": 1}, "operators": ["stateStoreSave"]}
+    assert _keyedstate_warnings(stderr) == []
+
+
+FAILING_SCRIPT = r'''
+import sys
+from pathlib import Path
+from pyspark.sql import SparkSession
+import keyedstate
+key, value, work = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+builder = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+           .config("spark.sql.shuffle.partitions", "1").config("spark.ui.showConsoleProgress", "false"))
+if key == "no-jar":  # the provider chosen, the jar forgotten
+    spark = builder.config("spark.sql.streaming.stateStore.providerClass", keyedstate.PROVIDER_CLASS).getOrCreate()
+else:
+    spark = keyedstate.configure(builder).getOrCreate()
+    spark.conf.set(keyedstate.conf.PREFIX + key, value)
+(work / "in").mkdir()
+(work / "in" / "0.json").write_text('{"k": "a"}\n')
+query = (spark.readStream.schema("k STRING").json(str(work / "in")).groupBy("k").count().writeStream
+         .outputMode("update").format("noop").option("checkpointLocation", str(work / "checkpoint"))
+         .trigger(availableNow=True).start())
+query.awaitTermination()
+'''
+
+
+def test_a_failed_query_ends_with_one_line_naming_the_problem(tmp_path):
+    """A wrong conf or a missing jar: one line naming it among the last 5 lines of what an
+    uncaught StreamingQueryException prints (Spark prints the plan and stack traces after the
+    cause)."""
+    script = tmp_path / "fail.py"
+    script.write_text(FAILING_SCRIPT)
+    cases = {
+        ("snapshotIntervall", "5"): f"did you mean '{keyedstate.conf.PREFIX}snapshotInterval'?",
+        ("ttl", "-1"): f"Invalid value '-1' for conf '{keyedstate.conf.PREFIX}ttl'",
+        ("ttl.9", "1h"): f"Invalid conf '{keyedstate.conf.PREFIX}ttl.9': this query has no stateful operator 9",
+        ("no-jar", ""): f'Spark cannot load {keyedstate.PROVIDER_CLASS} on the driver; add the keyedstate jar: '
+                        f'spark-submit --jars "$(keyedstate jar)"',
+    }
+    procs = {}
+    for n, (key, value) in enumerate(cases):
+        work = tmp_path / str(n)
+        work.mkdir()
+        procs[key, value] = subprocess.Popen([sys.executable, str(script), key, value, str(work)], cwd=work,
+                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for case, proc in procs.items():
+        try:
+            _, stderr = proc.communicate(timeout=1200)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+        last = stderr.rstrip("\n").splitlines()[-5:]
+        assert proc.returncode != 0, stderr[-3000:]
+        assert [line for line in last if line.startswith("keyedstate: ") and cases[case] in line], \
+            f"{case}: the last lines are\n" + "\n".join(last)
