@@ -186,6 +186,83 @@ def _restart_error(spark, stream: FileStream) -> str:
     return ""
 
 
+def _feed(spark, checkpoint: str, start: int, end: int | None = None) -> set:
+    reader = (spark.read.format("statestore").option("readChangeFeed", True)
+              .option("changeStartBatchId", start))
+    if end is not None:
+        reader = reader.option("changeEndBatchId", end)
+    return {(r.batch_id, r.change_type, r.key.k, r.value[0]) for r in reader.load(checkpoint).collect()}
+
+
+def _expected_feed(inputs: range, batch_of) -> set:
+    """The change feed of the W1-shaped aggregation: each key of input ``i`` updated to its
+    count so far, in batch ``batch_of(i)``."""
+    counts: dict[int, int] = {}
+    rows = set()
+    for i in range(inputs.stop):
+        for row in _batch_rows(i):
+            counts[row["k"]] = counts.get(row["k"], 0) + 1
+            if i in inputs:
+                rows.add((batch_of(i), "update", row["k"], counts[row["k"]]))
+    return rows
+
+
+def _state(spark, checkpoint: str, **options) -> set:
+    reader = spark.read.format("statestore")
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return {(r.key.k, r.value[0], r.partition_id) for r in reader.load(checkpoint).collect()}
+
+
+def test_state_reads_and_metadata_across_a_rescale(spark, tmp_path):
+    """After a 4 -> 2 rescale (batch 3) the state data source reads from the rescale batch on:
+    its change feed (no rows for the rescale batch itself, which changes no value) and snapshot
+    replays; one that starts before it is refused in one line naming the batch that works
+    (Spark opens only the end batch's partitions: a feed through a scale-down would lose the
+    retired partitions' changes). State-metadata shows the new count before the restart. The
+    command prints its result once, with progress lines on stderr and no console progress bar."""
+    stream = FileStream(spark, tmp_path, "k LONG")
+    out: dict = {}
+    _run(spark, stream, range(3), out)
+    ck = stream.checkpoint
+
+    proc = rescale_cli("--checkpoint", ck, "--partitions", "2")
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr
+    assert len(stdout.splitlines()) == 1, stdout
+    result = json.loads(stdout)
+    assert (result["batch"], result["to_partitions"]) == (3, 2)
+    assert "RescaleResult" not in stderr and "to_partitions" not in stderr, stderr  # printed once
+    assert "[Stage " not in stdout + stderr, stderr  # Spark's console progress bar
+    for phase, total in (("split", 4), ("merge", 2)):
+        assert f"keyedstate.offline.rescaling: {phase} {total}/{total} store partitions done" in stderr, stderr
+
+    metadata = spark.read.format("state-metadata").load(ck).collect()
+    assert [r.numPartitions for r in metadata] == [2]
+
+    _run(spark, stream, range(3, 5), out, partitions=2)  # batches 4 and 5
+    assert out == _expected(5)
+    after = lambda i: i + 1 if i >= 3 else i  # noqa: E731 (input 3 runs as batch 4)
+    assert _feed(spark, ck, 3) == _expected_feed(range(3, 5), after)
+    assert _feed(spark, ck, 5) == _expected_feed(range(4, 5), after)
+    assert _feed(spark, ck, 3, 3) == set()
+    assert _feed(spark, ck, 0, 2) == _expected_feed(range(0, 3), after)  # before it: the old partitions
+    with pytest.raises(Exception) as refused:
+        _feed(spark, ck, 1)
+    assert re.search(r"keyedstate: changeStartBatchId 1 is before batch 3, which rescaled the operator to 2 "
+                     r"partitions \(from 4\): [^\n]*start at changeStartBatchId 3 or later", str(refused.value))
+
+    latest = _state(spark, ck)
+    assert {k for k, _, _ in latest} == set(_expected(5))
+    for partition in (0, 1):  # the rescale's snapshot (batch 3) replayed to the last batch
+        replayed = _state(spark, ck, snapshotStartBatchId=3, snapshotPartitionId=partition)
+        assert replayed == {row for row in latest if row[2] == partition} and replayed
+    with pytest.raises(Exception) as refused:
+        _state(spark, ck, snapshotStartBatchId=1, snapshotPartitionId=0)
+    assert re.search(r"keyedstate: snapshotStartBatchId 1 is before batch 3, which rescaled the operator to 2 "
+                     r"partitions \(from 4\): [^\n]*start at snapshotStartBatchId 3 or later", str(refused.value))
+
+
 @pytest.mark.parametrize("kill_after", ["offsets/", "split:"])
 def test_rescale_killed_midway_and_rerun_gives_the_same_result(spark, tmp_path, kill_after):
     stream = FileStream(spark, tmp_path, "k LONG")

@@ -22,6 +22,9 @@ interrupted attempt) exactly as it treats its own:
    write only into this run's staging directory, which a rollback moves away first: a task of
    a failed job that is still running (an executor that never got the kill) cannot publish.
 4. ``commits/B``: a copy of the last commit; from now on the query runs with N partitions.
+   Just before it, each operator's metadata (``state/<op>/_metadata/metadata``, v1) is given
+   the count N, as a query started with N writes it: Spark's state-metadata source reads it
+   there (Spark's own writer never replaces the file, nor does its repartition for v1).
 
 A scale-up by a multiple (N = k x the old count, both dividing the key-group count) needs no
 merge: new partition q's keys all sit in old partition q mod the old count, so each split task
@@ -41,6 +44,7 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -124,6 +128,7 @@ def rescale(checkpoint: str | os.PathLike, partitions: int, *, spark: "SparkSess
         if spark is None:
             spark = (SparkSession.builder.master("local[*]").appName("keyedstate rescale")
                      .config("spark.ui.enabled", "false")
+                     .config("spark.ui.showConsoleProgress", "false")  # progress is logged per step
                      .config("spark.pyspark.python", sys.executable)
                      .getOrCreate())
     try:
@@ -315,6 +320,8 @@ class _Rescale:
 
             if self._latest(self.offsets) != batch:
                 raise RescaleError(f"{self.root / 'offsets'} moved past batch {batch} while rescaling: the query is running")
+            for op in sorted({op for op, _, _ in stores}):
+                _set_metadata_partitions(self.root / "state" / str(op), self.n)
             # The skip is committed with the batch, not before it: a failure or a rollback up to
             # here leaves the skipped batches uncommitted, so a restart reruns them as they were.
             for b in skipped:
@@ -338,7 +345,7 @@ class _Rescale:
             staging.rmdir()
         result = RescaleResult(str(self.root), batch, old_n, self.n, len(stores), keys,
                                whole, resumed, round(time.monotonic() - started, 3), task_seconds)
-        log.info("rescaled %s: %s", self.root, result)
+        log.info("commits/%d written: %s rescaled from %d to %d partitions", batch, self.root, old_n, self.n)
         return result
 
     def _skippable(self, latest: int, committed: int, skip: bool, idle_seconds: float) -> list[int]:
@@ -377,6 +384,7 @@ class _Rescale:
                 for files in parts:
                     _remove_rescale_snapshot(files, version, started, self.root)
             if old_n is not None:
+                _set_metadata_partitions(op_dir, old_n)
                 for part_dir in list(ckpt.numbered_dirs(op_dir)):
                     if int(part_dir.name) >= old_n and not any(p.is_file() or p.is_symlink() for p in part_dir.rglob("*")):
                         shutil.rmtree(part_dir, ignore_errors=True)  # created by this batch, now empty
@@ -442,11 +450,51 @@ class _Rescale:
         if not tasks:
             return []
         sc = self.spark.sparkContext
-        sc.setJobGroup(f"keyedstate-rescale-{phase}", f"keyedstate rescale: {phase} {len(tasks)} store partitions")
+        group = f"keyedstate-rescale-{phase}-{uuid.uuid4().hex[:8]}"
+        sc.setJobGroup(group, f"keyedstate rescale: {phase} {len(tasks)} store partitions")
         started = time.monotonic()
-        results = sc.parallelize(tasks, len(tasks)).map(fn).collect()
+        progress = _Progress(sc, group, phase, len(tasks))
+        try:
+            results = sc.parallelize(tasks, len(tasks)).map(fn).collect()
+        finally:
+            progress.stop()
+        progress.report(len(tasks))
         log.info("%s: %d tasks in %.1f s", phase, len(tasks), time.monotonic() - started)
         return results
+
+
+class _Progress:
+    """Logs how many of a phase's tasks have finished whenever that changes (polled on the
+    driver every ``interval`` seconds while the job runs), so that a long rescale shows it."""
+
+    def __init__(self, sc, group: str, phase: str, total: int, interval: float = 1.0) -> None:
+        self._tracker, self._group, self._phase, self._total = sc.statusTracker(), group, phase, total
+        self._reported = 0
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._watch, args=(interval,), daemon=True,
+                                        name=f"keyedstate-rescale-{phase}-progress")
+        self._thread.start()
+
+    def _watch(self, interval: float) -> None:
+        while not self._stopped.wait(interval):
+            try:
+                tracker = self._tracker
+                stages = [s for j in tracker.getJobIdsForGroup(self._group) if (job := tracker.getJobInfo(j))
+                          for s in job.stageIds]
+                done = sum(stage.numCompletedTasks for s in stages if (stage := tracker.getStageInfo(s)))
+            except Exception:  # the session is stopping: progress is only informational
+                log.debug("no progress for %s", self._group, exc_info=True)
+                return
+            self.report(done)
+
+    def report(self, done: int) -> None:
+        if done != self._reported:
+            self._reported = done
+            log.info("%s %d/%d store partitions done", self._phase, done, self._total)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join()
 
 
 def _key_layout(parts: list[ckpt.StoreFiles]) -> KeyLayout | None:
@@ -545,6 +593,26 @@ def _publish(staged: Path, target: Path, version: int, root: Path) -> None:
             raise RescaleError(f"{staged / f.path} is missing: snapshot {version} of {target} is incomplete")
     ckpt.write_atomically(target / name, data)
     (staged / name).unlink(missing_ok=True)
+
+
+def _set_metadata_partitions(op_dir: Path, partitions: int) -> None:
+    """Give every store in the operator's metadata v1 (``v1`` line, then Spark's compact JSON)
+    the partition count ``partitions``; Hadoop's checksum beside it goes (Spark then reads the
+    file unchecked, as it reads one an object store holds)."""
+    path = op_dir / "_metadata" / "metadata"
+    if not path.is_file():
+        return
+    ckpt.check_inside(path, op_dir)
+    _, stores = ckpt.operator_metadata(op_dir)  # refuses a corrupt file
+    if all(n == partitions for n in stores.values()):
+        return
+    version, _, body = path.read_text(encoding="utf-8").partition("\n")
+    meta = json.loads(body)
+    for store in meta.get("stateStoreInfo", []):
+        store["numPartitions"] = partitions
+    ckpt.write_atomically(path, f"{version}\n{json.dumps(meta, separators=(',', ':'))}".encode())
+    (path.parent / f".{path.name}.crc").unlink(missing_ok=True)
+    log.info("%s: numPartitions %d", path, partitions)
 
 
 def _hash_spec(op: int, store: str, path: Path, key_layout: KeyLayout | None) -> dict:

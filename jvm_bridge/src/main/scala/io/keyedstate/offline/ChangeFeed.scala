@@ -23,6 +23,11 @@ import io.keyedstate.format.{ChangelogFormat, CorruptChangelogException, KeyCode
  *
  * Checkpoint format 2: the versions' unique ids come from the lineage that each changelog's
  * header records, walked back from `(endVersion, endId)`.
+ *
+ * A rescale's version ([[Rescales]]) changes no value: a feed starting at its batch has no rows
+ * for it. A feed starting before it is refused: Spark opens only the partitions of
+ * `changeEndBatchId`'s count, so the changes a scale-down's retired partitions logged before it
+ * would be missing without a word.
  */
 final class ChangeFeed(files: CheckpointFiles, codec: KeyCodec, startVersion: Long, endVersion: Long,
     endId: Option[String], describe: String)
@@ -33,7 +38,16 @@ final class ChangeFeed(files: CheckpointFiles, codec: KeyCodec, startVersion: Lo
       s"($startVersion) <= end version ($endVersion): changeStartBatchId must be >= 0 and <= changeEndBatchId")
   }
 
-  private val versions: List[(Long, Option[String])] = ChangeFeed.chain(files, startVersion, endVersion, endId)
+  private val versions: List[(Long, Option[String])] = endId match {
+    case None =>
+      val rescales = Rescales.within(files, files.listing(), startVersion, endVersion)
+      rescales.filter(_.version > startVersion).lastOption.foreach { r =>
+        Rescales.refuseSpanning("changeStartBatchId", startVersion - 1, r, describe,
+          s"a change feed cannot span a rescale (read up to changeEndBatchId ${r.batch - 1} separately)")
+      }
+      ChangeFeed.chain(files, startVersion, endVersion, endId).filterNot(v => rescales.exists(_.version == v._1))
+    case Some(_) => ChangeFeed.chain(files, startVersion, endVersion, endId) // rescale runs on format 1 only
+  }
   private var pending = versions
   private var records: Iterator[ChangelogFormat.Record] = Iterator.empty
   private var batchId = -1L

@@ -11,6 +11,8 @@ import io.keyedstate.engine.StoreEngine
  * way every load is ([[io.keyedstate.engine.VersionLoader]]: the newest usable snapshot at or
  * below it, plus changelogs): its content does not depend on the snapshot it starts from, and a
  * corrupt newer snapshot is skipped by the loader in favour of an older one in any case.
+ * A snapshot before a rescale between it and `endVersion` ([[Rescales]]) is refused: the
+ * partition's later state does not derive from it.
  */
 object SnapshotReplay {
   def check(engine: StoreEngine, snapshotVersion: Long, endVersion: Long, snapshotId: Option[String]): Unit = {
@@ -19,6 +21,10 @@ object SnapshotReplay {
         s"$snapshotVersion to version $endVersion: snapshotStartBatchId must be >= 0 and <= batchId")
     }
     val listing = engine.files.listing()
+    Rescales.within(engine.files, listing, snapshotVersion + 1, endVersion).lastOption.foreach { r =>
+      Rescales.refuseSpanning("snapshotStartBatchId", snapshotVersion - 1, r, engine.describe,
+        s"partition ${engine.id.partitionId}'s state after it is not rebuilt from a snapshot before it")
+    }
     val matching = listing.snapshotFiles.filter { case (v, id) => v == snapshotVersion && (snapshotId.isEmpty || id == snapshotId) }
     if (matching.isEmpty) {
       val have = listing.snapshots.toSeq.map(_ - 1)
