@@ -114,9 +114,7 @@ def run_route(route: str, work: Path) -> tuple[dict, str]:
     return _run(cmd, work)
 
 
-# "--jars" (run_route supports it) is left out: its query and reads pass, but the spark-submit JVM
-# waits at exit for the state servers' non-daemon pool threads (bridge/StateServerProcess.scala).
-@pytest.mark.parametrize("route", ["spark.jars", "configure", "reused-configure"])
+@pytest.mark.parametrize("route", ["--jars", "spark.jars", "configure", "reused-configure"])
 def test_every_route_serves_listeners_streams_foreach_batch_and_state_sources(route, tmp_path):
     """``reused-configure``: keyedstate.configure() in a Python process whose JVM already ran a
     session; spark.jars then reaches only the executors, and ``spark.streams`` failed with
