@@ -1,7 +1,20 @@
-"""The ``keyedstate`` command (see :data:`DESCRIPTION`).
+"""The keyedstate command: the provider's tools, on the command line.
 
-Errors the user can act on (a missing or foreign checkpoint, a corrupt file, a bad argument)
-print one line, ``keyedstate: error: ...``, and exit non-zero; a traceback means a bug."""
+Commands (DESCRIPTION below is the top-level help, which lists them too):
+  jar             print the path of the JVM shim jar, building it on first use
+  demo            run a streaming word count on keyedstate
+  conf-reference  print (or --write) the conf reference markdown
+  inspect         report the state a checkpoint holds, per operator and store
+  rescale         redistribute a stopped query's state over a new partition count
+  verify          check every retained version of a checkpoint
+  get             one key's value at a retained batch
+  migrate         convert a stopped query's state to another state store provider
+  undo            take back the state processor's last change (transform, bootstrap)
+
+The state processor's reads and changes (transform, bootstrap) are Python only:
+keyedstate.state(spark, checkpoint). Errors the user can act on (a missing or foreign
+checkpoint, a corrupt file, a bad argument) print one line, "keyedstate: error: ...", and exit
+non-zero; a traceback means a bug."""
 from __future__ import annotations
 
 import argparse
@@ -13,7 +26,9 @@ from typing import NoReturn
 
 DESCRIPTION = (
     "keyedstate: the state store provider's tools. Commands: jar, demo, conf-reference, inspect, rescale, "
-    "verify, get, migrate. A checkpoint on a local path or file: URI needs no Spark; any other scheme (s3a, "
+    "verify, get, migrate, undo ('keyedstate COMMAND --help' for each). The state processor's transform and "
+    "bootstrap, which undo takes back, are Python: keyedstate.state(spark, checkpoint). "
+    "A checkpoint on a local path or file: URI needs no Spark; any other scheme (s3a, "
     "abfss, gs, hdfs, ...) is reached through a local SparkSession's JVM, configured like the query's: "
     "spark-defaults.conf and --conf key=value (e.g. --conf spark.hadoop.fs.s3a.endpoint=...).")
 
