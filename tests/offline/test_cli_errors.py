@@ -26,7 +26,7 @@ from support.scenarios import KV, agg_update
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 STEPS = [[(f"k{(b * 3 + i) % 7}", b * 10 + i) for i in range(6)] for b in range(9)]
-COMMANDS = ["jar", "demo", "conf-reference", "inspect", "rescale", "verify", "get", "migrate"]
+COMMANDS = ["jar", "demo", "conf-reference", "inspect", "rescale", "verify", "get", "migrate", "undo"]
 
 
 def keyedstate_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
