@@ -57,6 +57,7 @@ import struct
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..formats import layout
 from .migration import (DEFAULT_PROVIDER, MigrateError, Plan, StorePlan, plan as plan_of, require_state_migrator,
                         write_store)
 from .storage import HadoopStorage, LocalStorage, Storage, is_local, open_storage
@@ -461,20 +462,48 @@ def _record_path(ck: Checkpoint, batch: int) -> str:
 
 
 def _records(ck: Checkpoint) -> list[int]:
-    return sorted(int(e.name[:-5]) for e in ck.storage.list(ck.path(CHANGES_DIR))
-                  if not e.is_dir and e.name.endswith(".json") and e.name[:-5].isdigit())
+    return sorted(n for e in ck.storage.list(ck.path(CHANGES_DIR))
+                  if not e.is_dir and e.name.endswith(".json") and (n := layout.number_of(e.name[:-5])) is not None)
 
 
 def _read_record(ck: Checkpoint, batch: int) -> dict[str, Any]:
+    """The record of the change of ``batch``. It is read from the checkpoint, so it is checked
+    like any file there: the one schema it may restore is the changed store's own schema file
+    (:func:`_schema_path` of its operator and plain store name), never a path it names itself
+    (``../other-query/...`` resolves outside the checkpoint on Hadoop file systems, ``offsets/0``
+    is Spark's)."""
     path = _record_path(ck, batch)
     try:
         record = json.loads(ck.storage.read_bytes(path))
         if record["batch"] != batch or not isinstance(record["names"], list):
             raise ValueError("it names another batch")
+        if not all(isinstance(n, str) for n in record["names"]):
+            raise ValueError("a name is not a string")
+        operator, store, schemas = record["operator"], record["store"], record["schemas"]
+        if not isinstance(operator, int) or operator < 0 or not isinstance(store, str) or \
+                not isinstance(schemas, dict):
+            raise ValueError("its operator, store or schemas are not what a change records")
+        if schemas:
+            if "/" in store or store in ("", ".", ".."):
+                raise ValueError(f"the store {store!r} is not a plain name")
+            own = _schema_path(ck, _Named(operator, store))  # type: ignore[arg-type]
+            own = own[len(ck.root) + 1:]
+            if set(schemas) != {own}:
+                raise ValueError(f"it restores {sorted(schemas)[:3]}, not the changed store's schema {own}")
+            for data in schemas.values():
+                base64.b64decode(data, validate=True)
         return record
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise StateProcessorError(f"{path}: the record of the state processor's change of batch {batch} is "
-                                  f"unreadable ({exc}); the change cannot be taken back by keyedstate") from None
+                                  f"unreadable ({_short(str(exc))}); the change cannot be taken back by "
+                                  "keyedstate") from None
+
+
+class _Named:
+    """The (operator, store) a record names, for :func:`_schema_path`."""
+
+    def __init__(self, operator: int, store: str) -> None:
+        self.operator, self.store = operator, store
 
 
 def _begin(ck: Checkpoint, p: Plan, changed: StorePlan, value_schema: dict, operation: str) -> dict[str, Any]:
