@@ -72,3 +72,26 @@ def test_a_record_naming_a_store_outside_the_checkpoint_is_refused(tmp_path):
     with pytest.raises(StateProcessorError, match=r"not a plain name"):
         keyedstate.undo(tmp_path)
     assert _files(tmp_path) == before
+
+
+def test_undo_deletes_nothing_the_change_cannot_have_written(tmp_path):
+    """Before: a record that leaves names out (tampered, or a query that wrote files since)
+    made undo delete them: Spark's metadata, offsets and commits, older state versions."""
+    record = _checkpoint(tmp_path)
+    record["names"] = ["state", "state/0", "state/0/0", "state/0/0/_metadata", "state/0/0/_metadata/schema"]
+    _write(tmp_path, record)
+    before = _files(tmp_path)
+    with pytest.raises(StateProcessorError, match=r"are not files that change writes .*nothing was undone"):
+        keyedstate.undo(tmp_path)
+    assert _files(tmp_path) == before
+
+
+def test_undo_leaves_a_later_batchs_state_to_its_query(tmp_path):
+    """A query that runs on the changed checkpoint writes version 3 before its offsets entry
+    lists as batch 2's: undo refuses instead of deleting it."""
+    _write(tmp_path, _checkpoint(tmp_path))
+    (tmp_path / "state/0/0/3.delta").write_bytes(b"three")
+    before = _files(tmp_path)
+    with pytest.raises(StateProcessorError, match=r"3\.delta and 0 other name"):
+        keyedstate.undo(tmp_path)
+    assert _files(tmp_path) == before
