@@ -45,6 +45,8 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, NamedTuple
 
+from .layout import json_of
+
 MAGIC = b"KSCHLOG1"
 FORMAT_VERSION = 1
 MAGIC_V2 = b"KSCHLOG2"
@@ -301,7 +303,7 @@ def _decode_v2(view: memoryview, source: str) -> Changelog:
     if zlib.crc32(view[:head_end]) != struct.unpack_from(">I", view, head_end)[0]:
         raise CorruptChangelogError(f"{source} is corrupt (header CRC-32 mismatch)")
     try:
-        meta = json.loads(bytes(view[HEADER_V2.size:head_end]).decode("utf-8"))
+        meta = json_of(bytes(view[HEADER_V2.size:head_end]).decode("utf-8"))
         if not isinstance(meta, dict):
             raise ValueError("not an object")
     except ValueError as exc:

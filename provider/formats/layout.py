@@ -15,7 +15,9 @@ metadata goes through :func:`checked_store_name` (it becomes a directory of the 
 """
 from __future__ import annotations
 
+import json
 import re
+from typing import Any
 
 CHANGELOG_SUFFIX = ".ks-changelog"
 MANIFEST_SUFFIX = ".ks-snapshot"
@@ -107,3 +109,14 @@ def version_of(name: str, suffix: str) -> int | None:
     """The version in ``<v><suffix>`` (no unique id: checkpoint format 1), or None for any other name."""
     found = versioned_file(name, suffix)
     return found[0] if found is not None and found[1] is None else None
+
+
+def json_of(text: str | bytes) -> Any:
+    """JSON read from a checkpoint file (a manifest, a changelog's metadata, Spark's logs and
+    metadata): as ``json.loads``, and a document nested deeper than Python's recursion limit is
+    a ``ValueError`` like any other malformed one (``json`` raises ``RecursionError``, which no
+    reader's ``except ValueError`` catches: it escaped without the file's name)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None

@@ -77,7 +77,7 @@ def encode(manifest: Manifest) -> bytes:
 def decode(data: bytes, source: str, version: int | None = None) -> Manifest:
     """Parse and check a manifest (of ``version``, if given); ``source`` names it in errors."""
     try:
-        node = json.loads(data.decode("utf-8"))
+        node = layout.json_of(data.decode("utf-8"))
         if not isinstance(node, dict) or node.get("format") != FORMAT:
             raise ValueError("not a keyedstate snapshot manifest")
         if node.get("formatVersion") != FORMAT_VERSION:

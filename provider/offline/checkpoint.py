@@ -133,7 +133,7 @@ def operator_metadata(op_dir: Path) -> tuple[str | None, dict[str, int]]:
         version, _, body = path.read_text(encoding="utf-8").partition("\n")
         if not version.startswith("v"):
             raise ValueError(f"unexpected first line {version!r}")
-        meta = json.loads(body)
+        meta = layout.json_of(body)
         name = meta["operatorInfo"]["operatorName"]
         stores = {layout.checked_store_name(s["storeName"], str(path)): int(s["numPartitions"])
                   for s in meta.get("stateStoreInfo", [])}

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..formats import keygroups, rocksdb
-from ..formats.layout import CHANGELOG_SUFFIX, MANIFEST_SUFFIX
+from ..formats.layout import CHANGELOG_SUFFIX, MANIFEST_SUFFIX, json_of
 from ..formats.manifest import Manifest
 from .checkpoint import (CheckpointError, StoreFiles, bytes_on_disk, discover_stores, latest_committed_batch,
                          local_path, numbered_dirs, operator_metadata, read_manifest, rebuild, refuse_links)
@@ -86,7 +86,7 @@ def _committed_partition_count(root, committed: int | None) -> int | None:
     path = root / "offsets" / str(committed)
     try:
         lines = path.read_text(encoding="utf-8").split("\n")
-        value = json.loads(lines[1]).get("conf", {}).get("spark.sql.shuffle.partitions")
+        value = json_of(lines[1]).get("conf", {}).get("spark.sql.shuffle.partitions")
         return int(value) if value is not None else None
     except (OSError, ValueError, IndexError, AttributeError):
         return None

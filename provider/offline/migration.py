@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..formats.layout import UnsafePathError, checked_store_name, number_of
+from ..formats.layout import UnsafePathError, checked_store_name, json_of, number_of
 from .storage import HadoopStorage, LocalStorage, Storage, active_or_new_session, is_local
 from .stores import Checkpoint, CheckpointProblem
 
@@ -158,7 +158,7 @@ def _operator_metadata(ck: Checkpoint, op_path: str) -> tuple[str | None, list[t
     except OSError:
         return None
     try:
-        meta = json.loads(text.split("\n", 1)[1])
+        meta = json_of(text.split("\n", 1)[1])
         return (meta["operatorInfo"]["operatorName"],
                 [(checked_store_name(s["storeName"], p), int(s["numPartitions"]), int(s.get("numColsPrefixKey", 0)))
                  for s in meta["stateStoreInfo"]])

@@ -53,10 +53,12 @@ import functools
 import json
 import logging
 import os
+import re
 import struct
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..formats import layout
 from .migration import (DEFAULT_PROVIDER, MigrateError, Plan, StorePlan, plan as plan_of, require_state_migrator,
                         write_store)
 from .storage import HadoopStorage, LocalStorage, Storage, is_local, open_storage
@@ -461,20 +463,76 @@ def _record_path(ck: Checkpoint, batch: int) -> str:
 
 
 def _records(ck: Checkpoint) -> list[int]:
-    return sorted(int(e.name[:-5]) for e in ck.storage.list(ck.path(CHANGES_DIR))
-                  if not e.is_dir and e.name.endswith(".json") and e.name[:-5].isdigit())
+    return sorted(n for e in ck.storage.list(ck.path(CHANGES_DIR))
+                  if not e.is_dir and e.name.endswith(".json") and (n := layout.number_of(e.name[:-5])) is not None)
 
 
 def _read_record(ck: Checkpoint, batch: int) -> dict[str, Any]:
+    """The record of the change of ``batch``. It is read from the checkpoint, so it is checked
+    like any file there: the one schema it may restore is the changed store's own schema file
+    (:func:`_schema_path` of its operator and plain store name), never a path it names itself
+    (``../other-query/...`` resolves outside the checkpoint on Hadoop file systems, ``offsets/0``
+    is Spark's)."""
     path = _record_path(ck, batch)
     try:
         record = json.loads(ck.storage.read_bytes(path))
         if record["batch"] != batch or not isinstance(record["names"], list):
             raise ValueError("it names another batch")
+        if not all(isinstance(n, str) for n in record["names"]):
+            raise ValueError("a name is not a string")
+        operator, store, schemas = record["operator"], record["store"], record["schemas"]
+        if not isinstance(operator, int) or operator < 0 or not isinstance(store, str) or \
+                not isinstance(schemas, dict):
+            raise ValueError("its operator, store or schemas are not what a change records")
+        if schemas:
+            if "/" in store or store in ("", ".", ".."):
+                raise ValueError(f"the store {store!r} is not a plain name")
+            own = _schema_path(ck, _Named(operator, store))  # type: ignore[arg-type]
+            own = own[len(ck.root) + 1:]
+            if set(schemas) != {own}:
+                raise ValueError(f"it restores {sorted(schemas)[:3]}, not the changed store's schema {own}")
+            for data in schemas.values():
+                base64.b64decode(data, validate=True)
         return record
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise StateProcessorError(f"{path}: the record of the state processor's change of batch {batch} is "
-                                  f"unreadable ({exc}); the change cannot be taken back by keyedstate") from None
+                                  f"unreadable ({_short(str(exc))}); the change cannot be taken back by "
+                                  "keyedstate") from None
+
+
+class _Named:
+    """The (operator, store) a record names, for :func:`_schema_path`."""
+
+    def __init__(self, operator: int, store: str) -> None:
+        self.operator, self.store = operator, store
+
+
+_VERSIONED = re.compile(r"([0-9]{1,19})[._]")
+_SHARED_DIRS = ("SSTs", "logs", "ks-files")  # immutable files under fresh names, of the store's providers
+
+
+def _may_have_written(rel: str, is_dir: bool, batch: int) -> bool:
+    """Whether the change of ``batch`` can have added ``rel`` (a name undo deletes): its own log
+    entries ``offsets/<batch>``, ``commits/<batch>`` (with Hadoop's ``.crc`` and temporary names),
+    and under ``state/`` the files of its version ``batch + 1``, new files of the stores' shared
+    directories, the kept schema ``schema.before-batch-<batch>``, directories (checked by their
+    contents). Anything else was not written by the change: a query that ran or runs since, or a
+    record that omits names present before it."""
+    parts = rel.split("/")
+    name = parts[-1]
+    bare = name.lstrip(".")
+    if parts[0] in ("offsets", "commits"):
+        return len(parts) == 2 and not is_dir and (name == str(batch) or bare.startswith(f"{batch}."))
+    if parts[0] != "state" or len(parts) < 2:
+        return False
+    if is_dir:
+        return True
+    if bare.removesuffix(".crc") == f"schema.before-batch-{batch}" and parts[-2] == "_metadata":
+        return True
+    if len(parts) >= 3 and parts[-2] in _SHARED_DIRS:
+        return True
+    m = _VERSIONED.match(bare)
+    return m is not None and int(m.group(1)) == batch + 1
 
 
 def _begin(ck: Checkpoint, p: Plan, changed: StorePlan, value_schema: dict, operation: str) -> dict[str, Any]:
@@ -509,24 +567,36 @@ def _roll_back(ck: Checkpoint, record: dict[str, Any]) -> int:
     record, in that order (see the module doc); returns the names removed."""
     storage, batch = ck.storage, record["batch"]
     before = set(record["names"])
+    added: list[str] = []
+    foreign: list[str] = []
+
+    def walk(path: str, rel: str, new: bool) -> None:
+        for e in storage.list(path):
+            child = f"{rel}/{e.name}" if rel else e.name
+            if child == CHANGES_DIR:
+                continue
+            fresh = new or child not in before
+            if fresh and not new:
+                added.append(child)
+            if fresh and not _may_have_written(child, e.is_dir, batch):
+                foreign.append(child)
+            if e.is_dir:
+                walk(storage.join(path, e.name), child, fresh)
+
+    # Every name to delete is checked before anything is: undo deletes only what the change can
+    # have written, so neither a query's later batch nor a record that leaves names out costs
+    # the checkpoint anything the change did not add.
+    walk(ck.root, "", False)
+    if foreign:
+        raise StateProcessorError(
+            f"{ck.path(foreign[0])} and {len(foreign) - 1} other name(s) are not in the record of the state "
+            f"processor's change of batch {batch} and are not files that change writes (did a query run or does "
+            "one run on this checkpoint?): undo would delete them; nothing was undone")
     storage.delete(ck.path("commits", str(batch)))  # from here on the change has not happened
     for rel, data in record["schemas"].items():
         original = base64.b64decode(data)
         if storage.read_bytes(ck.path(rel)) != original:
             storage.replace(ck.path(rel), original)
-    added: list[str] = []
-
-    def walk(path: str, rel: str) -> None:
-        for e in storage.list(path):
-            child = f"{rel}/{e.name}" if rel else e.name
-            if child == CHANGES_DIR:
-                continue
-            if child not in before:
-                added.append(child)
-            elif e.is_dir:
-                walk(storage.join(path, e.name), child)
-
-    walk(ck.root, "")
     last = f"offsets/{batch}"
 
     def order(rel: str) -> tuple[bool, bool, str]:

@@ -418,6 +418,6 @@ def read_key_schema(schema_file: str | os.PathLike) -> dict:
         key_json = key_json.encode("utf-16-le", "surrogatepass").decode("utf-16-le")
         schema = json.loads(key_json)
         _fields_of(schema, "key schema")
-    except (ValueError, UnicodeError) as e:  # JSONDecodeError is a ValueError
+    except (ValueError, UnicodeError, RecursionError) as e:  # JSONDecodeError is a ValueError
         raise ValueError(f"{path}: not a readable Spark state schema file: {e}") from None
     return schema

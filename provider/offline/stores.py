@@ -186,7 +186,7 @@ class Checkpoint:
         text = self.storage.read_bytes(p).decode("utf-8")
         lines = text.split("\n")
         try:
-            return lines[0], json.loads(lines[1]), lines[2:]
+            return lines[0], layout.json_of(lines[1]), lines[2:]
         except (IndexError, ValueError) as exc:
             raise CheckpointProblem(f"{p} is truncated or corrupt ({exc})") from None
 
@@ -198,7 +198,7 @@ class Checkpoint:
         p = self.path("commits", str(batch))
         header, _, body = self.storage.read_bytes(p).decode("utf-8").partition("\n")
         try:
-            return header, json.loads(body)
+            return header, layout.json_of(body)
         except ValueError as exc:
             raise CheckpointProblem(f"{p} is truncated or corrupt ({exc})") from None
 
@@ -330,7 +330,7 @@ class Checkpoint:
             return None, {}
         try:
             version, _, body = text.partition("\n")
-            meta = json.loads(body)
+            meta = layout.json_of(body)
             return (meta["operatorInfo"]["operatorName"],
                     {layout.checked_store_name(s["storeName"], p): int(s["numPartitions"])
                      for s in meta.get("stateStoreInfo", [])})
@@ -362,7 +362,7 @@ class Checkpoint:
             else:
                 raise ValueError(f"schema format {version[:20]!r} (v1 and v2 are read)")
             fix = lambda s: s.encode("utf-16-le", "surrogatepass").decode("utf-16-le")  # noqa: E731
-            return json.loads(fix(key_json)), json.loads(fix(value_json))
+            return layout.json_of(fix(key_json)), layout.json_of(fix(value_json))
         except (ValueError, UnicodeError) as exc:
             raise CheckpointProblem(f"{p} is not a readable Spark state schema file ({exc})") from None
 
