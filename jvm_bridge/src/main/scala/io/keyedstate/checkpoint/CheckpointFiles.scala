@@ -65,13 +65,18 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
    * rename onto an existing object fails or keeps it on object stores: no overwrite in place.)
    */
   def replace(path: Path, data: ByteBuffer, derived: Seq[Path]): Boolean = {
-    (derived :+ path).foreach { p =>
+    val deleteAll = (paths: Seq[Path]) => paths.foreach { p =>
       try fm.delete(p) catch {
         case NonFatal(e) =>
           throw new CheckpointFileException(s"keyedstate: cannot delete $p from the checkpoint: ${e.getMessage}", e)
       }
     }
-    createOnce(path, data)
+    deleteAll(derived :+ path)
+    val created = createOnce(path, data)
+    // The earlier run's upload may have published a derived file while `path` was absent (it
+    // takes an absent changelog as its own): gone again once this attempt's file is there.
+    if (created) deleteAll(derived)
+    created
   }
 
   /**

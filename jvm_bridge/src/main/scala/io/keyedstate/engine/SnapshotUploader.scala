@@ -112,9 +112,14 @@ final class SnapshotUploader(files: CheckpointFiles, describe: String, runId: Op
     newest
   }
 
-  /** Whether the changelog of `version` in the checkpoint is this run's ([[SnapshotUploader]]). */
+  /**
+   * Whether the changelog of `version` in the checkpoint is this run's ([[SnapshotUploader]]). An
+   * absent one counts as this run's (cleanup, or a later run's replace between its deletes and
+   * its write, which deletes the manifest again after the write): only another run's file refuses.
+   */
   private def committedHere(version: Long, id: Option[String]): Boolean =
-    id.isDefined || (try files.readChangelogMeta(version, None).runId == runId catch { case _: CheckpointFileException => false })
+    id.isDefined || !files.exists(files.changelog(version, None)) ||
+      (try files.readChangelogMeta(version, None).runId == runId catch { case _: CheckpointFileException => false })
 }
 
 object SnapshotUploader {
