@@ -517,6 +517,9 @@ def test_hung_state_server_fails_a_control_call_within_bounded_time(bridge):
     py4j control call (over the callback server's Unix socket), which must end within 60 s, not
     hang, with the bridgeTimeout of 5 s: an error naming the hang, or (a new server) exact counts."""
     session = bridge.session
+    # a server to stop, whatever the tests before left: the one a running query's batch uses
+    assert session.start_query("warm", bridge.root / "warm-checkpoint", bridge.root / "warm-input")["ok"]
+    assert session.feed("warm", ["w"])["ok"]
     server = the_server(bridge)
     os.kill(server, signal.SIGSTOP)
     try:
