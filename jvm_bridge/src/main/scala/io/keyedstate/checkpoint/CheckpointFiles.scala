@@ -2,7 +2,9 @@ package io.keyedstate.checkpoint
 
 import java.io.{FileNotFoundException, InputStream, IOException}
 import java.nio.ByteBuffer
+import java.nio.channels.Channels
 import java.nio.file.{Files, StandardOpenOption}
+import java.nio.file.attribute.PosixFilePermissions
 import java.util.UUID
 
 import scala.collection.immutable.SortedSet
@@ -177,7 +179,7 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
   }
 
   private def copy(in: InputStream, path: Path, local: java.nio.file.Path): Unit = {
-    val out = try Files.newOutputStream(local, StandardOpenOption.CREATE_NEW, StandardOpenOption.WRITE)
+    val out = try Channels.newOutputStream(createPrivate(local))
       catch { case e: IOException => throw LocalDisk.failed(local, e) }
     try {
       val buf = new Array[Byte](1 << 16)
@@ -204,10 +206,17 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
     val (inner, meta) = try ChangelogFormat.innerAndMeta(readBytes(path), path.toString) catch {
       case e: CorruptChangelogException => throw new CheckpointFileException(s"keyedstate: ${e.getMessage}", e)
     }
-    try Files.write(local, inner, StandardOpenOption.CREATE_NEW, StandardOpenOption.WRITE)
-    catch { case e: IOException => throw LocalDisk.failed(local, e) }
+    try {
+      val out = createPrivate(local)
+      try { val data = ByteBuffer.wrap(inner); while (data.hasRemaining) out.write(data) } finally out.close()
+    } catch { case e: IOException => throw LocalDisk.failed(local, e) }
     meta
   }
+
+  /** A new local file readable by the user alone (0600 whatever the umask), as all local state. */
+  private def createPrivate(local: java.nio.file.Path) =
+    Files.newByteChannel(local, java.util.Set.of(StandardOpenOption.CREATE_NEW, StandardOpenOption.WRITE),
+      PosixFilePermissions.asFileAttribute(PosixFilePermissions.fromString("rw-------")))
 
   /** Copies a local file into the checkpoint under a name no one else uses. */
   def upload(local: java.nio.file.Path, path: Path): Unit = {

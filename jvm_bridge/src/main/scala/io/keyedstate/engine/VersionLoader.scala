@@ -44,7 +44,7 @@ final class VersionLoader(files: CheckpointFiles, uploader: SnapshotUploader, de
       case Left(problem) => problems ::= problem
       case Right(chain) =>
         val base = chain.last
-        val localRoot = try Files.createDirectories(workDir.resolve("restore").resolve(UUID.randomUUID().toString))
+        val localRoot = try LocalFiles.createPrivateDirectories(workDir.resolve("restore").resolve(UUID.randomUUID().toString))
           catch { case e: java.io.IOException => throw LocalDisk.failed(workDir.resolve("restore"), e) }
         try {
           if (base._1 == 0) restoreEmpty(session, 0)
