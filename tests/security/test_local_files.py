@@ -48,7 +48,9 @@ def test_local_dir_state_is_private(debug_session):
     local: Path = debug_session.local
     uid = os.getuid()
     open_dirs, open_files = [], []
-    for path in [local, *sorted(local.rglob("*"))]:
+    # os.walk skips a directory that vanishes while it walks (a staged snapshot, dropped); rglob raised
+    walked = [Path(top) / name for top, dirs, files in os.walk(local) for name in dirs + files]
+    for path in [local, *sorted(walked)]:
         try:
             st = path.lstat()
         except FileNotFoundError:  # a transient file, gone meanwhile
