@@ -9,7 +9,7 @@ import java.util.concurrent.{ConcurrentLinkedDeque, TimeUnit}
 import scala.util.control.NonFatal
 
 import org.slf4j.LoggerFactory
-import py4j.{CallbackClient, Gateway}
+import py4j.Gateway
 
 /** The state server process died; the task fails and its retry starts a new server. */
 class StateServerDiedException(message: String, cause: Throwable = null)
@@ -59,41 +59,6 @@ object ServerLaunch {
           s"Invalid value '$raw' for conf '$ConfPrefix$name': expected a duration such as 500ms, 30s, 15m, 24h or 7d")
       }
     }.getOrElse(default)
-}
-
-/**
- * py4j's callback client (this JVM -> a state server) whose cleaner of idle connections runs on
- * one daemon thread for the whole JVM: py4j's own runs on a pool thread of each client that is not
- * a daemon, and kept a job's JVM from exiting after its work was done. Stopped with the client.
- */
-private[bridge] final class DaemonCallbackClient(
-    pythonPort: Int, pythonAddress: InetAddress, secret: String, idleTime: Long, idleUnit: TimeUnit,
-    sockets: javax.net.SocketFactory, timeoutMs: Int)
-  // An idle time of 0 for py4j: its own cleaner is never scheduled, so its pool starts no thread.
-  extends CallbackClient(pythonPort, pythonAddress, secret, 0L, idleUnit, sockets, false, timeoutMs) {
-  private val cleaner = DaemonCallbackClient.Cleaner.scheduleAtFixedRate(
-    () => periodicCleanup(), idleTime, idleTime, idleUnit)
-
-  override def shutdown(): Unit = {
-    cleaner.cancel(false)
-    super.shutdown()
-  }
-
-  override def copyWith(newAddress: InetAddress, newPort: Int): py4j.Py4JPythonClient =
-    new DaemonCallbackClient(newPort, newAddress, secret, idleTime, idleUnit, sockets, timeoutMs)
-}
-
-private[bridge] object DaemonCallbackClient {
-  // py4j logs every command it sends and every answer at INFO (java.util.logging, which Spark
-  // routes into the executor's log) unless its GatewayServer class has been initialised, which
-  // turns py4j's logging off; an executor JVM never loads that class otherwise.
-  Class.forName("py4j.GatewayServer", true, classOf[CallbackClient].getClassLoader)
-
-  private val Cleaner = java.util.concurrent.Executors.newSingleThreadScheduledExecutor((r: Runnable) => {
-    val t = new Thread(r, "keyedstate-callback-cleaner")
-    t.setDaemon(true)
-    t
-  })
 }
 
 /**
