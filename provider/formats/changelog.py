@@ -20,8 +20,8 @@ header that names its compression and carries metadata, so that old checkpoints 
              (codec 1); or, codec 2, split in two before compression: G = the first 4 bytes of
              every record's key (its key group) in record order, R = C with those 4 bytes cut
              out of every key (the key lengths unchanged), body = u32 |zstd(G)| | zstd(G) | zstd(R).
-             Key groups are near random; apart from them the records compress ~40x (W1: 25%
-             smaller files than codec 1).
+             Key groups are near random; apart from them the records compress well, so
+             splitting them out makes files smaller than codec 1.
 
 The state server receives format 1 (the JVM ships the uncompressed bytes); readers of files
 accept both.
@@ -138,8 +138,8 @@ class Changelog:
     def discard_before(self, pos: int) -> None:
         """Give the memory of the records before offset ``pos`` back to the system, when they are
         read in place from a shipped frame's anonymous mapping (see :func:`decode`): a state server
-        then holds only what it has not applied yet of a large changelog (W5's seed: 114 MiB a
-        partition), not all of it until its last record is written. Those records read as zeros
+        then holds only what it has not applied yet of a large changelog, not all of it until
+        its last record is written. Those records read as zeros
         afterwards, so nothing may read them again; a payload of bytes is left as it is."""
         if isinstance(self.payload, mmap.mmap):
             cut = min(pos, self.end) // mmap.PAGESIZE * mmap.PAGESIZE
@@ -401,8 +401,7 @@ def _split_key_groups(inner: bytes) -> tuple[bytes, bytes]:
 def _join_key_groups(groups: bytes, rest: bytes, source: str) -> bytearray:
     """The inverse of :func:`_split_key_groups`; lengths are checked by the format-1 decode after.
     Written in place into one new buffer: a state server decodes a large changelog at its peak
-    memory, so no intermediate copies (measured on W5's 109 MiB seed changelog: 4.2x its
-    size at peak with them).
+    memory, so no intermediate copies (they would multiply its size at the peak).
 
     Records of one layout (one op class, one key length, one value length: UnsafeRows of
     fixed-width columns) are joined with numpy at C speed once every row's op and length fields

@@ -74,8 +74,7 @@ def _options(bulk_load: bool, pool: MemoryPool | None = None) -> Options:
 STORE_BLOCK_CACHE_BYTES = 8 << 20
 """A database's block cache when no memoryBudget pools them: Spark's RocksDB provider's default
 (blockCacheSizeMB, 8 per store instance). RocksDB's own default is 32 MiB a database, which a
-store's counting reads fill and keep: after W5's seed (its 2.5M keys of unknown existence
-counted by multi-gets) each store held 31 MiB of blocks, 62 MiB a state server. The JVM's
+store's counting reads (multi-gets of keys of unknown existence) fill and keep. The JVM's
 point reads have their own cache (nativeBlockCacheBytes)."""
 
 SST_FILE_BYTES = 64 << 20

@@ -775,9 +775,8 @@ class _HeirFiles:
 def _write_by_key_group(db: Any, task: _SplitTask, out: _HeirFiles) -> dict[int, int]:
     """Scan a rebuilt old partition once, in key order, into each key's new partition (the
     owner of its key group); returns the keys written per new partition. Keys come in runs of
-    one key group (W5's 10M keys: ~50 a run), routed once per run, which keeps the loop near the
-    scan's and the SST write's own cost: 1.25M keys split in two in 1.2-1.6 s here, where a
-    RocksDB compaction cut each half out in 1.2 s (so 2.3 s for both, and k x for k heirs).
+    one key group, routed once per run, which keeps the loop near the scan's and the SST
+    write's own cost: one pass for all heirs, where a compaction per heir would cost k passes.
     A key of a key group the old partition does not own is refused (when the old count
     divides the key-group count, as Spark's routing then makes it), as is a run that starts
     with a key too short to name its key group; so is a scan that RocksDB stops on an error (a

@@ -435,8 +435,7 @@ def _return_large_buffers_to_the_os() -> None:
     """Fix glibc's mmap and trim thresholds at 128 KiB. glibc otherwise raises them to the largest
     block freed so far (up to 32 MiB on 64-bit), and from then on serves the changelogs,
     write batches and compaction buffers of every batch from heaps that keep freed memory
-    resident. Measured: a state server's peak RSS fell 626 -> 467 MiB on W1, and its excess on the
-    memory-budget test's large state (outside the budget's pool) from +9..+30 to +4..+21 MiB per server."""
+    resident, so a server's peak RSS would follow its largest batch ever, not its current one."""
     try:
         mallopt = ctypes.CDLL(None).mallopt  # this process's C library, no subprocess to find it
     except (OSError, AttributeError):  # not glibc: its allocator has no such thresholds

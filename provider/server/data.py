@@ -229,7 +229,7 @@ class DataServer:
             request = f.apply_request(body)
             store = self._store(handle)
             source = f"changelog of {store.name}"
-            # Checked here (a CRC-32: ~2 ms for W1's 14 MB), so a corrupt ship fails its commit;
+            # Checked here (a CRC-32, cheap beside the apply), so a corrupt ship fails its commit;
             # a large frame's records are then read in place (see _frame_body).
             log_ = changelog.decode(body, source, offset=len(body) - len(request.changelog))
             request.changelog.release()
@@ -259,9 +259,7 @@ IN_PLACE_FRAME_BYTES = 1 << 20
 """Frames of at least this size are received into an anonymous mapping, not a bytearray: a
 changelog in one is applied in place and its pages go back to the system as its records are
 written (``Changelog.discard_before``), and the whole mapping when it is dropped, never left
-to fragment the heap. Measured in-process on W5's seed (2.5M records, 114 MiB a partition):
-received into a bytearray, decoding held the frame and its copy (+229 MiB) and the apply
-peaked at +278 MiB."""
+to fragment the heap. (A bytearray would hold the frame and its decoded copy at once.)"""
 
 
 def _frame_body(size: int) -> bytearray | mmap.mmap:

@@ -346,8 +346,8 @@ class VersionedStore:
         least :data:`SUPERSEDED_FLUSH_BYTES` of changelog. Since the puts' live keys are among
         the store's keys, at least half of those puts are then overwritten or deleted, and a
         flush keeps one record a key. Without it a store whose keys are all rewritten every
-        batch (an aggregation) fills RocksDB's two 64 MiB memtables with old values: W1's
-        250k-key stores held up to 128 MiB each for ~8 MB of state. Deletes do not count: a
+        batch (an aggregation) fills RocksDB's two 64 MiB memtables with old values, many times
+        the state's own size. Deletes do not count: a
         store that deletes what it put long ago (eviction) holds no more than its tombstones.
         A store that grows (a dedup), or rewrites under a fifth of its keys a batch (the
         snapshot every 10 versions flushes first), is not affected. The count only errs high
@@ -360,8 +360,8 @@ class VersionedStore:
         catch-up that brings new keys): it added at least ``bulk_keys`` keys (net), at least half
         of those it holds. Its snapshot is staged at once instead of at the next
         snapshotInterval, and the JVM's commit, which applies the same rule (``StoreEngine.bulk``),
-        asks for its upload, so that no later load replays it (W5 restarts right after its seed,
-        version 1: the restart replayed the seed's 2.5M records per partition). Net growth, not
+        asks for its upload, so that no later load replays it (a restart right after a seed
+        would otherwise replay the whole seed). Net growth, not
         records: a steady query that rewrites most of its keys every batch is not a bulk load."""
         return 0 < self.bulk_keys <= added and added >= self.num_keys - added
 
@@ -435,7 +435,7 @@ class VersionedStore:
         done without one (the JVM's rule for a bulk version is the server's, but a snapshot
         already uploaded and dropped is not there either), or nothing is pending. Never for
         every pending apply: in a running query the next one is always
-        queued, so such a wait (maintenance's, until this changed) held the store's uploads until
+        queued, so such a wait would hold the store's uploads until
         the query paused, and a query stopped first restarted without its last snapshot."""
         with self._state:
             while (through >= 0 and self._pending and through not in self._staged and self._applied < through
@@ -546,29 +546,23 @@ def _decoded(data: Shipped, source: str) -> changelog.Changelog:
 APPLY_CHUNK_BYTES = 4 << 20
 """Changelog bytes written to RocksDB in one write batch when no memoryBudget bounds the
 process (under one, an eighth of its pool). A write batch holds a copy of every record it
-writes: W5's seed changelog (116 MiB, 2.5M records) written as one batch held 102 MiB more
-beside the decoded changelog (in-process, applying it peaked at +369 MiB, in 16 MiB writes at
-+275 MiB). In-process, one server applying two W5 seed frames at once, read in place: peak
-+399 MiB in 16 MiB writes, +317 in 8, +288 in 4, +280 in 2, in 5.4-6.4 s (1 MiB: 7.9 s); W1's
-11 MiB changelogs applied in 89-93 ms a version in 4 MiB writes, 98-101 ms in one."""
+writes, so one batch per changelog would add the changelog's size again at the apply's peak;
+smaller writes cost time (benchmarks/ANALYSIS.md, "Measurements behind constants")."""
 
 
 SUPERSEDED_FLUSH_RATIO = 2
-"""Puts per key that make a memtable worth flushing early (:meth:`VersionedStore._superseded`).
-Measured in-process on W1's shape (one server, two stores of 250k keys, every key rewritten
-every batch): peak RSS 193 MiB against ~335 MiB without the rule (164 MiB at a ratio of 1, for
-twice the flushes); over 36 batches the process used 6% more CPU (more, smaller flushes and
-their compactions)."""
+"""Puts per key that make a memtable worth flushing early (:meth:`VersionedStore._superseded`):
+at 2, at least half of the memtable is superseded; at 1, flushes double for little more memory
+(benchmarks/ANALYSIS.md, "Measurements behind constants")."""
 SUPERSEDED_FLUSH_BYTES = 16 << 20
 """Changelog bytes since the last flush below which a store's memtable is left to fill: at this
-size a flush frees at least half of it, 8 MiB. (8 MiB made no difference to W3's cost.)"""
+size a flush frees at least half of it, 8 MiB."""
 
 
 MULTI_GET_KEYS = 16_384
-"""Keys asked of RocksDB in one multi-get. It holds per-key state for every key it is given:
-W5's seed changelogs (2.5M keys whose existence the writer did not know), asked at once, took
-each state server to 1.8 GiB; applying one such changelog peaked at +1,585 MiB in-process, and
-at +527 MiB a slice at a time."""
+"""Keys asked of RocksDB in one multi-get. It holds per-key state for every key it is given, so
+a large changelog whose keys' existence the writer did not know is asked a slice at a time:
+memory stays bounded by the slice, not by the changelog."""
 
 
 def _multi_get(db: Rdict, keys: list[bytes]) -> Iterator[bytes | None]:

@@ -13,7 +13,7 @@ import scala.collection.mutable.ArrayBuffer
  * Why: the near cache and the write buffer hold millions of entries that live for seconds to
  * minutes. As `HashMap` entries (a node, a key wrapper and two arrays each) they survive young
  * collections, get copied and promoted, and die in the old generation, so G1 grows the heap to
- * keep up (W2 with a 512 MiB budget: 310 MB live, 4.4 GiB resident). Here an entry costs ~9
+ * keep up, to many times the live bytes. Here an entry costs ~9
  * bytes of header and ~20 of index, a batch's writes fill a few hundred pages, and an update
  * to a value of the same length is written in place.
  *

@@ -1,17 +1,16 @@
 package io.keyedstate.engine
 
 /**
- * Fills the near cache with the committed version by one sequential scan (~1.2 us a key with the
- * cache's insert, measured on W5's state), so that later reads are local. A point read of a
+ * Fills the near cache with the committed version by one sequential scan, so that later reads
+ * are local. A point read of a
  * key the cache lacks costs about as much as scanning [[ScanKeysPerRead]] keys, so the engine
  * scans a small version in at load, and a large one only once its point reads have cost about
  * what the scan would ([[StoreEngine]]): a batch that touches a few keys of a large state (the
  * first one after a restart or a rescale) then never pays for the whole state.
  */
 object CacheWarmer {
-  /** A native point read of a key (~5-6 us) over a key's share of a scan into the cache (~1.2 us),
-   *  measured with Spark's rocksdbjni on W5-shaped state (benchmarks/read_cost.py,
-   *  benchmarks/RESULTS-warm.md). */
+  /** A native point read of a key over a key's share of a scan into the cache, as measured with
+   *  Spark's rocksdbjni by benchmarks/read_cost.py (benchmarks/RESULTS-warm.md). */
   val ScanKeysPerRead = 5
 
   /**

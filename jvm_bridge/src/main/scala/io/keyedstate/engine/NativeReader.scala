@@ -11,8 +11,8 @@ import io.keyedstate.format.ScanChunk
 /**
  * Reads one store's Python-owned RocksDB directly, as a RocksDB secondary instance (Spark's
  * bundled rocksdbjni), so that a near-cache miss costs a JNI call of a few microseconds instead
- * of a round trip to the Python server (~50 us on a loaded machine; the W5 benchmark makes a
- * million per batch). Python stays the only writer.
+ * of a round trip to the Python server, which a batch may need millions of. Python stays the
+ * only writer.
  *
  * Version discipline: the instance shows what Python had flushed when it last caught up. The
  * [[StoreEngine]] calls [[follow]] once per loaded version, after Python confirmed (the sync op)

@@ -360,7 +360,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
    *  added at least snapshotBulkKeys keys, at least as many as were there before. The server
    *  stages such a version's snapshot right after its apply (server/store.py's `_bulk`, the same
    *  rule, on the same exact counts) and the commit asks for its upload at once, so that a load
-   *  after a stop does not replay it (W5 restarts right after its seed). */
+   *  after a stop does not replay it. */
   private def bulk(added: Long): Boolean = {
     val least = session.settings.snapshotBulkKeys
     least > 0 && added >= least && added >= numKeys - added
@@ -530,9 +530,8 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     // Spark closes a stopped query's providers soon after (its maintenance, once the coordinator
     // no longer lists their run; its doMaintenance just before uploads only what is staged by
     // then). A snapshot a commit asked for may still be applying behind: closing the store would
-    // drop it, and the next run would replay every changelog since the previous snapshot (W5,
-    // restarted after its seed: 2.5M records a partition, ~2.5 s and ~250 MiB of a state server
-    // each). So that upload is finished first, as the JVM's exit does ([[SnapshotKick]]).
+    // drop it, and the next run would replay every changelog since the previous snapshot. So
+    // that upload is finished first, as the JVM's exit does ([[SnapshotKick]]).
     if (uploadAsked > lastSnapshot) SnapshotKick.uploading(files.dir.toString, uploadAsked)(uploadSnapshots(uploadAsked))
     closed = true
     if (cache != null) cache.clear()
@@ -602,8 +601,7 @@ private object SnapshotKick {
    * executor served just before (a query restarted in the same application) then starts from
    * the snapshot the previous run's last snapshot commit asked for, instead of replaying every
    * changelog since the one before: that upload waits for its version's apply behind, and a load
-   * that did not wait for it replayed W5's seed (2.5M records a partition, ~2.5 s and up to
-   * ~300 MiB of a state server each, beside the apply the upload was waiting for). A load on
+   * that did not wait for it would replay every changelog since the snapshot before. A load on
    * another executor cannot wait, and replays as before; so does a load once a wait for this
    * partition gave up, until a newer upload begins.
    */

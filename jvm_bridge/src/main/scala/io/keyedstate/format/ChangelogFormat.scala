@@ -40,8 +40,8 @@ final case class ChangelogMeta(keyLayout: Option[KeyLayout] = None, uniqueId: Op
  *            every record's key (its key group) in record order, R = C with those 4 bytes cut out
  *            of every key (key lengths unchanged), body = u32 |zstd(G)| | zstd(G) | zstd(R)
  *
- * Key groups are near random; apart from them the records compress ~40x, and a W1 changelog
- * ends up 25% smaller than with codec 1. Loads turn files back into format 1 ([[inner]]) in
+ * Key groups are near random; apart from them the records compress well, so files end up
+ * smaller than with codec 1. Loads turn files back into format 1 ([[inner]]) in
  * the JVM before the state server replays them.
  */
 object ChangelogFormat {

@@ -12,9 +12,8 @@ import io.keyedstate.format.ChangelogFormat.{End, HeaderBytes, MaxBytes, Trailer
  *
  * A version's writes are split as they are encoded ([[Splitter]]), so that a commit compresses
  * the two parts where they lie and ships the format-1 bytes to the state server by joining them
- * a chunk at a time ([[writeFormat1]]). Before, a commit held the whole changelog three times
- * over (the encoded changelog, its split copies and a compressBound-sized file buffer: three
- * G1 humongous arrays a partition and batch, ~14 MB each on W1); now it holds it once, split.
+ * a chunk at a time ([[writeFormat1]]): a commit holds the changelog once, split, never beside
+ * a joined copy or a compressBound-sized file buffer (each a G1 humongous array).
  */
 final class SplitChangelog private[format] (groups: Array[Byte], groupsLength: Int, rest: Array[Byte], restLength: Int) {
   require(groupsLength % 4 == 0 && restLength >= HeaderBytes + TrailerBytes, "a split changelog needs a header and a trailer")
