@@ -159,14 +159,22 @@ else:
 query = (spark.readStream.schema("k STRING").json(str(work / "in")).groupBy("k").count().writeStream
          .outputMode("update").format("noop").option("checkpointLocation", str(work / "checkpoint"))
          .trigger(availableNow=True).start())
-query.awaitTermination()
+try:
+    query.awaitTermination()
+except Exception as exc:  # what the query says, and whether any job ran before it failed
+    sc = spark.sparkContext._jsc.sc()
+    sc.listenerBus().waitUntilEmpty()
+    print("FAILED " + json.dumps({"message": (exc.getMessageParameters() or {}).get("message"),
+                                  "jobs": sc.statusStore().jobsList(None).size()}), flush=True)
+    raise
 '''
 
 
 def test_a_failed_query_ends_with_one_line_naming_the_problem(tmp_path):
     """A wrong conf or a missing jar: one line naming it among the last 5 lines of what an
     uncaught StreamingQueryException prints (Spark prints the plan and stack traces after the
-    cause)."""
+    cause). A conf conf.py refuses is the query's own exception, raised before any task: it
+    failed the first task, and the query's message was Spark's "Job aborted"."""
     script = tmp_path / "fail.py"
     script.write_text(FAILING_SCRIPT)
     cases = {
@@ -176,6 +184,9 @@ def test_a_failed_query_ends_with_one_line_naming_the_problem(tmp_path):
         ("no-jar", ""): f'Spark cannot load {keyedstate.PROVIDER_CLASS} on the driver; add the keyedstate jar: '
                         f'spark-submit --jars "$(keyedstate jar)"',
     }
+    # The confs conf.py rules on are checked on the driver as the query plans its first batch:
+    # the query's exception is conf.py's message, and no job (no task) ran.
+    checked_on_driver = {("snapshotIntervall", "5"), ("ttl", "-1")}
     procs = {}
     for n, (key, value) in enumerate(cases):
         work = tmp_path / str(n)
@@ -184,7 +195,7 @@ def test_a_failed_query_ends_with_one_line_naming_the_problem(tmp_path):
                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for case, proc in procs.items():
         try:
-            _, stderr = proc.communicate(timeout=1200)
+            stdout, stderr = proc.communicate(timeout=1200)
         except subprocess.TimeoutExpired:
             proc.kill()
             raise
@@ -192,3 +203,7 @@ def test_a_failed_query_ends_with_one_line_naming_the_problem(tmp_path):
         assert proc.returncode != 0, stderr[-3000:]
         assert [line for line in last if line.startswith("keyedstate: ") and cases[case] in line], \
             f"{case}: the last lines are\n" + "\n".join(last)
+        if case in checked_on_driver:
+            failed = json.loads(stdout.split("FAILED ", 1)[1].splitlines()[0])
+            assert cases[case] in failed["message"] and "\n" not in failed["message"], failed
+            assert failed["jobs"] == 0, failed
