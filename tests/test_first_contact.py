@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,7 @@ spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()
 state = {r[0]: r[1] for r in spark.read.format("statestore").load(checkpoint).select("key.k", "value.*").collect()}
 operators = [r["operatorName"] for r in spark.read.format("state-metadata").load(checkpoint).collect()]
 print("RESULT " + json.dumps({"provider": spark.conf.get("spark.sql.streaming.stateStore.providerClass"),
+                              "jars": spark.sparkContext.getConf().get("spark.jars", ""),
                               "seen": seen, "state": state, "operators": operators, "events": events,
                               "active": active}), flush=True)
 spark.stop()
@@ -103,23 +105,31 @@ def _keyedstate_warnings(stderr: str) -> list[str]:
 def run_route(route: str, work: Path) -> tuple[dict, str]:
     script = work / "route.py"
     script.write_text(ROUTE_SCRIPT)
+    spark_submit = Path(os.path.dirname(__import__("pyspark").__file__), "bin", "spark-submit")
     if route == "--jars":
-        spark_submit = Path(os.path.dirname(__import__("pyspark").__file__), "bin", "spark-submit")
         cmd = [str(spark_submit), "--master", "local[2]", "--jars", keyedstate.jar_path(),
                "--conf", f"{PROVIDER_CONF}={keyedstate.PROVIDER_CLASS}",
                "--conf", f"{keyedstate.conf.PREFIX}pythonExec={sys.executable}",
                str(script), route, str(work)]
+    elif route == "--jars+configure":  # the application's own jar on the command line, keyedstate's by configure()
+        with zipfile.ZipFile(work / "app.jar", "w") as app_jar:
+            app_jar.writestr("app.txt", "the application's jar")
+        cmd = [str(spark_submit), "--master", "local[2]", "--jars", str(work / "app.jar"), str(script), route, str(work)]
     else:
         cmd = [sys.executable, str(script), route, str(work)]
     return _run(cmd, work)
 
 
-@pytest.mark.parametrize("route", ["--jars", "spark.jars", "configure", "reused-configure"])
+@pytest.mark.parametrize("route", ["--jars", "spark.jars", "configure", "reused-configure", "--jars+configure"])
 def test_every_route_serves_listeners_streams_foreach_batch_and_state_sources(route, tmp_path):
     """``reused-configure``: keyedstate.configure() in a Python process whose JVM already ran a
     session; spark.jars then reaches only the executors, and ``spark.streams`` failed with
-    ClassNotFoundException of the provider on the driver."""
+    ClassNotFoundException of the provider on the driver. ``--jars+configure``: configure() under
+    spark-submit replaced the launcher's spark.jars (the application's own jar) with its own."""
     result, _ = run_route(route, tmp_path)
+    if route == "--jars+configure":
+        jars = [Path(j.removeprefix("file:")).name for j in result["jars"].split(",")]
+        assert jars == ["app.jar", Path(keyedstate.jar_path()).name], result["jars"]
     assert result["provider"] == keyedstate.PROVIDER_CLASS
     assert result["seen"] == {"a": 2, "b": 1}
     assert result["state"] == {"a": 2, "b": 1}
