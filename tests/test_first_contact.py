@@ -250,3 +250,12 @@ def test_a_failed_query_ends_with_one_line_naming_the_problem(tmp_path):
             failed = json.loads(stdout.split("FAILED ", 1)[1].splitlines()[0])
             assert cases[case] in failed["message"] and "\n" not in failed["message"], failed
             assert failed["jobs"] == 0, failed
+
+
+def test_demo_logs_no_keyedstate_warning(tmp_path):
+    """The first command a user runs: its counts, and not one WARN or ERROR line of keyedstate's."""
+    proc = subprocess.run([sys.executable, "-m", "keyedstate.cli", "demo", "--batches", "2"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "equal to the running counts the query emitted" in proc.stdout, proc.stdout
+    assert _keyedstate_warnings(proc.stderr) == []
