@@ -13,7 +13,9 @@ server), :mod:`.offline` (tools on stopped queries' checkpoints), :mod:`.shim` (
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import urllib.parse
 from typing import TYPE_CHECKING, Any
 
 from . import conf, failures
@@ -51,9 +53,8 @@ def configure(builder: "SparkSession.Builder", **options: Any) -> "SparkSession.
     """
     confs = {conf.PREFIX + name: str(value) for name, value in options.items()}
     conf.parse(confs)  # fail fast on the driver with the same message executors would give
-    existing = getattr(builder, "_options", {}).get("spark.jars")
     jar = jar_path()
-    jars = ",".join(filter(None, [existing, jar]))
+    jars = _merged_jars(getattr(builder, "_options", {}).get("spark.jars"), jar)
     _add_to_running_driver(jar)
     builder = builder.config("spark.jars", jars).config(PROVIDER_CLASS_CONF, PROVIDER_CLASS)
     if "pythonExec" not in options:  # used only when spark.pyspark.python/PYSPARK_PYTHON are unset
@@ -61,6 +62,22 @@ def configure(builder: "SparkSession.Builder", **options: Any) -> "SparkSession.
     for key, value in confs.items():
         builder = builder.config(key, value)
     return builder
+
+
+def _merged_jars(on_builder: str | None, jar: str) -> str:
+    """``spark.jars`` with keyedstate's jar appended: after the launcher's (spark-submit's
+    ``--jars``/``spark.jars``, which the builder's value would replace) and the builder's own."""
+    launcher = None
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):  # spark-submit started the driver JVM: connect to it
+        from pyspark import SparkContext
+
+        SparkContext._ensure_initialized()
+        launcher = SparkContext._jvm.java.lang.System.getProperty("spark.jars")
+    merged: dict[str, str] = {}  # one entry per file, however given (spark-submit makes paths file: URIs)
+    for entry in filter(None, (e.strip() for e in ",".join(filter(None, [launcher, on_builder, jar])).split(","))):
+        url = urllib.parse.urlparse(entry)
+        merged.setdefault(os.path.normpath(url.path) if url.scheme in ("", "file") else entry, entry)
+    return ",".join(merged.values())
 
 
 def _add_to_running_driver(jar: str) -> None:

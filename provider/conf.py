@@ -1,16 +1,19 @@
 """Every keyedstate knob, parsed and validated in one place.
 
 All knobs are Spark SQL confs under ``spark.sql.streaming.stateStore.keyedstate.`` so that Spark
-ships them to executors inside ``StateStoreConf.sqlConfs``. The JVM shim forwards them verbatim
-to the Python state server, which validates them here when a store is opened: a wrong value
-fails the first task of the query with a message naming the key and the allowed values.
+ships them to executors inside ``StateStoreConf.sqlConfs``. The JVM shim checks them on the driver
+when a stateful query plans its first batch (:func:`check_main`, one Python process per distinct
+set of confs), so a wrong value fails the query before any task runs with a message naming the key
+and the allowed values; the state server validates them here again when a store is opened.
 ``conf/REFERENCE.md`` is generated from :data:`KNOBS` (``keyedstate conf-reference``) and a
 test checks that the two cannot drift.
 """
 from __future__ import annotations
 
 import difflib
+import json
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -314,6 +317,18 @@ def parse(confs: Mapping[str, str]) -> dict[str, Any]:
     return values
 
 
+def check_main() -> None:
+    """The driver's check (``KeyedStateProvider.supportedCustomMetrics``): reads the query's
+    keyedstate confs as a JSON object on stdin and prints ``{"error": <message or null>}``."""
+    confs = json.load(sys.stdin)
+    try:
+        parse(confs)
+        error = None
+    except ConfError as exc:
+        error = str(exc)
+    print(json.dumps({"error": error}), flush=True)
+
+
 def _nearest(name: str) -> str:
     """What to say after an unknown knob's name: the nearest knob (``did you mean``), and for a
     ``ttl.`` key the per-operator form; else where the knobs are listed."""
@@ -353,7 +368,8 @@ def reference_markdown() -> str:
         "Set these like any Spark SQL conf: `--conf key=value` on spark-submit, "
         "`SparkSession.builder.config(key, value)`, or `spark-defaults.conf`. They reach every "
         "executor through Spark's StateStoreConf. An unknown key under the prefix or a "
-        "malformed value fails the query's first stateful task with a message naming the key.",
+        "malformed value fails the query at its start, before any task runs, with a message "
+        "naming the key.",
         "",
         "| conf | default | allowed values | meaning |",
         "| --- | --- | --- | --- |",

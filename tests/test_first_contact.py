@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,7 @@ spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()
 state = {r[0]: r[1] for r in spark.read.format("statestore").load(checkpoint).select("key.k", "value.*").collect()}
 operators = [r["operatorName"] for r in spark.read.format("state-metadata").load(checkpoint).collect()]
 print("RESULT " + json.dumps({"provider": spark.conf.get("spark.sql.streaming.stateStore.providerClass"),
+                              "jars": spark.sparkContext.getConf().get("spark.jars", ""),
                               "seen": seen, "state": state, "operators": operators, "events": events,
                               "active": active}), flush=True)
 spark.stop()
@@ -103,23 +105,31 @@ def _keyedstate_warnings(stderr: str) -> list[str]:
 def run_route(route: str, work: Path) -> tuple[dict, str]:
     script = work / "route.py"
     script.write_text(ROUTE_SCRIPT)
+    spark_submit = Path(os.path.dirname(__import__("pyspark").__file__), "bin", "spark-submit")
     if route == "--jars":
-        spark_submit = Path(os.path.dirname(__import__("pyspark").__file__), "bin", "spark-submit")
         cmd = [str(spark_submit), "--master", "local[2]", "--jars", keyedstate.jar_path(),
                "--conf", f"{PROVIDER_CONF}={keyedstate.PROVIDER_CLASS}",
                "--conf", f"{keyedstate.conf.PREFIX}pythonExec={sys.executable}",
                str(script), route, str(work)]
+    elif route == "--jars+configure":  # the application's own jar on the command line, keyedstate's by configure()
+        with zipfile.ZipFile(work / "app.jar", "w") as app_jar:
+            app_jar.writestr("app.txt", "the application's jar")
+        cmd = [str(spark_submit), "--master", "local[2]", "--jars", str(work / "app.jar"), str(script), route, str(work)]
     else:
         cmd = [sys.executable, str(script), route, str(work)]
     return _run(cmd, work)
 
 
-@pytest.mark.parametrize("route", ["--jars", "spark.jars", "configure", "reused-configure"])
+@pytest.mark.parametrize("route", ["--jars", "spark.jars", "configure", "reused-configure", "--jars+configure"])
 def test_every_route_serves_listeners_streams_foreach_batch_and_state_sources(route, tmp_path):
     """``reused-configure``: keyedstate.configure() in a Python process whose JVM already ran a
     session; spark.jars then reaches only the executors, and ``spark.streams`` failed with
-    ClassNotFoundException of the provider on the driver."""
+    ClassNotFoundException of the provider on the driver. ``--jars+configure``: configure() under
+    spark-submit replaced the launcher's spark.jars (the application's own jar) with its own."""
     result, _ = run_route(route, tmp_path)
+    if route == "--jars+configure":
+        jars = [Path(j.removeprefix("file:")).name for j in result["jars"].split(",")]
+        assert jars == ["app.jar", Path(keyedstate.jar_path()).name], result["jars"]
     assert result["provider"] == keyedstate.PROVIDER_CLASS
     assert result["seen"] == {"a": 2, "b": 1}
     assert result["state"] == {"a": 2, "b": 1}
@@ -129,9 +139,22 @@ def test_every_route_serves_listeners_streams_foreach_batch_and_state_sources(ro
     assert [2] in result["events"][1:-1], result["events"]
 
 
+UNREADABLE_SCRIPT = r'''
+import sys
+from pyspark.sql import SparkSession
+import keyedstate
+spark = keyedstate.configure(SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+                             .config("spark.ui.showConsoleProgress", "false")).getOrCreate()
+spark.read.format("statestore").options(**dict(o.split("=") for o in sys.argv[2:])).load(sys.argv[1]).collect()
+'''
+
+
 def test_state_source_read_in_a_fresh_session_logs_no_keyedstate_warning(tmp_path):
     """A session that never ran a query has no state store coordinator; the stores a read opens
-    asked it whether they are active, and every such question logged a WARN with a stack trace."""
+    asked it whether they are active, and every such question logged a WARN with a stack trace.
+    A read the checkpoint cannot serve (a change feed from a batch whose changelog is gone, a
+    snapshot that does not exist) ends with one line naming the batch and the file: it ended
+    with the Java stack traces of Spark's "Job aborted"."""
     written, _ = run_route("configure", tmp_path)
     assert written["state"] == {"a": 2, "b": 1}
     script = tmp_path / "read.py"
@@ -140,9 +163,29 @@ def test_state_source_read_in_a_fresh_session_logs_no_keyedstate_warning(tmp_pat
     assert result == {"state": {"a": 2, "b": 1}, "operators": ["stateStoreSave"]}
     assert _keyedstate_warnings(stderr) == []
 
+    (tmp_path / "checkpoint" / "state" / "0" / "0" / "1.ks-changelog").unlink()
+    (tmp_path / "unreadable.py").write_text(UNREADABLE_SCRIPT)
+    cases = {("readChangeFeed=true", "changeStartBatchId=0"): "/state/0/0/1.ks-changelog (batch 0), which is not "
+                                                                "in the checkpoint",
+             ("snapshotStartBatchId=0", "snapshotPartitionId=0"): "has no snapshot of version 1 "
+                                                                  "(snapshotStartBatchId 0)"}
+    procs = {case: subprocess.Popen([sys.executable, str(tmp_path / "unreadable.py"), str(tmp_path / "checkpoint"),
+                                     *case], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for case in cases}
+    for case, proc in procs.items():
+        try:
+            _, stderr = proc.communicate(timeout=1200)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+        last = stderr.rstrip("\n").splitlines()[-5:]
+        assert proc.returncode != 0, stderr[-3000:]
+        assert [line for line in last if line.startswith("keyedstate: ") and cases[case] in line], \
+            f"{case}: the last lines are\n" + "\n".join(last)
+
 
 FAILING_SCRIPT = r'''
-import sys
+import json, sys
 from pathlib import Path
 from pyspark.sql import SparkSession
 import keyedstate
@@ -159,14 +202,22 @@ else:
 query = (spark.readStream.schema("k STRING").json(str(work / "in")).groupBy("k").count().writeStream
          .outputMode("update").format("noop").option("checkpointLocation", str(work / "checkpoint"))
          .trigger(availableNow=True).start())
-query.awaitTermination()
+try:
+    query.awaitTermination()
+except Exception as exc:  # what the query says, and whether any job ran before it failed
+    sc = spark.sparkContext._jsc.sc()
+    sc.listenerBus().waitUntilEmpty()
+    print("FAILED " + json.dumps({"message": (exc.getMessageParameters() or {}).get("message"),
+                                  "jobs": sc.statusStore().jobsList(None).size()}), flush=True)
+    raise
 '''
 
 
 def test_a_failed_query_ends_with_one_line_naming_the_problem(tmp_path):
     """A wrong conf or a missing jar: one line naming it among the last 5 lines of what an
     uncaught StreamingQueryException prints (Spark prints the plan and stack traces after the
-    cause)."""
+    cause). A conf conf.py refuses is the query's own exception, raised before any task: it
+    failed the first task, and the query's message was Spark's "Job aborted"."""
     script = tmp_path / "fail.py"
     script.write_text(FAILING_SCRIPT)
     cases = {
@@ -176,6 +227,9 @@ def test_a_failed_query_ends_with_one_line_naming_the_problem(tmp_path):
         ("no-jar", ""): f'Spark cannot load {keyedstate.PROVIDER_CLASS} on the driver; add the keyedstate jar: '
                         f'spark-submit --jars "$(keyedstate jar)"',
     }
+    # The confs conf.py rules on are checked on the driver as the query plans its first batch:
+    # the query's exception is conf.py's message, and no job (no task) ran.
+    checked_on_driver = {("snapshotIntervall", "5"), ("ttl", "-1")}
     procs = {}
     for n, (key, value) in enumerate(cases):
         work = tmp_path / str(n)
@@ -184,7 +238,7 @@ def test_a_failed_query_ends_with_one_line_naming_the_problem(tmp_path):
                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for case, proc in procs.items():
         try:
-            _, stderr = proc.communicate(timeout=1200)
+            stdout, stderr = proc.communicate(timeout=1200)
         except subprocess.TimeoutExpired:
             proc.kill()
             raise
@@ -192,3 +246,16 @@ def test_a_failed_query_ends_with_one_line_naming_the_problem(tmp_path):
         assert proc.returncode != 0, stderr[-3000:]
         assert [line for line in last if line.startswith("keyedstate: ") and cases[case] in line], \
             f"{case}: the last lines are\n" + "\n".join(last)
+        if case in checked_on_driver:
+            failed = json.loads(stdout.split("FAILED ", 1)[1].splitlines()[0])
+            assert cases[case] in failed["message"] and "\n" not in failed["message"], failed
+            assert failed["jobs"] == 0, failed
+
+
+def test_demo_logs_no_keyedstate_warning(tmp_path):
+    """The first command a user runs: its counts, and not one WARN or ERROR line of keyedstate's."""
+    proc = subprocess.run([sys.executable, "-m", "keyedstate.cli", "demo", "--batches", "2"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "equal to the running counts the query emitted" in proc.stdout, proc.stdout
+    assert _keyedstate_warnings(proc.stderr) == []

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..formats.layout import UnsafePathError, checked_store_name, json_of, number_of
+from .progress import tracked
 from .storage import HadoopStorage, LocalStorage, Storage, active_or_new_session, is_local
 from .stores import Checkpoint, CheckpointProblem
 
@@ -218,9 +219,11 @@ def write_store(spark: "SparkSession", ck: Checkpoint, s: StorePlan, rows, value
     change's): they are deleted first, or a provider would keep them as the version."""
     _delete_version(ck, s, batch + 1, provider)
     uri = _uri(ck.storage, ck.root)
-    counts = spark.sparkContext._jvm.io.keyedstate.offline.StateMigrator.migrateStore(
-        spark._jsparkSession, rows._jdf, uri, s.operator, s.store, s.partitions, batch,
-        json.dumps(s.key_schema), json.dumps(value_schema), s.prefix_columns, provider, confs)
+    with tracked(spark.sparkContext, "write", f"operator {s.operator} store {s.store}: writing", s.partitions, log,
+                 "partitions"):
+        counts = spark.sparkContext._jvm.io.keyedstate.offline.StateMigrator.migrateStore(
+            spark._jsparkSession, rows._jdf, uri, s.operator, s.store, s.partitions, batch,
+            json.dumps(s.key_schema), json.dumps(value_schema), s.prefix_columns, provider, confs)
     return int(sum(counts))
 
 

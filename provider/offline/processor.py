@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..formats import layout
 from .migration import (DEFAULT_PROVIDER, MigrateError, Plan, StorePlan, plan as plan_of, require_state_migrator,
                         write_store)
+from .progress import tracked
 from .storage import HadoopStorage, LocalStorage, Storage, is_local, open_storage
 from .stores import Checkpoint, partition_key_layout
 
@@ -152,7 +153,9 @@ class StateProcessor:
         current = self.read(operator, target.store, p.batch)
         results = current.rdd.mapPartitions(apply).persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            counts = _summary(results.mapPartitions(_summarise).collect())
+            with tracked(self.spark.sparkContext, "transform", f"operator {operator} store {target.store}: checking",
+                         results.getNumPartitions(), log, "partitions"):
+                counts = _summary(results.mapPartitions(_summarise).collect())
             where = f"{self.ck.root}: operator {operator} store {target.store}"
             if counts["bad"]:
                 key, why = counts["first"]

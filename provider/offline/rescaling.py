@@ -44,7 +44,6 @@ import re
 import shutil
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -52,6 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..formats import changelog, keygroups, rocksdb
+from .progress import tracked
 from ..formats import layout
 from ..formats.layout import CHANGELOG_SUFFIX, DEFAULT_STORE, FILES_DIR, MANIFEST_SUFFIX
 from ..formats.stored import KeyLayout
@@ -450,51 +450,11 @@ class _Rescale:
         if not tasks:
             return []
         sc = self.spark.sparkContext
-        group = f"keyedstate-rescale-{phase}-{uuid.uuid4().hex[:8]}"
-        sc.setJobGroup(group, f"keyedstate rescale: {phase} {len(tasks)} store partitions")
         started = time.monotonic()
-        progress = _Progress(sc, group, phase, len(tasks))
-        try:
+        with tracked(sc, "rescale", phase, len(tasks), log, "store partitions"):
             results = sc.parallelize(tasks, len(tasks)).map(fn).collect()
-        finally:
-            progress.stop()
-        progress.report(len(tasks))
         log.info("%s: %d tasks in %.1f s", phase, len(tasks), time.monotonic() - started)
         return results
-
-
-class _Progress:
-    """Logs how many of a phase's tasks have finished whenever that changes (polled on the
-    driver every ``interval`` seconds while the job runs), so that a long rescale shows it."""
-
-    def __init__(self, sc, group: str, phase: str, total: int, interval: float = 1.0) -> None:
-        self._tracker, self._group, self._phase, self._total = sc.statusTracker(), group, phase, total
-        self._reported = 0
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._watch, args=(interval,), daemon=True,
-                                        name=f"keyedstate-rescale-{phase}-progress")
-        self._thread.start()
-
-    def _watch(self, interval: float) -> None:
-        while not self._stopped.wait(interval):
-            try:
-                tracker = self._tracker
-                stages = [s for j in tracker.getJobIdsForGroup(self._group) if (job := tracker.getJobInfo(j))
-                          for s in job.stageIds]
-                done = sum(stage.numCompletedTasks for s in stages if (stage := tracker.getStageInfo(s)))
-            except Exception:  # the session is stopping: progress is only informational
-                log.debug("no progress for %s", self._group, exc_info=True)
-                return
-            self.report(done)
-
-    def report(self, done: int) -> None:
-        if done != self._reported:
-            self._reported = done
-            log.info("%s %d/%d store partitions done", self._phase, done, self._total)
-
-    def stop(self) -> None:
-        self._stopped.set()
-        self._thread.join()
 
 
 def _key_layout(parts: list[ckpt.StoreFiles]) -> KeyLayout | None:

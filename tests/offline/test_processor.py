@@ -5,6 +5,7 @@ whose output equals a query that had that state from the start.
 from __future__ import annotations
 
 import hashlib
+import logging
 
 import pandas as pd
 import pytest
@@ -34,7 +35,7 @@ def pandas_with_mean(df):
         GroupStateTimeout.NoTimeout)
 
 
-def test_transform_into_the_new_value_schema(spark, tmp_path):
+def test_transform_into_the_new_value_schema(spark, tmp_path, caplog):
     reference = run_query(spark, KS, pandas_with_mean, KV, KV_STEPS, tmp_path / "ref" / "checkpoint",
                           tmp_path / "ref" / "input", "update")
     checkpoint = tmp_path / "old" / "checkpoint"
@@ -48,8 +49,11 @@ def test_transform_into_the_new_value_schema(spark, tmp_path):
         state = value["groupState"]
         return {**value, "groupState": {**state, "mean": state["total"] / state["n"]}}
 
-    result = processor.transform(0, add_mean, value_schema=new_schema)
+    with caplog.at_level(logging.INFO, logger="keyedstate.offline"):
+        result = processor.transform(0, add_mean, value_schema=new_schema)
     assert result["batch"] == 2 and result["written"][0]["rows"] == len(before)
+    for step in ("checking", "writing"):  # its progress, as a rescale's
+        assert "operator 0 store default: %s 2/2 partitions done" % step in caplog.messages, caplog.messages
     after = keyedstate.state(spark, checkpoint).read(0).collect()
     assert sorted(r.value.groupState.mean for r in after) == sorted(
         r[1][0][1] / r[1][0][0] for r in before)

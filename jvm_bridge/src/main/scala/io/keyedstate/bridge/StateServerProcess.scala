@@ -36,20 +36,22 @@ object ServerLaunch {
    */
   def fromConfs(confs: Map[String, String]): ServerLaunch = {
     val sparkConf = Option(org.apache.spark.SparkEnv.get).map(_.conf)
-    // Same Python as the query's PySpark workers first; then our own knob (which
-    // keyedstate.configure() sets to the driver's interpreter); then python3.
-    val python = sparkConf.flatMap(_.getOption("spark.pyspark.python"))
-      .orElse(sys.env.get("PYSPARK_PYTHON"))
-      .orElse(confs.get(ConfPrefix + "pythonExec"))
-      .getOrElse("python3")
     val processes = confs.get(ConfPrefix + "serverProcesses").flatMap(_.trim.toIntOption).filter(_ > 0)
       .orElse(sparkConf.flatMap(_.getOption("spark.executor.cores")).flatMap(_.toIntOption))
       .getOrElse(Runtime.getRuntime.availableProcessors())
-    ServerLaunch(python, confs.get(ConfPrefix + "localDir"),
+    ServerLaunch(python(confs), confs.get(ConfPrefix + "localDir"),
       durationMs(confs, "serverStartupTimeout", 60000L),
       math.min(Int.MaxValue.toLong, durationMs(confs, "bridgeTimeout", 600000L)).toInt,
       processes)
   }
+
+  /** The Python that runs keyedstate: the query's PySpark workers' first; then our own knob
+   *  (which keyedstate.configure() sets to the driver's interpreter); then python3. */
+  def python(confs: Map[String, String]): String =
+    Option(org.apache.spark.SparkEnv.get).flatMap(_.conf.getOption("spark.pyspark.python"))
+      .orElse(sys.env.get("PYSPARK_PYTHON"))
+      .orElse(confs.get(ConfPrefix + "pythonExec"))
+      .getOrElse("python3")
 
   private def durationMs(confs: Map[String, String], name: String, default: Long): Long =
     confs.get(ConfPrefix + name).map { raw =>

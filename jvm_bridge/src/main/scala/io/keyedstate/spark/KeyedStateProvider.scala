@@ -37,7 +37,7 @@ class KeyedStateProvider extends StateStoreProvider with SupportsFineGrainedRepl
     this.hadoopConf = hadoopConf
     val confs = storeConfs.sqlConfs.filter(_._1.startsWith(ServerLaunch.ConfPrefix))
     engine = new StoreEngine(stateStoreId, keySchema, valueSchema, keyStateEncoderSpec, storeConfs, hadoopConf, confs)
-    engine.open() // validates the confs now: a bad value fails the first task
+    engine.open() // validates the confs again: a driver that could not check them fails here
     OpenStores.register(engine)
   }
 
@@ -98,5 +98,10 @@ class KeyedStateProvider extends StateStoreProvider with SupportsFineGrainedRepl
       engine.idOf(endVersionStateStoreCkptId), engine.describe)
   }
 
-  override def supportedCustomMetrics: Seq[StateStoreCustomMetric] = Metrics.all
+  /** Spark asks on the driver while planning a stateful operator, before any task: the confs
+   *  are checked there ([[DriverConfCheck]]). */
+  override def supportedCustomMetrics: Seq[StateStoreCustomMetric] = {
+    DriverConfCheck.onDriver()
+    Metrics.all
+  }
 }
