@@ -19,18 +19,22 @@ final case class KeyLayout(keyColumns: Int, partitionKeyColumns: Int, prefixColu
 /**
  * Which files make up the RocksDB snapshot of one version. `replay`: a changelog that holds the
  * whole version, applied onto `files` taken as version `version - 1` (written by the offline
- * rescale). `ttl` and `rescale` are informational objects, kept as read.
+ * rescale). `ttl` and `rescale` are informational objects, kept as read. `runId`: the query run
+ * that uploaded the snapshot (absent in offline writers' and older manifests); a load under
+ * checkpoint format 1 uses the snapshot only while the version's changelog names the same run.
  */
 final case class SnapshotManifest(version: Long, keyGroups: Int, numKeys: Long, files: Seq[SnapshotFile],
     replay: Option[SnapshotFile] = None, keyLayout: Option[KeyLayout] = None,
-    ttl: Option[java.util.Map[String, AnyRef]] = None, rescale: Option[JsonNode] = None)
+    ttl: Option[java.util.Map[String, AnyRef]] = None, rescale: Option[JsonNode] = None,
+    runId: Option[String] = None)
 
 /**
  * The snapshot manifest (spec: FORMATS.md, "Snapshot manifest"; the Python twin is
  * `keyedstate/formats/manifest.py`): compact UTF-8 JSON, keys in this order:
  *
  *   {"format":"keyedstate-snapshot","formatVersion":1,"version":v,"keyGroups":n,"numKeys":n,
- *    "files":[{"name":..,"path":..,"size":..},..],["replay":{..},]["keyLayout":{..},]["ttl":{..},]["rescale":{..}]}
+ *    "files":[{"name":..,"path":..,"size":..},..],["replay":{..},]["keyLayout":{..},]["ttl":{..},]["rescale":{..},]
+ *    ["runId":".."]}
  *
  * Names and paths are checked with [[CheckpointLayout]]'s rule when a manifest is read.
  */
@@ -51,6 +55,7 @@ object ManifestFormat {
     m.keyLayout.foreach(l => tree.put("keyLayout", keyLayoutTree(l)))
     m.ttl.foreach(t => tree.put("ttl", t))
     m.rescale.foreach(r => tree.put("rescale", r))
+    m.runId.foreach(r => tree.put("runId", r))
     Json.writeValueAsBytes(tree)
   }
 
@@ -93,6 +98,10 @@ object ManifestFormat {
         if (!t.isObject) throw new IllegalArgumentException("field 'ttl' is not an object")
         Json.convertValue(t, classOf[java.util.LinkedHashMap[String, AnyRef]]): java.util.Map[String, AnyRef]
       }
+      val runId = Option(node.get("runId")).filterNot(_.isNull).map { r =>
+        if (!r.isTextual) throw new IllegalArgumentException(s"field 'runId' is $r, expected a string")
+        r.asText()
+      }
       val listed = files.elements().asScala.map(fileOf(_, source)).toSeq
       // each name is a file of the restored RocksDB directory: two entries cannot share one
       listed.groupBy(_.name).find(_._2.size > 1).foreach { case (name, same) =>
@@ -100,7 +109,7 @@ object ManifestFormat {
       }
       SnapshotManifest(found, long(node, "keyGroups").toInt, long(node, "numKeys"), listed,
         Option(node.get("replay")).filterNot(_.isNull).map(fileOf(_, source)), keyLayout, ttl,
-        Option(node.get("rescale")).filterNot(_.isNull))
+        Option(node.get("rescale")).filterNot(_.isNull), runId)
     } catch {
       case e: UnsafePathException => throw e
       case NonFatal(e) => throw new CorruptManifestException(
