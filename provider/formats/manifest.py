@@ -100,7 +100,8 @@ def decode(data: bytes, source: str, version: int | None = None) -> Manifest:
             if times > 1:
                 raise ValueError(f"it lists the file name {name} {times} times")
         replay = _file(node["replay"], source) if node.get("replay") is not None else None
-        key_layout = KeyLayout.from_json(node["keyLayout"]) if node.get("keyLayout") is not None else None
+        # present means an object: null is refused, as by the JVM (FORMATS.md, "Text and metadata")
+        key_layout = KeyLayout.from_json(node["keyLayout"]) if "keyLayout" in node else None
         ttl, rescale = node.get("ttl"), node.get("rescale")
         for name, value in (("ttl", ttl), ("rescale", rescale)):
             if value is not None and not isinstance(value, dict):

@@ -130,7 +130,8 @@ def operator_metadata(op_dir: Path) -> tuple[str | None, dict[str, int]]:
     if not path.is_file():
         return None, {}
     try:
-        version, _, body = path.read_text(encoding="utf-8").partition("\n")
+        text = layout.read_file(path, layout.MAX_SPARK_METADATA_BYTES, "Spark metadata file").decode("utf-8")
+        version, _, body = text.partition("\n")
         if not version.startswith("v"):
             raise ValueError(f"unexpected first line {version!r}")
         meta = layout.json_of(body)
@@ -196,7 +197,9 @@ def bytes_on_disk(path: Path) -> int:
 def read_manifest(path: Path, version: int) -> mf.Manifest:
     """Read and check a snapshot manifest (its names and paths included, see formats/layout.py)."""
     try:
-        data = path.read_bytes()
+        data = layout.read_file(path, layout.MAX_MANIFEST_BYTES, "snapshot manifest")
+    except layout.TooLargeError as exc:
+        raise CheckpointError(str(exc)) from exc
     except OSError as exc:
         raise CheckpointError(f"cannot read snapshot manifest {path}: {exc.strerror or exc}") from exc
     return decode_manifest(data, path, version)

@@ -186,7 +186,7 @@ class Checkpoint:
     def offset_entry(self, batch: int) -> tuple[str, dict, list[str]]:
         """(version line, metadata JSON, source offset lines) of ``offsets/<batch>``."""
         p = self.path("offsets", str(batch))
-        text = self.storage.read_bytes(p).decode("utf-8")
+        text = self.storage.read_bytes(p, layout.MAX_SPARK_METADATA_BYTES, "Spark metadata file").decode("utf-8")
         lines = text.split("\n")
         try:
             return lines[0], layout.json_of(lines[1]), lines[2:]
@@ -199,7 +199,8 @@ class Checkpoint:
     def _commit(self, batch: int) -> tuple[str, dict]:
         """Commit ``batch``'s version line and its entry."""
         p = self.path("commits", str(batch))
-        header, _, body = self.storage.read_bytes(p).decode("utf-8").partition("\n")
+        header, _, body = self.storage.read_bytes(
+            p, layout.MAX_SPARK_METADATA_BYTES, "Spark metadata file").decode("utf-8").partition("\n")
         try:
             return header, layout.json_of(body)
         except ValueError as exc:
@@ -326,7 +327,7 @@ class Checkpoint:
     def operator_metadata(self, op_path: str) -> tuple[str | None, dict[str, int]]:
         p = self.storage.join(op_path, "_metadata", "metadata")
         try:
-            text = self.storage.read_bytes(p).decode("utf-8")
+            text = self.storage.read_bytes(p, layout.MAX_SPARK_METADATA_BYTES, "Spark metadata file").decode("utf-8")
         except (FileNotFoundError, OSError):
             if self.storage.exists(p):
                 raise
@@ -373,7 +374,7 @@ class Checkpoint:
     def read_manifest(self, sp: StorePartition, version: int, uid: str | None = None) -> mf.Manifest:
         p = sp.manifest_path(self.storage, version, uid)
         try:
-            data = self.storage.read_bytes(p)
+            data = self.storage.read_bytes(p, layout.MAX_MANIFEST_BYTES, "snapshot manifest")
         except OSError as exc:
             raise CheckpointProblem(f"cannot read snapshot manifest {p}: {exc}") from None
         try:
@@ -385,7 +386,7 @@ class Checkpoint:
                        key_groups: int | None = None) -> changelog.Changelog:
         p = sp.changelog_path(self.storage, version, uid)
         try:
-            data = self.storage.read_bytes(p)
+            data = self.storage.read_bytes(p, layout.MAX_CHANGELOG_BYTES, "changelog")
         except OSError as exc:
             raise CheckpointProblem(f"cannot read changelog {p}: {exc}") from None
         try:

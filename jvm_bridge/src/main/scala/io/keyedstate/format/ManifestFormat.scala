@@ -1,7 +1,5 @@
 package io.keyedstate.format
 
-import java.nio.charset.StandardCharsets
-
 import scala.jdk.CollectionConverters._
 import scala.util.control.NonFatal
 
@@ -67,8 +65,23 @@ object ManifestFormat {
     layout
   }
 
-  private[format] def keyLayoutOf(l: JsonNode): KeyLayout =
-    KeyLayout(long(l, "keyColumns").toInt, long(l, "partitionKeyColumns").toInt, long(l, "prefixColumns").toInt)
+  /** A recorded key layout: an object of three non-negative integers, at most `keyColumns` hashed
+   *  or prefix columns; anything else (`null` included) is refused (FORMATS.md, "Stored keys and
+   *  values"; Python's twin: `KeyLayout.from_json`). */
+  private[format] def keyLayoutOf(l: JsonNode): KeyLayout = {
+    if (!l.isObject) throw new IllegalArgumentException(s"field 'keyLayout' is $l, expected an object")
+    val layout = KeyLayout(int(l, "keyColumns"), int(l, "partitionKeyColumns"), int(l, "prefixColumns"))
+    if (layout.partitionKeyColumns > layout.keyColumns || layout.prefixColumns > layout.keyColumns) {
+      throw new IllegalArgumentException(s"field 'keyLayout' is $l: more hashed or prefix columns than key columns")
+    }
+    layout
+  }
+
+  private def int(node: JsonNode, field: String): Int = {
+    val v = long(node, field)
+    if (v > Int.MaxValue) throw new IllegalArgumentException(s"field '$field' is $v, expected at most ${Int.MaxValue}")
+    v.toInt
+  }
 
   private def file(f: SnapshotFile): java.util.Map[String, AnyRef] = {
     val out = new java.util.LinkedHashMap[String, AnyRef]()
@@ -81,7 +94,7 @@ object ManifestFormat {
   /** Parses and checks a manifest (of `version`, if >= 0); `source` names it in errors. */
   def decode(data: Array[Byte], source: String, version: Long = -1): SnapshotManifest =
     try {
-      val node = Json.readTree(new String(data, StandardCharsets.UTF_8))
+      val node = Json.readTree(CheckpointLayout.utf8(data, 0, data.length))
       if (node == null || !node.isObject || node.path("format").asText() != Format) {
         throw new IllegalArgumentException("not a keyedstate snapshot manifest")
       }
@@ -93,7 +106,7 @@ object ManifestFormat {
       if (version >= 0 && found != version) throw new IllegalArgumentException(s"it describes version $found")
       val files = node.get("files")
       if (files == null || !files.isArray) throw new IllegalArgumentException("field 'files' is not a list")
-      val keyLayout = Option(node.get("keyLayout")).filterNot(_.isNull).map(keyLayoutOf)
+      val keyLayout = Option(node.get("keyLayout")).map(keyLayoutOf)
       val ttl = Option(node.get("ttl")).filterNot(_.isNull).map { t =>
         if (!t.isObject) throw new IllegalArgumentException("field 'ttl' is not an object")
         Json.convertValue(t, classOf[java.util.LinkedHashMap[String, AnyRef]]): java.util.Map[String, AnyRef]
