@@ -4,6 +4,7 @@ crash, a hang, or more than 64 MiB allocated. CI runs each reader for a few seco
 ``python3 -m tests.fuzz --count 100000`` runs them for longer."""
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -81,3 +82,63 @@ def test_a_truncated_or_corrupt_compressed_changelog_is_refused_naming_it(tmp_pa
         outcomes = fuzz.run_jvm(list(readers.values()), tmp_path, 0, 600, SEED, cases)
     assert not _failures(outcomes), _failures(outcomes)
     assert all(o.refused > len(changelog.MAGIC) for o in outcomes), fuzz.report(outcomes)
+
+
+def _metadata_cases() -> dict[str, tuple[list[tuple[bytes, str]], int]]:
+    """Per reader: the golden file as is, then the metadata both languages read differently
+    before (FORMATS.md, "Text and metadata"): invalid UTF-8 (the JVM replaced it, Python refused)
+    and a null or malformed ``keyLayout`` (the JVM took null as absent and checked no column
+    counts; Python's changelog reader checked nothing). Returns (cases, how many are valid)."""
+    inner = fuzz.GOLDEN.joinpath("changelog-v1.bin").read_bytes()
+    good_changelog = fuzz.GOLDEN.joinpath("changelog-v2-none.bin").read_bytes()
+
+    def changelog_with(meta: dict, raw: tuple[bytes, bytes] | None = None) -> bytes:
+        data = changelog.compress(inner, meta, changelog.CODEC_NONE)
+        if raw is not None:  # same length, so only the header CRC needs fixing
+            data = fuzz.fix_header_crc(data.replace(*raw, 1))
+        return data
+
+    run = {changelog.RUN_ID: "run-AAAA"}
+    manifest_node = json.loads(fuzz.GOLDEN.joinpath("manifest-v1.json").read_bytes())
+
+    def manifest_with(**fields) -> bytes:
+        return json.dumps({**manifest_node, **fields}, separators=(",", ":")).encode()
+
+    good_manifest = fuzz.GOLDEN.joinpath("manifest-v1.json").read_bytes()
+    return {
+        "changelog-v2-none": ([
+            (good_changelog, "the golden file"),
+            (changelog_with(run, (b"run-AAAA", b"run-A\xffAA")), "invalid UTF-8 in the metadata"),
+            (changelog_with(run, (b"run-AAAA", b"run-\xc3\x28AA")), "an invalid UTF-8 sequence in the metadata"),
+            (changelog_with({"keyLayout": None}), "keyLayout null"),
+            (changelog_with({"keyLayout": 3}), "keyLayout a number"),
+            (changelog_with({"keyLayout": {"keyColumns": 1, "partitionKeyColumns": 2, "prefixColumns": 0}}),
+             "keyLayout hashing more columns than the key has"),
+        ], 1),
+        "manifest": ([
+            (good_manifest, "the golden file"),
+            (good_manifest.replace(b"itself", b"its\xffelf", 1), "invalid UTF-8 in a string"),
+            (manifest_with(keyLayout=None), "keyLayout null"),
+            (manifest_with(keyLayout={"keyColumns": 1, "partitionKeyColumns": 0, "prefixColumns": 2}),
+             "keyLayout with more prefix columns than the key has"),
+        ], 1),
+        "spark-operator-metadata": ([
+            (fuzz.OPERATOR_METADATA, "the seed"),
+            (fuzz.OPERATOR_METADATA.replace(b"stateStoreSave", b"stateSt\xfereSave", 1), "invalid UTF-8"),
+        ], 1),
+    }
+
+
+@pytest.mark.parametrize("language", ["python", "jvm"])
+def test_both_languages_read_or_refuse_the_same_metadata(tmp_path, language):
+    """Every case is read as valid, or refused naming the file, the same way in both languages."""
+    cases = _metadata_cases()
+    readers = {n: r for n, r in fuzz.readers().items() if n in cases}
+    given = {n: c for n, (c, _) in cases.items()}
+    if language == "python":
+        outcomes = [fuzz.run_python(r, tmp_path, 0, 600, SEED, given[n]) for n, r in readers.items()]
+    else:
+        outcomes = fuzz.run_jvm(list(readers.values()), tmp_path, 0, 600, SEED, given)
+    assert not _failures(outcomes), _failures(outcomes)
+    assert {o.reader: (o.read, o.refused) for o in outcomes} == {
+        n: (valid, len(c) - valid) for n, (c, valid) in cases.items()}, fuzz.report(outcomes)

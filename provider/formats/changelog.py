@@ -45,7 +45,9 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, NamedTuple
 
-from .layout import json_of
+from .layout import MAX_CHANGELOG_BYTES, TooLargeError, json_of
+from .layout import read_file as read_checkpoint_file
+from .stored import KeyLayout
 
 MAGIC = b"KSCHLOG1"
 FORMAT_VERSION = 1
@@ -306,7 +308,9 @@ def _decode_v2(view: memoryview, source: str) -> Changelog:
         meta = json_of(bytes(view[HEADER_V2.size:head_end]).decode("utf-8"))
         if not isinstance(meta, dict):
             raise ValueError("not an object")
-    except ValueError as exc:
+        if "keyLayout" in meta:  # null or malformed is refused, as by the JVM (FORMATS.md)
+            KeyLayout.from_json(meta["keyLayout"])
+    except (ValueError, KeyError) as exc:
         raise CorruptChangelogError(f"{source} has unreadable metadata ({exc})") from None
     body = view[head_end + 4:]
     if codec == CODEC_ZSTD:
@@ -520,8 +524,12 @@ def compress(inner: bytes, meta: dict[str, Any], codec: int = CODEC_ZSTD_SPLIT) 
 
 
 def read_file(path: str) -> Changelog:
-    with open(path, "rb") as fh:
-        return decode(fh.read(), path)
+    """A changelog file (no link followed; refused unread above ``layout.MAX_CHANGELOG_BYTES``)."""
+    try:
+        data = read_checkpoint_file(path, MAX_CHANGELOG_BYTES, "changelog")
+    except TooLargeError as exc:
+        raise CorruptChangelogError(str(exc)) from None
+    return decode(data, path)
 
 
 def encode_record(op: int, key: bytes, value: bytes | None) -> bytes:

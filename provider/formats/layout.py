@@ -16,6 +16,7 @@ metadata goes through :func:`checked_store_name` (it becomes a directory of the 
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import Any
 
@@ -38,6 +39,37 @@ RELATIVE_PATH = re.compile(FILES_DIR + r"/[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 STORE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 """A store's name: ``default``, or a subdirectory of the partition directory such as a join's
 ``left-keyToNumValues`` (Spark names them so; it does not check a name read back from a file)."""
+
+
+MAX_MANIFEST_BYTES = 16 << 20
+MAX_SPARK_METADATA_BYTES = 16 << 20  # Spark's offsets, commits and operator metadata
+MAX_CHANGELOG_BYTES = (1 << 31) - 65  # the JVM's ChangelogFormat.MaxBytes: what one Java array holds
+"""The most bytes a file of each kind may have (FORMATS.md, "File sizes"; the JVM's twin is
+``CheckpointFiles``): a longer one is refused, naming it, before its bytes are read."""
+
+
+class TooLargeError(ValueError):
+    """A checkpoint file is longer than a file of its kind may be; the message names it."""
+
+
+def check_size(size: int, limit: int, source: str, kind: str) -> None:
+    """Refuse ``source`` (a ``kind``) of ``size`` bytes above ``limit`` (see MAX_MANIFEST_BYTES)."""
+    if size > limit:
+        raise TooLargeError(f"{source} has {size} bytes, more than a {kind} may have ({limit}): corrupt, "
+                            f"or not a {kind}; it is not read")
+
+
+def read_file(path: str | os.PathLike, limit: int | None, kind: str) -> bytes:
+    """A whole local checkpoint file, opened without following a link (O_NOFOLLOW) and refused
+    unread when it is longer than ``limit`` (:func:`check_size`; None: no limit); OSError as
+    ``open`` raises it."""
+    with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as fh:
+        if limit is None:
+            return fh.read()
+        check_size(os.fstat(fh.fileno()).st_size, limit, str(path), kind)
+        data = fh.read(limit + 1)
+        check_size(len(data), limit, str(path), kind)  # it grew while read
+        return data
 
 
 UNIQUE_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")

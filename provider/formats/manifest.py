@@ -5,13 +5,17 @@ Spec: FORMATS.md, "Snapshot manifest"; the JVM twin is ``ManifestFormat.scala``;
 
     {"format":"keyedstate-snapshot","formatVersion":1,"version":<v>,"keyGroups":<n>,
      "numKeys":<n>,"files":[{"name":..,"path":..,"size":..},..],
-     ["replay":{"name":..,"path":..,"size":..},] ["keyLayout":{..},] ["ttl":{..},] ["rescale":{..}]}
+     ["replay":{"name":..,"path":..,"size":..},] ["keyLayout":{..},] ["ttl":{..},] ["rescale":{..},]
+     ["runId":".."]}
 
 ``files`` are RocksDB's checkpoint files under their RocksDB ``name``, stored at ``path`` (inside
 ``ks-files/``, shared by every manifest listing it). ``replay``: a changelog holding the whole
 version, to apply onto ``files`` taken as version ``version - 1`` (written by the offline
 rescale). ``keyLayout`` says how stored keys are laid out (formats/stored.py), so offline tools
 never guess it from operator names; it is absent in manifests written before it existed.
+``runId``: the query run that uploaded the snapshot (absent in offline writers' and older
+manifests); under checkpoint format 1 the snapshot is the version's only while the version's
+changelog names the same run (:func:`of_another_run`).
 Names and paths are checked with the rule in formats/layout.py when the manifest is read.
 """
 from __future__ import annotations
@@ -52,6 +56,7 @@ class Manifest:
     key_layout: KeyLayout | None = None
     ttl: dict[str, Any] | None = None
     rescale: dict[str, Any] | None = None  # what an offline rescale records about itself
+    run_id: str | None = None  # the query run that uploaded it
     extra: dict[str, Any] = field(default_factory=dict)  # fields of newer writers, kept as read
 
     def to_json(self) -> dict[str, Any]:
@@ -66,6 +71,8 @@ class Manifest:
             out["ttl"] = self.ttl
         if self.rescale is not None:
             out["rescale"] = self.rescale
+        if self.run_id is not None:
+            out["runId"] = self.run_id
         out.update(self.extra)
         return out
 
@@ -93,19 +100,36 @@ def decode(data: bytes, source: str, version: int | None = None) -> Manifest:
             if times > 1:
                 raise ValueError(f"it lists the file name {name} {times} times")
         replay = _file(node["replay"], source) if node.get("replay") is not None else None
-        key_layout = KeyLayout.from_json(node["keyLayout"]) if node.get("keyLayout") is not None else None
+        # present means an object: null is refused, as by the JVM (FORMATS.md, "Text and metadata")
+        key_layout = KeyLayout.from_json(node["keyLayout"]) if "keyLayout" in node else None
         ttl, rescale = node.get("ttl"), node.get("rescale")
         for name, value in (("ttl", ttl), ("rescale", rescale)):
             if value is not None and not isinstance(value, dict):
                 raise ValueError(f"field '{name}' is {type(value).__name__}, expected an object")
+        run_id = node.get("runId")
+        if run_id is not None and not isinstance(run_id, str):
+            raise ValueError(f"field 'runId' is {run_id!r}, expected a string")
         known = {"format", "formatVersion", "version", "keyGroups", "numKeys", "files", "replay", "keyLayout",
-                 "ttl", "rescale"}
+                 "ttl", "rescale", "runId"}
         return Manifest(found, _int(node, "keyGroups"), _int(node, "numKeys"), files, replay, key_layout,
-                        ttl, rescale, {k: v for k, v in node.items() if k not in known})
+                        ttl, rescale, run_id, extra={k: v for k, v in node.items() if k not in known})
     except layout.UnsafePathError:
         raise
     except (UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
         raise CorruptManifestError(f"snapshot manifest {source} is truncated or corrupt ({exc})") from exc
+
+
+def of_another_run(manifest: Manifest, changelog_run: str | None, changelog_path: str) -> str | None:
+    """Under checkpoint format 1, why ``manifest`` is not the snapshot of its version: the
+    version's changelog (at ``changelog_path``, committed by ``changelog_run``) names another run,
+    whose attempt replaced the one the snapshot was taken of. None when they agree or the
+    manifest names no run (offline writers, older manifests). The JVM's twin is
+    ``VersionLoader.otherRun``."""
+    if manifest.run_id is None or changelog_run == manifest.run_id:
+        return None
+    committer = f"run {changelog_run}" if changelog_run is not None else "no query run"
+    return (f"it was uploaded by run {manifest.run_id}, but {changelog_path} was committed by {committer}: "
+            "a snapshot of another attempt of the version")
 
 
 def _int(node: dict, key: str) -> int:

@@ -47,7 +47,7 @@ class KeyLayout:
         if not isinstance(node, dict):
             raise ValueError(f"field 'keyLayout' is {type(node).__name__}, expected an object")
         values = [node[k] for k in ("keyColumns", "partitionKeyColumns", "prefixColumns")]
-        if any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in values):
+        if any(not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= 0x7FFFFFFF for v in values):
             raise ValueError(f"field 'keyLayout' is {node!r}, expected non-negative integers")
         layout = cls(*values)
         if not layout.partition_key_columns <= layout.key_columns or layout.prefix_columns > layout.key_columns:

@@ -130,7 +130,8 @@ def operator_metadata(op_dir: Path) -> tuple[str | None, dict[str, int]]:
     if not path.is_file():
         return None, {}
     try:
-        version, _, body = path.read_text(encoding="utf-8").partition("\n")
+        text = layout.read_file(path, layout.MAX_SPARK_METADATA_BYTES, "Spark metadata file").decode("utf-8")
+        version, _, body = text.partition("\n")
         if not version.startswith("v"):
             raise ValueError(f"unexpected first line {version!r}")
         meta = layout.json_of(body)
@@ -196,7 +197,9 @@ def bytes_on_disk(path: Path) -> int:
 def read_manifest(path: Path, version: int) -> mf.Manifest:
     """Read and check a snapshot manifest (its names and paths included, see formats/layout.py)."""
     try:
-        data = path.read_bytes()
+        data = layout.read_file(path, layout.MAX_MANIFEST_BYTES, "snapshot manifest")
+    except layout.TooLargeError as exc:
+        raise CheckpointError(str(exc)) from exc
     except OSError as exc:
         raise CheckpointError(f"cannot read snapshot manifest {path}: {exc.strerror or exc}") from exc
     return decode_manifest(data, path, version)
@@ -292,7 +295,8 @@ def rebuild(store: StoreFiles, version: int, manifests: dict[int, "mf.Manifest |
 
     Like a load (and Spark's auto snapshot repair), the base is the newest snapshot at or below
     ``version`` that is usable; a snapshot whose manifest is corrupt, truncated, foreign or
-    names files it may not, or whose files are missing or of the wrong size, is skipped with a
+    names files it may not, or whose files are missing or of the wrong size, or that another
+    run's attempt of its version replaced (:func:`.manifest.of_another_run`), is skipped with a
     warning naming it, in favour of an older one (or none) plus the changelogs after it. If no
     consistent version can be rebuilt, :class:`CheckpointError` names the file at fault.
     ``manifests``: manifests already read, by version (a value may be the error reading it gave).
@@ -346,6 +350,11 @@ def _rebuild_base(store: StoreFiles, version: int, manifests: dict, db_dir: Path
             if isinstance(known, CheckpointError):
                 raise known
             manifest = known or read_manifest(path, base)
+            if manifest.run_id is not None and base in store.changelogs:
+                committed = read_changelog(store.changelog_path(base), base, None).meta.get(changelog.RUN_ID)
+                why = mf.of_another_run(manifest, committed, str(store.changelog_path(base)))
+                if why is not None:
+                    raise CheckpointError(f"snapshot manifest {path}: {why}")
             _link_snapshot(store.path, path, manifest, db_dir)
             replay = manifest.replay
             needs_writes = base < version or replay is not None

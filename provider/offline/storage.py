@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..formats import layout
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -104,8 +106,9 @@ class Storage:
         """A file's size, None when it is missing."""
         raise NotImplementedError
 
-    def read_bytes(self, path: str) -> bytes:
-        """The file's bytes; :class:`MissingFileError` when it does not exist."""
+    def read_bytes(self, path: str, limit: int | None = None, kind: str = "file") -> bytes:
+        """The file's bytes; :class:`MissingFileError` when it does not exist. ``limit``: a longer
+        file (a ``kind``) is refused unread with :class:`StorageError` (``layout.check_size``)."""
         raise NotImplementedError
 
     def fetch(self, path: str, local: Path, link: bool = True) -> None:
@@ -191,11 +194,12 @@ class LocalStorage(Storage):
         except OSError:
             return None
 
-    def read_bytes(self, path: str) -> bytes:
+    def read_bytes(self, path: str, limit: int | None = None, kind: str = "file") -> bytes:
         self._checked(path)
         try:
-            with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as fh:
-                return fh.read()
+            return layout.read_file(path, limit, kind)
+        except layout.TooLargeError as exc:
+            raise StorageError(str(exc)) from None
         except FileNotFoundError:
             raise MissingFileError(f"cannot read {path}: it does not exist") from None
         except OSError as exc:
@@ -376,7 +380,14 @@ class HadoopStorage(Storage):
             return None
         return int(st.getLen()) if st.isFile() else None
 
-    def read_bytes(self, path: str) -> bytes:
+    def read_bytes(self, path: str, limit: int | None = None, kind: str = "file") -> bytes:
+        if limit is not None:
+            size = self.size(path)
+            try:
+                layout.check_size(size or 0, limit, path, kind)
+            except layout.TooLargeError as exc:
+                raise StorageError(str(exc)) from None
+
         def run():
             stream = self.fm.open(self._p(path))
             try:

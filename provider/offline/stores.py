@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import re
 import tempfile
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ JOIN_STORES = ("left-keyToNumValues", "left-keyWithIndexToValue", "right-keyToNu
 """A join's stores in the order Spark keeps their unique ids (checkpoint format 2)."""
 
 UNIQUE_ID = layout.UNIQUE_ID
+
+log = logging.getLogger(__name__)
 
 VersionId = tuple  # (version, unique id or None)
 
@@ -183,7 +186,7 @@ class Checkpoint:
     def offset_entry(self, batch: int) -> tuple[str, dict, list[str]]:
         """(version line, metadata JSON, source offset lines) of ``offsets/<batch>``."""
         p = self.path("offsets", str(batch))
-        text = self.storage.read_bytes(p).decode("utf-8")
+        text = self.storage.read_bytes(p, layout.MAX_SPARK_METADATA_BYTES, "Spark metadata file").decode("utf-8")
         lines = text.split("\n")
         try:
             return lines[0], layout.json_of(lines[1]), lines[2:]
@@ -196,7 +199,8 @@ class Checkpoint:
     def _commit(self, batch: int) -> tuple[str, dict]:
         """Commit ``batch``'s version line and its entry."""
         p = self.path("commits", str(batch))
-        header, _, body = self.storage.read_bytes(p).decode("utf-8").partition("\n")
+        header, _, body = self.storage.read_bytes(
+            p, layout.MAX_SPARK_METADATA_BYTES, "Spark metadata file").decode("utf-8").partition("\n")
         try:
             return header, layout.json_of(body)
         except ValueError as exc:
@@ -323,7 +327,7 @@ class Checkpoint:
     def operator_metadata(self, op_path: str) -> tuple[str | None, dict[str, int]]:
         p = self.storage.join(op_path, "_metadata", "metadata")
         try:
-            text = self.storage.read_bytes(p).decode("utf-8")
+            text = self.storage.read_bytes(p, layout.MAX_SPARK_METADATA_BYTES, "Spark metadata file").decode("utf-8")
         except (FileNotFoundError, OSError):
             if self.storage.exists(p):
                 raise
@@ -370,7 +374,7 @@ class Checkpoint:
     def read_manifest(self, sp: StorePartition, version: int, uid: str | None = None) -> mf.Manifest:
         p = sp.manifest_path(self.storage, version, uid)
         try:
-            data = self.storage.read_bytes(p)
+            data = self.storage.read_bytes(p, layout.MAX_MANIFEST_BYTES, "snapshot manifest")
         except OSError as exc:
             raise CheckpointProblem(f"cannot read snapshot manifest {p}: {exc}") from None
         try:
@@ -382,7 +386,7 @@ class Checkpoint:
                        key_groups: int | None = None) -> changelog.Changelog:
         p = sp.changelog_path(self.storage, version, uid)
         try:
-            data = self.storage.read_bytes(p)
+            data = self.storage.read_bytes(p, layout.MAX_CHANGELOG_BYTES, "changelog")
         except OSError as exc:
             raise CheckpointProblem(f"cannot read changelog {p}: {exc}") from None
         try:
@@ -402,7 +406,7 @@ class Checkpoint:
             for base in sorted((v for v, i in sp.snapshots if v <= version and i is None), reverse=True) + [0]:
                 needed = range(base + 1, version + 1)
                 missing = [v for v in needed if (v, None) not in sp.changelogs]
-                if not missing:
+                if not missing and not (base and self._snapshot_of_another_run(sp, base)):
                     return [(v, None) for v in range(version, base, -1)] + ([(base, None)] if base else [(0, None)])
             v = version  # no snapshot-based way: back to a changelog written from empty, if any
             while v >= 1 and (v, None) in sp.changelogs:
@@ -442,6 +446,25 @@ class Checkpoint:
                 if (ov, oid) in sp.snapshots:
                     return chain
             # the lineage ends at the last snapshot the writer knew; continue from its changelog
+
+    def _snapshot_of_another_run(self, sp: StorePartition, version: int) -> bool:
+        """Whether the snapshot of ``version`` (checkpoint format 1) is of another run's attempt of
+        the version than its changelog (:func:`.manifest.of_another_run`): skipped with a warning,
+        as the JVM's load does. An unreadable manifest is left to :meth:`rebuild` to report."""
+        if (version, None) not in sp.changelogs:
+            return False
+        try:
+            manifest = self.read_manifest(sp, version, None)
+        except CheckpointProblem:
+            return False
+        if manifest.run_id is None:
+            return False
+        committed = self.read_changelog(sp, version, None).meta.get(changelog.RUN_ID)
+        why = mf.of_another_run(manifest, committed, sp.changelog_path(self.storage, version))
+        if why is not None:
+            log.warning("skipping snapshot manifest %s in favour of an older one plus changelogs: %s",
+                        sp.manifest_path(self.storage, version), why)
+        return why is not None
 
     def key_layout(self, sp_list: list[StorePartition]) -> KeyLayout | None:
         """The store's key layout, from the newest manifest or changelog header that records it."""

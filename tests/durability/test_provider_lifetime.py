@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -26,6 +27,8 @@ from contextlib import contextmanager
 import pytest
 
 from keyedstate.offline import checkpoint as ckpt
+from keyedstate.offline.storage import LocalStorage
+from keyedstate.offline.stores import Checkpoint
 from support import testjar
 from support.constants import PFX, STATE_PREFIX
 from support.durability import (OBJECT_STORE_RULES, RUN_ID_KEY, deactivate, disarm, arm, objtest_location,
@@ -236,6 +239,100 @@ def test_a_later_run_replaces_an_uncommitted_version_and_a_stopped_run_does_not(
             assert contents(fresh, 3, None) == history[3]
     finally:
         close_runs(spark, old, new)
+
+
+def test_a_stopped_runs_snapshot_beside_the_rerun_changelog_is_never_loaded(spark):
+    """A stopped run's snapshot upload of version 3 is killed between its manifest write and its
+    re-check while a later run replaces version 3: the stopped run's manifest stays beside the
+    later run's changelog of the same version. The JVM's load and both offline rebuilders see
+    that the manifest names another run than the changelog and rebuild version 3 from the older
+    snapshot and changelogs; before, all three loaded the stale snapshot (the rerun's key lost)."""
+    location, local = objtest_location(spark, "stale")
+    history, ids = {0: {}}, {}
+    old = Run(spark, location + "/state", "1", history, ids)
+    new = None
+    try:
+        for version in range(3):
+            old.commit(version)
+        wait_for(lambda: old.snapshot() or any(local.rglob("3.ks-snapshot")), timeout=30, what="the snapshot of version 3")
+        wait_until_unchanged(local)
+        manifest_path = next(local.rglob("3.ks-snapshot"))
+        stale = manifest_path.read_bytes()
+        deactivate(spark, old.run_id)
+        new = Run(spark, location + "/state", "1", history, ids)
+        store = new.layer.store(2, None)
+        new.layer.put(store, (KEYS + 1,), (-1,))
+        assert store.commit() == 3
+        history[3] = {**history[2], KEYS + 1: -1}
+        wait_until_unchanged(local)
+        manifest_path.write_bytes(stale)  # the stopped run's manifest, published after the replace
+        with restarted(spark, location + "/state") as fresh:
+            assert contents(fresh, 3, None) == history[3]
+        with ckpt.rebuild(ckpt.list_store(manifest_path.parent, 0), 3) as rebuilt:
+            assert rebuilt.base_snapshot != 3 and _offline_contents(rebuilt.db) == history[3]
+        checkpoint = Checkpoint(LocalStorage(local))
+        part = checkpoint.operator(0).stores["default"][0]
+        with checkpoint.rebuild(part, 3) as rebuilt:
+            assert rebuilt.chain[-1] != (3, None) and _offline_contents(rebuilt.db) == history[3]
+    finally:
+        close_runs(spark, old, new)
+
+
+def test_a_stopped_runs_task_that_wins_the_gap_inside_replace_fails_the_rerun(spark):
+    """A later run replaces version 3 (an earlier run's attempt Spark never committed): it deletes
+    the file, then writes its own. A task of the stopped run that commits version 3 in between
+    finds no file and writes its own; the rerun's write then finds that file and kept it as the
+    version, so the stopped run's attempt became the state (here a window of 4 s after the
+    delete, objtest's delete.delayMs). Now the rerun's task fails naming the file and the run
+    that wrote it; its retry replaces that file, and version 3 is the rerun's."""
+    location, local = objtest_location(spark, "gap")
+    history, ids = {0: {}}, {}
+    old = Run(spark, location + "/state", "1", history, ids)
+    new = None
+    try:
+        for version in range(3):
+            old.commit(version)
+        wait_until_unchanged(local)
+        deactivate(spark, old.run_id)
+        new = Run(spark, location + "/state", "1", history, ids)
+        zombie = old.layer.store(2, None)  # both loaded before the race
+        old.layer.put(zombie, (KEYS + 2,), (-2,))
+        store = new.layer.store(2, None)
+        new.layer.put(store, (KEYS + 1,), (-1,))
+        changelog_3 = next(local.rglob("3.ks-changelog"))
+        arm(spark, {"delete.delayMs": 4000, "delete.delayPath": "/3.ks-changelog"})
+        outcome: dict = {}
+
+        def rerun() -> None:
+            try:
+                outcome["version"] = store.commit()
+            except Exception as exc:  # noqa: BLE001 -- judged below
+                outcome["error"] = str(exc)
+
+        committing = threading.Thread(target=rerun)
+        committing.start()
+        wait_for(lambda: not changelog_3.exists(), timeout=30, what="the rerun's delete of version 3's changelog")
+        assert zombie.commit() == 3  # the stopped run's task wins the gap
+        committing.join(60)
+        disarm(spark)
+        assert "error" in outcome, f"the rerun took the stopped run's file as its version: {outcome}"
+        assert str(changelog_3.name) in outcome["error"] and f"run {old.run_id} wrote its own file" in outcome["error"]
+        retry = new.layer.store(2, None)  # Spark's retry of the task
+        new.layer.put(retry, (KEYS + 1,), (-1,))
+        assert retry.commit() == 3
+        history[3] = {**history[2], KEYS + 1: -1}
+        with restarted(spark, location + "/state") as fresh:
+            assert contents(fresh, 3, None) == history[3]
+    finally:
+        disarm(spark)
+        close_runs(spark, old, new)
+
+
+def _offline_contents(db) -> dict:
+    """An INT key -> LONG value store as read offline: u32 key group | UnsafeRow key, u8 value
+    format | UnsafeRow value (FORMATS.md, "Stored keys and values")."""
+    return {int.from_bytes(k[12:16], "little", signed=True): int.from_bytes(v[9:17], "little", signed=True)
+            for k, v in db.items()}
 
 
 def wait_until_unchanged(directory, quiet_s: float = 2.0, limit_s: float = 30.0) -> None:

@@ -100,7 +100,8 @@ def test_changelog_v2_refuses_a_zstd_bomb(fmt, spark):
 # -- manifest ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name,case", [("manifest-v1.json", golden.MANIFEST_V1),
-                                       ("manifest-v1-replay.json", golden.MANIFEST_V1_REPLAY)])
+                                       ("manifest-v1-replay.json", golden.MANIFEST_V1_REPLAY),
+                                       ("manifest-v1-run.json", golden.MANIFEST_V1_RUN)])
 def test_manifest_both_codecs(fmt, name, case):
     data = read(name)
     assert manifest.encode(case) == data
@@ -111,6 +112,7 @@ def test_manifest_both_codecs(fmt, name, case):
     assert [(f.name(), f.path(), f.size()) for f in files] == [(f.name, f.path, f.size) for f in case.files]
     assert (decoded.version(), decoded.keyGroups(), decoded.numKeys()) == (case.version, case.key_groups, case.num_keys)
     assert decoded.replay().isDefined() == (case.replay is not None)
+    assert (decoded.runId().get() if decoded.runId().isDefined() else None) == case.run_id
     if case.key_layout is not None:
         layout = decoded.keyLayout().get()
         assert (layout.keyColumns(), layout.partitionKeyColumns(), layout.prefixColumns()) == (

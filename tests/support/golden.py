@@ -51,6 +51,14 @@ MANIFEST_V1_REPLAY = manifest.Manifest(
     replay=manifest.SnapshotFile("replay-5.ks-changelog", "ks-files/77aa-replay-5.ks-changelog", 999),
     rescale={"batch": 4, "fromPartitions": 4, "toPartitions": 8})
 
+# What a query's snapshot upload writes: the run whose changelog of the version it was taken of.
+MANIFEST_V1_RUN = manifest.Manifest(
+    version=7, key_groups=KEY_GROUPS, num_keys=5,
+    files=(manifest.SnapshotFile("000009.sst", "ks-files/4c1d9e2a-8b3f-4a6e-9d0c-5e7f1a2b3c4d-000009.sst", 2048),
+           manifest.SnapshotFile("CURRENT", "ks-files/4c1d9e2a-8b3f-4a6e-9d0c-5e7f1a2b3c4d-CURRENT", 16)),
+    key_layout=stored.KeyLayout(key_columns=1, partition_key_columns=1, prefix_columns=0),
+    run_id=CHANGELOG_V2_RUN_META[changelog.RUN_ID])
+
 # Frames: (file, op, handle, request body) and (file, reply body).
 SCAN_PREFIX, SCAN_AFTER = K1[:6], K1
 REQUESTS = {
@@ -109,6 +117,7 @@ def files() -> dict[str, bytes]:
            "changelog-v2-run.bin": changelog.compress(v1, CHANGELOG_V2_RUN_META, changelog.CODEC_ZSTD_SPLIT),
            "manifest-v1.json": manifest.encode(MANIFEST_V1),
            "manifest-v1-replay.json": manifest.encode(MANIFEST_V1_REPLAY),
+           "manifest-v1-run.json": manifest.encode(MANIFEST_V1_RUN),
            "value-plain.bin": PLAIN, "value-timed.bin": TIMED}
     out.update({name: encode_request(*case) for name, case in REQUESTS.items()})
     out.update(REPLIES)

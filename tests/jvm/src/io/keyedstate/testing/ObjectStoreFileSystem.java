@@ -92,6 +92,8 @@ import org.apache.hadoop.util.Progressable;
  *                       diskFull.path), every write fails: IOException("No space left on device")
  * seed=42               seed of the random generator (per JVM)
  * rename.delayMs, rename.existing, dirMarkers   settings, as above
+ * delete.delayMs=N      a delete of an object whose path contains delete.delayPath (default: any)
+ *                       returns N ms after the object is gone, so a test can race that window
  * </pre>
  * Any key may also be given as Hadoop conf {@code fs.objtest.<key>}; the control file wins.
  * Every injected fault appends one line to {@code <root>/.objtest/faults.log}:
@@ -529,7 +531,20 @@ public class ObjectStoreFileSystem extends FileSystem {
     public boolean delete(Path path, boolean recursive) throws IOException {
         control.maybeFail(this, "delete", "start", path);
         java.nio.file.Path local = local(path);
-        if (isObject(local)) return Files.deleteIfExists(local);
+        if (isObject(local)) {
+            boolean deleted = Files.deleteIfExists(local);
+            Control.View settings = control.view(this, false);
+            long delayMs = Long.parseLong(settings.get("delete.delayMs", "0"));
+            if (delayMs > 0 && path.toString().contains(settings.get("delete.delayPath", ""))) {
+                try {
+                    Thread.sleep(delayMs); // the object is absent meanwhile: a test races that window
+                } catch (InterruptedException e) {
+                    Thread.currentThread().interrupt();
+                    throw new java.io.InterruptedIOException("objtest: delete interrupted after it deleted " + path);
+                }
+            }
+            return deleted;
+        }
         if (!isPrefix(local)) return false;
         if (!recursive && hasRealObjects(local)) {
             throw new PathIsNotEmptyDirectoryException("objtest: " + path + " is not empty");

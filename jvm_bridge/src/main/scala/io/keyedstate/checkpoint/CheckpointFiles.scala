@@ -3,15 +3,15 @@ package io.keyedstate.checkpoint
 import java.io.{FileNotFoundException, InputStream, IOException}
 import java.nio.ByteBuffer
 import java.nio.channels.Channels
-import java.nio.file.{Files, StandardOpenOption}
-import java.nio.file.attribute.PosixFilePermissions
+import java.nio.file.{Files, LinkOption, NoSuchFileException, StandardOpenOption}
+import java.nio.file.attribute.{BasicFileAttributes, PosixFilePermissions}
 import java.util.UUID
 
 import scala.collection.immutable.SortedSet
 import scala.util.control.NonFatal
 
 import org.apache.hadoop.conf.Configuration
-import org.apache.hadoop.fs.{FileStatus, FSDataInputStream, Path}
+import org.apache.hadoop.fs.{FileStatus, FileSystem, Path}
 import org.apache.hadoop.io.IOUtils
 import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
 
@@ -149,32 +149,12 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
   }
   private lazy val localDisk = fs.getScheme == "file"
 
-  /**
-   * Opens a checkpoint file, refusing a symbolic link (its bytes would come from outside the
-   * checkpoint, say another query's changelog): on a local disk through java.nio as for
-   * directories, on HDFS through its link status; object stores have no links.
-   */
-  private def open(path: Path): FSDataInputStream = {
-    val link =
-      try {
-        if (localDisk) {
-          val local = java.nio.file.Paths.get(fs.makeQualified(path).toUri)
-          if (Files.isSymbolicLink(local)) Some(Files.readSymbolicLink(local).toString) else None
-        } else if (fs.getScheme == "hdfs") {
-          val status = fs.getFileLinkStatus(path)
-          if (status.isSymlink) Some(status.getSymlink.toString) else None
-        } else None
-      } catch { case NonFatal(e) => throw unreadable(path, e) }
-    link.foreach { target =>
-      throw new CheckpointFileException(s"keyedstate: $path in the checkpoint is a symbolic link (to $target); " +
-        "keyedstate reads no file through one: replace it with the file itself")
-    }
-    try fm.open(path) catch { case NonFatal(e) => throw unreadable(path, e) }
-  }
+  private def open(path: Path, withLength: Boolean = false): CheckpointFiles.Opened =
+    CheckpointFiles.open(fs, path, withLength)(fm.open(_))
 
   /** Copies a checkpoint file to local disk; a failure says which side failed. */
   def download(path: Path, local: java.nio.file.Path): Unit = {
-    val in = open(path)
+    val in = open(path).in
     try copy(in, path, local) finally in.close()
   }
 
@@ -196,14 +176,14 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
   private def readOrFail(in: InputStream, buf: Array[Byte], path: Path): Int =
     try in.read(buf) catch { case NonFatal(e) => throw unreadable(path, e) }
 
-  private def unreadable(path: Path, e: Throwable) = new CheckpointFileException(
-    s"keyedstate: cannot read $path from the checkpoint (${e.getMessage})", e)
+  private def unreadable(path: Path, e: Throwable) = CheckpointFiles.unreadable(path, e)
 
   /** A changelog of the checkpoint, as format 1 on local disk (decompressed here, in the JVM, so
    *  that the state server replays it at full speed); returns its metadata. */
   def downloadChangelog(version: Long, id: Option[String], local: java.nio.file.Path): ChangelogMeta = {
     val path = changelog(version, id)
-    val (inner, meta) = try ChangelogFormat.innerAndMeta(readBytes(path), path.toString) catch {
+    val (inner, meta) = try ChangelogFormat.innerAndMeta(readBytes(path, CheckpointFiles.MaxChangelogBytes, "changelog"),
+        path.toString) catch {
       case e: CorruptChangelogException => throw new CheckpointFileException(s"keyedstate: ${e.getMessage}", e)
     }
     try {
@@ -235,19 +215,17 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
   def holds(f: SnapshotFile): Boolean =
     try { val s = fs.getFileStatus(resolve(f.path)); s.isFile && s.getLen == f.size } catch { case NonFatal(_) => false }
 
-  def readBytes(path: Path): Array[Byte] =
-    try {
-      val in = open(path)
-      try IOUtils.readFullyToByteArray(in) finally in.close()
-    } catch {
-      case e: CheckpointFileException => throw e
-      case NonFatal(e) => throw unreadable(path, e)
-    }
+  /** A whole checkpoint file of `kind`, refused unread when it has more than `maxBytes` bytes
+   *  ([[CheckpointFiles.readAll]]). */
+  def readBytes(path: Path, maxBytes: Long, kind: String): Array[Byte] = {
+    val opened = open(path, withLength = true)
+    try CheckpointFiles.readAll(opened, path, maxBytes, kind) finally opened.in.close()
+  }
 
   /** The metadata of a changelog, from its header alone (format 1: none). */
   def readChangelogMeta(version: Long, id: Option[String]): ChangelogMeta = {
     val path = changelog(version, id)
-    val in = open(path)
+    val in = open(path).in
     try {
       var head = new Array[Byte](0)
       var result: Either[Int, ChangelogMeta] = Left(15)
@@ -267,7 +245,7 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
   /** Reads and checks the manifest of `version` (names and paths by [[CheckpointLayout]]'s rule). */
   def readManifest(version: Long, id: Option[String] = None): SnapshotManifest = {
     val path = manifest(version, id)
-    val data = readBytes(path)
+    val data = readBytes(path, CheckpointFiles.MaxManifestBytes, "snapshot manifest")
     try ManifestFormat.decode(data, path.toString, version)
     catch {
       case e @ (_: CorruptManifestException | _: UnsafePathException) =>
@@ -294,6 +272,82 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
     list(filesDir).filter(_.isFile).map { s =>
       s"${filesDir.getName}/${s.getPath.getName}" -> (s.getLen, s.getModificationTime)
     }.toMap
+}
+
+object CheckpointFiles {
+  /** The most bytes a file of each kind may have (FORMATS.md, "File sizes"; Python's twin is
+   *  `formats/layout.py`): a longer one is refused, naming it, before its bytes are allocated. */
+  val MaxManifestBytes: Long = 16L << 20
+  val MaxSparkMetadataBytes: Long = 16L << 20
+  val MaxChangelogBytes: Long = ChangelogFormat.MaxBytes
+
+  /** An open checkpoint file, and its length when it was asked for (else -1). */
+  final class Opened(val in: InputStream, val length: Long)
+
+  private[checkpoint] def unreadable(path: Path, e: Throwable) = new CheckpointFileException(
+    s"keyedstate: cannot read $path from the checkpoint (${e.getMessage})", e)
+
+  /**
+   * Opens a checkpoint file (keyedstate's, or Spark's metadata), refusing a symbolic link (its
+   * bytes would come from outside the checkpoint, say another query's changelog) and anything
+   * but a regular file. On a local disk through java.nio, without following a link (O_NOFOLLOW):
+   * a link swapped in after the check is refused by the open itself. (Hadoop's checksum files
+   * beside local files are not verified on this path; every keyedstate format checks its own
+   * bytes.) On HDFS its link status is checked before `hadoopOpen` opens it: a link swapped in
+   * between is not caught there (Hadoop 3 disables HDFS links unless an administrator enables
+   * them). Object stores have no links. Every read of a checkpoint file in the JVM comes here.
+   */
+  def open(fs: FileSystem, path: Path, withLength: Boolean)(hadoopOpen: Path => InputStream): Opened = {
+    def link(target: => String) = new CheckpointFileException(s"keyedstate: $path in the checkpoint is a symbolic " +
+      s"link (to ${try target catch { case NonFatal(_) => "?" }}); keyedstate reads no file through one: replace it " +
+      "with the file itself")
+    try {
+      if (fs.getScheme == "file") {
+        val local = java.nio.file.Paths.get(fs.makeQualified(path).toUri)
+        val attributes = try Files.readAttributes(local, classOf[BasicFileAttributes], LinkOption.NOFOLLOW_LINKS)
+          catch { case _: NoSuchFileException => throw new FileNotFoundException(s"$path does not exist") }
+        if (attributes.isSymbolicLink) throw link(Files.readSymbolicLink(local).toString)
+        if (!attributes.isRegularFile) {
+          throw new CheckpointFileException(s"keyedstate: $path in the checkpoint is not a regular file; keyedstate " +
+            "reads only regular files there")
+        }
+        val channel = try Files.newByteChannel(local, StandardOpenOption.READ, LinkOption.NOFOLLOW_LINKS) catch {
+          case _: NoSuchFileException => throw new FileNotFoundException(s"$path does not exist")
+          // ELOOP ("... (NOFOLLOW_LINKS specified)"): a link was swapped in after the check, and
+          // may be gone again by now
+          case e: IOException if Files.isSymbolicLink(local) ||
+              Option(e.getMessage).exists(_.contains("NOFOLLOW_LINKS")) => throw link(Files.readSymbolicLink(local).toString)
+        }
+        new Opened(Channels.newInputStream(channel), if (withLength) channel.size() else -1L)
+      } else {
+        val status = if (fs.getScheme == "hdfs") Some(fs.getFileLinkStatus(path))
+          else if (withLength) Some(fs.getFileStatus(path)) else None
+        status.filter(_.isSymlink).foreach(s => throw link(s.getSymlink.toString))
+        new Opened(hadoopOpen(path), status.fold(-1L)(_.getLen))
+      }
+    } catch {
+      case e: CheckpointFileException => throw e
+      case NonFatal(e) => throw unreadable(path, e)
+    }
+  }
+
+  /**
+   * The whole of an opened file of `kind` (its length known): refused, naming it, when it is
+   * longer than `maxBytes`, before anything is allocated; read into one array of its length.
+   * Checkpoint files are immutable once published, so a file that changes while read is refused.
+   */
+  def readAll(opened: Opened, path: Path, maxBytes: Long, kind: String): Array[Byte] = {
+    if (opened.length > maxBytes) {
+      throw new CheckpointFileException(s"keyedstate: $path has ${opened.length} bytes, more than a $kind may have " +
+        s"($maxBytes): corrupt, or not a $kind; it is not read")
+    }
+    try {
+      val data = new Array[Byte](opened.length.toInt)
+      IOUtils.readFully(opened.in, data, 0, data.length)
+      if (opened.in.read() != -1) throw new IOException(s"it grew beyond ${data.length} bytes while it was read")
+      data
+    } catch { case NonFatal(e) => throw unreadable(path, e) }
+  }
 }
 
 private object LogHolder {

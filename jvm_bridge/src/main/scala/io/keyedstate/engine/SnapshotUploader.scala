@@ -22,6 +22,8 @@ import io.keyedstate.format.{KeyLayout, SnapshotFile, SnapshotManifest}
  * Under checkpoint format 1 a version's snapshot is of the changelog this run committed: a later
  * run that executes the batch again replaces that changelog and deletes its manifest
  * ([[CheckpointFiles.replace]]), and a snapshot this run still uploads then is not the version.
+ * The manifest names this run, so that a load can tell such a snapshot from the version's even
+ * when this run stopped before it could take its manifest back ([[VersionLoader]]).
  */
 final class SnapshotUploader(files: CheckpointFiles, describe: String, runId: Option[String]) {
   import SnapshotUploader._
@@ -81,7 +83,7 @@ final class SnapshotUploader(files: CheckpointFiles, describe: String, runId: Op
           SnapshotFile(name, path, size)
         }.toSeq
         val manifest = SnapshotManifest(version, keyGroups, snap.get("numKeys").asLong(), entries,
-          keyLayout = Some(keyLayout), ttl = ttl)
+          keyLayout = Some(keyLayout), ttl = ttl, runId = runId)
         if (!files.writeManifest(manifest, id)) {
           log.info(s"keyedstate: version $version of $describe already has a snapshot; keeping it")
         } else if (!entries.forall(files.holds)) {

@@ -1,7 +1,6 @@
 package io.keyedstate.engine
 
 import java.io.IOException
-import java.nio.charset.StandardCharsets
 
 import scala.jdk.CollectionConverters._
 import scala.util.control.NonFatal
@@ -9,7 +8,9 @@ import scala.util.control.NonFatal
 import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
-import org.apache.hadoop.io.IOUtils
+
+import io.keyedstate.checkpoint.CheckpointFiles
+import io.keyedstate.format.CheckpointLayout
 
 /**
  * What the engine reads of Spark's own checkpoint files (the offline tools' twin is
@@ -49,8 +50,15 @@ object SparkMetadata {
       case NonFatal(e) => throw new IOException(s"keyedstate: $path is truncated or corrupt (${e.getMessage})", e)
     }
 
+  /** The text of Spark's file `path`, read as every checkpoint file is ([[CheckpointFiles.open]]:
+   *  no link, bounded size) and refused unless it is UTF-8. */
   private def readText(path: Path, hadoopConf: Configuration): String = {
-    val in = path.getFileSystem(hadoopConf).open(path)
-    try new String(IOUtils.readFullyToByteArray(in), StandardCharsets.UTF_8) finally in.close()
+    val fs = path.getFileSystem(hadoopConf)
+    val opened = CheckpointFiles.open(fs, path, withLength = true)(fs.open(_))
+    val data = try CheckpointFiles.readAll(opened, path, CheckpointFiles.MaxSparkMetadataBytes, "Spark metadata file")
+      finally opened.in.close()
+    try CheckpointLayout.utf8(data, 0, data.length) catch {
+      case NonFatal(e) => throw new IOException(s"keyedstate: $path is truncated or corrupt (${e.getMessage})", e)
+    }
   }
 }

@@ -295,11 +295,19 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
         // task under checkpoint format 1), or this one's file was published before its write
         // failed (a killed task): the file is the version. Loads take it from there. Not a file
         // an offline writer left uncommitted (a query's batch is no rerun of it, nor it of the batch).
-        if (files.readChangelogMeta(newVersion, newId).fromEmpty != v.fromEmpty) {
+        val found = files.readChangelogMeta(newVersion, newId)
+        if (found.fromEmpty != v.fromEmpty) {
           val writer = if (v.fromEmpty) "by a batch of the query" else "from empty by an offline writer (migrate, the state processor or a repartition)"
           throw new CheckpointFileException(s"keyedstate: version $newVersion of $describe is already in the checkpoint " +
             s"($path), written $writer that never committed: it is not this version. Delete its files " +
             s"($newVersion.ks-*, or ${newVersion}_<id>.ks-* under checkpoint format 2, in ${files.dir}) and retry")
+        }
+        // This run replaced an earlier run's file, and a task of a stopped run wrote its own in
+        // the gap between the delete and the write: that attempt is not this run's version.
+        if (fence.runId.isDefined && found.runId != fence.runId) {
+          throw new CheckpointFileException(s"keyedstate: version $newVersion of $describe: run ${fence.runId.get} " +
+            s"replaced $path, but ${found.runId.fold("a writer without a run id")(r => s"run $r")} wrote its own file " +
+            "there first (a task of a stopped run still committing); this task fails, and its retry replaces that file")
         }
         log.warn(s"keyedstate: version $newVersion of $describe was already in the checkpoint; using that file")
         invalidate()

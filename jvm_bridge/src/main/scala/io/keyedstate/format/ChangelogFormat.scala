@@ -316,11 +316,11 @@ object ChangelogFormat {
     if (crc.getValue.toInt != ByteBuffer.wrap(data, headEnd.toInt, 4).getInt()) {
       throw new CorruptChangelogException(s"$source is corrupt (header CRC-32 mismatch)")
     }
-    val meta = try Json.readTree(new String(data, HeaderV2Bytes, metaLength, StandardCharsets.UTF_8)) catch {
+    val meta = try Json.readTree(CheckpointLayout.utf8(data, HeaderV2Bytes, metaLength)) catch {
       case NonFatal(e) => throw new CorruptChangelogException(s"$source has unreadable metadata (${e.getMessage})")
     }
     val parsed = try ChangelogMeta(
-      Option(meta.get("keyLayout")).filterNot(_.isNull).map(ManifestFormat.keyLayoutOf),
+      Option(meta.get("keyLayout")).map(ManifestFormat.keyLayoutOf),
       Option(meta.get("uniqueId")).filterNot(_.isNull).map(_.asText()),
       Option(meta.get("lineage")).filterNot(_.isNull).map(_.elements().asScala.map(i => (i.get(0).asLong(), i.get(1).asText())).toSeq)
         .getOrElse(Nil),

@@ -65,4 +65,19 @@ object CheckpointLayout {
       case VersionName(v, id) => v.toLongOption.map(_ -> Option(id))
       case _ => None
     }
+
+  /**
+   * Text of a checkpoint file (a manifest, a changelog's metadata, Spark's metadata), which must
+   * be UTF-8: a malformed byte is refused, not replaced (FORMATS.md, "Text and metadata"; Python's
+   * strict `bytes.decode("utf-8")` is the twin), so both languages read or refuse the same files.
+   */
+  def utf8(data: Array[Byte], offset: Int, length: Int): String =
+    try java.nio.charset.StandardCharsets.UTF_8.newDecoder()
+      .onMalformedInput(java.nio.charset.CodingErrorAction.REPORT)
+      .onUnmappableCharacter(java.nio.charset.CodingErrorAction.REPORT)
+      .decode(java.nio.ByteBuffer.wrap(data, offset, length)).toString
+    catch {
+      case e: java.nio.charset.CharacterCodingException =>
+        throw new IllegalArgumentException(s"not UTF-8 text (${e.getClass.getSimpleName})", e)
+    }
 }

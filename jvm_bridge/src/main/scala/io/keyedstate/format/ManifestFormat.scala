@@ -1,7 +1,5 @@
 package io.keyedstate.format
 
-import java.nio.charset.StandardCharsets
-
 import scala.jdk.CollectionConverters._
 import scala.util.control.NonFatal
 
@@ -19,18 +17,22 @@ final case class KeyLayout(keyColumns: Int, partitionKeyColumns: Int, prefixColu
 /**
  * Which files make up the RocksDB snapshot of one version. `replay`: a changelog that holds the
  * whole version, applied onto `files` taken as version `version - 1` (written by the offline
- * rescale). `ttl` and `rescale` are informational objects, kept as read.
+ * rescale). `ttl` and `rescale` are informational objects, kept as read. `runId`: the query run
+ * that uploaded the snapshot (absent in offline writers' and older manifests); a load under
+ * checkpoint format 1 uses the snapshot only while the version's changelog names the same run.
  */
 final case class SnapshotManifest(version: Long, keyGroups: Int, numKeys: Long, files: Seq[SnapshotFile],
     replay: Option[SnapshotFile] = None, keyLayout: Option[KeyLayout] = None,
-    ttl: Option[java.util.Map[String, AnyRef]] = None, rescale: Option[JsonNode] = None)
+    ttl: Option[java.util.Map[String, AnyRef]] = None, rescale: Option[JsonNode] = None,
+    runId: Option[String] = None)
 
 /**
  * The snapshot manifest (spec: FORMATS.md, "Snapshot manifest"; the Python twin is
  * `keyedstate/formats/manifest.py`): compact UTF-8 JSON, keys in this order:
  *
  *   {"format":"keyedstate-snapshot","formatVersion":1,"version":v,"keyGroups":n,"numKeys":n,
- *    "files":[{"name":..,"path":..,"size":..},..],["replay":{..},]["keyLayout":{..},]["ttl":{..},]["rescale":{..}]}
+ *    "files":[{"name":..,"path":..,"size":..},..],["replay":{..},]["keyLayout":{..},]["ttl":{..},]["rescale":{..},]
+ *    ["runId":".."]}
  *
  * Names and paths are checked with [[CheckpointLayout]]'s rule when a manifest is read.
  */
@@ -51,6 +53,7 @@ object ManifestFormat {
     m.keyLayout.foreach(l => tree.put("keyLayout", keyLayoutTree(l)))
     m.ttl.foreach(t => tree.put("ttl", t))
     m.rescale.foreach(r => tree.put("rescale", r))
+    m.runId.foreach(r => tree.put("runId", r))
     Json.writeValueAsBytes(tree)
   }
 
@@ -62,8 +65,23 @@ object ManifestFormat {
     layout
   }
 
-  private[format] def keyLayoutOf(l: JsonNode): KeyLayout =
-    KeyLayout(long(l, "keyColumns").toInt, long(l, "partitionKeyColumns").toInt, long(l, "prefixColumns").toInt)
+  /** A recorded key layout: an object of three non-negative integers, at most `keyColumns` hashed
+   *  or prefix columns; anything else (`null` included) is refused (FORMATS.md, "Stored keys and
+   *  values"; Python's twin: `KeyLayout.from_json`). */
+  private[format] def keyLayoutOf(l: JsonNode): KeyLayout = {
+    if (!l.isObject) throw new IllegalArgumentException(s"field 'keyLayout' is $l, expected an object")
+    val layout = KeyLayout(int(l, "keyColumns"), int(l, "partitionKeyColumns"), int(l, "prefixColumns"))
+    if (layout.partitionKeyColumns > layout.keyColumns || layout.prefixColumns > layout.keyColumns) {
+      throw new IllegalArgumentException(s"field 'keyLayout' is $l: more hashed or prefix columns than key columns")
+    }
+    layout
+  }
+
+  private def int(node: JsonNode, field: String): Int = {
+    val v = long(node, field)
+    if (v > Int.MaxValue) throw new IllegalArgumentException(s"field '$field' is $v, expected at most ${Int.MaxValue}")
+    v.toInt
+  }
 
   private def file(f: SnapshotFile): java.util.Map[String, AnyRef] = {
     val out = new java.util.LinkedHashMap[String, AnyRef]()
@@ -76,7 +94,7 @@ object ManifestFormat {
   /** Parses and checks a manifest (of `version`, if >= 0); `source` names it in errors. */
   def decode(data: Array[Byte], source: String, version: Long = -1): SnapshotManifest =
     try {
-      val node = Json.readTree(new String(data, StandardCharsets.UTF_8))
+      val node = Json.readTree(CheckpointLayout.utf8(data, 0, data.length))
       if (node == null || !node.isObject || node.path("format").asText() != Format) {
         throw new IllegalArgumentException("not a keyedstate snapshot manifest")
       }
@@ -88,10 +106,14 @@ object ManifestFormat {
       if (version >= 0 && found != version) throw new IllegalArgumentException(s"it describes version $found")
       val files = node.get("files")
       if (files == null || !files.isArray) throw new IllegalArgumentException("field 'files' is not a list")
-      val keyLayout = Option(node.get("keyLayout")).filterNot(_.isNull).map(keyLayoutOf)
+      val keyLayout = Option(node.get("keyLayout")).map(keyLayoutOf)
       val ttl = Option(node.get("ttl")).filterNot(_.isNull).map { t =>
         if (!t.isObject) throw new IllegalArgumentException("field 'ttl' is not an object")
         Json.convertValue(t, classOf[java.util.LinkedHashMap[String, AnyRef]]): java.util.Map[String, AnyRef]
+      }
+      val runId = Option(node.get("runId")).filterNot(_.isNull).map { r =>
+        if (!r.isTextual) throw new IllegalArgumentException(s"field 'runId' is $r, expected a string")
+        r.asText()
       }
       val listed = files.elements().asScala.map(fileOf(_, source)).toSeq
       // each name is a file of the restored RocksDB directory: two entries cannot share one
@@ -100,7 +122,7 @@ object ManifestFormat {
       }
       SnapshotManifest(found, long(node, "keyGroups").toInt, long(node, "numKeys"), listed,
         Option(node.get("replay")).filterNot(_.isNull).map(fileOf(_, source)), keyLayout, ttl,
-        Option(node.get("rescale")).filterNot(_.isNull))
+        Option(node.get("rescale")).filterNot(_.isNull), runId)
     } catch {
       case e: UnsafePathException => throw e
       case NonFatal(e) => throw new CorruptManifestException(

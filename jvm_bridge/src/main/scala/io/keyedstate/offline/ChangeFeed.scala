@@ -59,7 +59,7 @@ final class ChangeFeed(files: CheckpointFiles, codec: KeyCodec, startVersion: Lo
       pending = pending.tail
       val path = files.changelog(v, id)
       if (!files.exists(path)) throw ChangeFeed.missing(path, v, describe)
-      records = try ChangelogFormat.read(files.readBytes(path), path.toString).iterator catch {
+      records = try ChangelogFormat.read(files.readBytes(path, CheckpointFiles.MaxChangelogBytes, "changelog"), path.toString).iterator catch {
         case e: CorruptChangelogException => throw new CheckpointFileException(s"keyedstate: ${e.getMessage}", e)
       }
       batchId = v - 1
