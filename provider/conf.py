@@ -68,6 +68,20 @@ def parse_duration(raw: str) -> float:
 parse_duration.allowed = "a duration such as 500ms, 30s, 15m, 24h or 7d"  # type: ignore[attr-defined]
 
 
+def _parse_positive_duration(raw: str) -> float:
+    """A duration of at least 1 ms (the JVM reads it in whole ms and needs it positive)."""
+    try:
+        value = parse_duration(raw)
+    except ValueError:
+        value = 0
+    if value < 1e-3:
+        raise ValueError(_parse_positive_duration.allowed)  # type: ignore[attr-defined]
+    return value
+
+
+_parse_positive_duration.allowed = "a duration of at least 1ms such as 500ms, 30s or 15m"  # type: ignore[attr-defined]
+
+
 def parse_cache_bytes(raw: str) -> int:
     """``auto`` (-1: 30% of the JVM's max heap) or a byte size."""
     if raw.strip().lower() == "auto":
@@ -252,6 +266,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("bridgeTimeout", "10m", parse_duration,
          "Longest a single call to the Python state server may take before the task fails.",
          jvm=True),
+    Knob("bridgeIdleTimeout", "30s", _parse_positive_duration,
+         "A control connection from the JVM to a state server that stays unused for this long "
+         "is closed (after one to two times this; the next call opens a new one).", jvm=True),
     Knob("ttl", "0", parse_ttl,
          "Time to live of every state entry of every stateful operator of the query (Flink's "
          "StateTtlConfig): an entry not written (see ttl.updateType) for this long expires. "

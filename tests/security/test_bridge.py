@@ -7,9 +7,10 @@ data frames with impossible lengths before allocating them; malformed frames fai
 never the server; a hung state server fails the task within bounded time instead of hanging it.
 
 The tests attack a state server started by a Spark session in a child process (one server,
-``bridgeTimeout=5s``) through its real sockets, found in /proc; after each attack the query
-must still run exactly. The data channel's HELLO frame is FORMATS.md's (protocol 2); its
-secret is read where a same-user peer could read it, the server's initial environment."""
+``bridgeTimeout=5s``, ``bridgeIdleTimeout=2s``) through its real sockets, found in /proc; after
+each attack the query must still run exactly. The data channel's HELLO frame is FORMATS.md's
+(protocol 2); its secret is read where a same-user peer could read it, the server's initial
+environment."""
 from __future__ import annotations
 
 import json
@@ -22,6 +23,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -30,18 +32,22 @@ from keyedstate.formats import frames
 from support.constants import PFX
 from support.processes import answer as raw_answer
 from support.processes import (alive, initial_environ, py4j_authenticates, rss_bytes, server_ports, signal_quietly,
-                               unix_listening_paths, wait_until)
+                               socket_inodes, unix_listening_paths, wait_until)
 from support.sessions import SessionProcess
 
 MiB = 1 << 20
 
 pytestmark = pytest.mark.timeout(300)
 
+IDLE_SECONDS = 2
+"""The session's bridgeIdleTimeout: the JVM closes a control connection unused for 1 to 2 times this."""
+
 
 @pytest.fixture(scope="module")
 def bridge(tmp_path_factory):
     root = tmp_path_factory.mktemp("bridge")
-    session = SessionProcess(root / "session", confs={PFX + "serverProcesses": "1", PFX + "bridgeTimeout": "5s"})
+    session = SessionProcess(root / "session", confs={PFX + "serverProcesses": "1", PFX + "bridgeTimeout": "5s",
+                                                      PFX + "bridgeIdleTimeout": f"{IDLE_SECONDS}s"})
     expected = Counter()
     batches = iter(range(10**6))
 
@@ -318,26 +324,46 @@ while not done.wait(0.3) and time.monotonic() < deadline:
 '''
 
 
+def control_connections(server: int, callback: set[Address]) -> set[int]:
+    """Inodes of the connections ``server`` accepted on its py4j callback listeners' Unix sockets
+    (an accepted socket carries its listener's path in /proc/net/unix)."""
+    paths = {p for p in callback if isinstance(p, str)}
+    assert paths, f"state server {server} has no Unix callback socket"
+    mine = socket_inodes(server)
+    found = set()
+    for line in Path(f"/proc/{server}/net/unix").read_text().splitlines()[1:]:
+        parts = line.split()
+        # Num RefCount Protocol Flags Type St Inode Path; flags 00010000: listening; St 03: connected
+        if len(parts) >= 8 and parts[7] in paths and not int(parts[3], 16) & 0x10000 and parts[5] == "03" \
+                and int(parts[6]) in mine:
+            found.add(int(parts[6]))
+    return found
+
+
 def test_another_local_user_holding_connections_cannot_stop_a_query(bridge):
     """Another local user holds as many connections as it can (80 at a time, renewed as they are
     closed) to every listener keyedstate opens: the state server's and keyedstate's in the JVM,
     TCP or Unix. A query must still start, with new control connections to the state server (the
-    JVM closes idle ones after 30 to 60 s), and run exactly. Failed before: the callback server's
-    32 pre-authentication places were all taken, the JVM's new connection was closed at once,
-    and the query failed ('Error while obtaining a new communication channel')."""
+    JVM closes idle ones after IDLE_SECONDS to twice that: the test waits until the server holds
+    none of the connections it had before the attack), and run exactly. Failed before: the
+    callback server's 32 pre-authentication places were all taken, the JVM's new connection was
+    closed at once, and the query failed ('Error while obtaining a new communication channel')."""
     if os.geteuid() != 0:
         pytest.skip("running a process as another user needs root")
     server, callback, gateway = py4j_ports(bridge)
     targets = sorted(callback | gateway, key=str) + [p for p in unix_listening_paths(server) if p not in callback]
     assert targets, "found no listener of keyedstate to attack"
     python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    jvm_connections = control_connections(server, callback)  # only the JVM's: the attack has not begun
     attacker = subprocess.Popen([python, "-c", OTHER_USER_ATTACKER, json.dumps(targets)], user=65534, group=65534,
                                 extra_groups=[], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/")
     try:
         first = attacker.stdout.readline()
         assert first, "the attacker did not start"
         reached = json.loads(first)
-        time.sleep(65)  # the JVM's idle control connections are closed: the next query opens new ones
+        # the JVM's idle control connections are closed: the next query opens new ones
+        wait_until(lambda: not jvm_connections & control_connections(server, callback), 2 * IDLE_SECONDS + 10,
+                   f"the JVM to close its idle control connections to state server {server}")
         assert attacker.poll() is None, "the attacker stopped early"
         bridge.serves()
         bridge.serves()

@@ -5,11 +5,13 @@ minute on 2 loaded cores. The jars come from Maven Central through tests/storage
 use; without ``mvn`` these tests are skipped with a message saying how to run them."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -65,14 +67,23 @@ def s3(tmp_path_factory, request):
 
 
 @pytest.fixture(scope="session")
-def storage_session(s3, hdfs, tmp_path_factory):
+def storage_session(s3, tmp_path_factory, request):
     """A SparkSession (child process) with the s3a client of ``s3``; hdfs:// files it creates get
-    the cluster's replication, 2."""
+    the cluster's replication, 2. It starts while the MiniDFSCluster does, which is up once the
+    session is (the session needs none of the cluster's addresses): two JVMs start at once."""
     confs = {**s3.s3a_confs(), "spark.hadoop.dfs.replication": "2"}
-    try:
-        session = StorageSession(tmp_path_factory.mktemp("storage-session"), confs)
-    except StorageUnavailable as missing:
-        pytest.skip(str(missing))
+    with ThreadPoolExecutor(1) as pool:
+        starting = pool.submit(StorageSession, tmp_path_factory.mktemp("storage-session"), confs)
+        try:
+            request.getfixturevalue("hdfs")
+        except BaseException:
+            with contextlib.suppress(Exception):
+                starting.result().exit()
+            raise
+        try:
+            session = starting.result()
+        except StorageUnavailable as missing:
+            pytest.skip(str(missing))
     yield session
     session.exit()
 

@@ -25,10 +25,15 @@ final case class ServerLaunch(
     localDir: Option[String],
     startupTimeoutMs: Long,
     callTimeoutMs: Int,
-    processes: Int)
+    processes: Int,
+    idleTimeoutMs: Long) {
+  def this(pythonExec: String, localDir: Option[String], startupTimeoutMs: Long, callTimeoutMs: Int, processes: Int) =
+    this(pythonExec, localDir, startupTimeoutMs, callTimeoutMs, processes, ServerLaunch.DefaultIdleTimeoutMs)
+}
 
 object ServerLaunch {
   val ConfPrefix = "spark.sql.streaming.stateStore.keyedstate."
+  val DefaultIdleTimeoutMs = 30000L
 
   /**
    * The launch knobs from the query's keyedstate confs (Python validates every conf again when
@@ -42,7 +47,16 @@ object ServerLaunch {
     ServerLaunch(python(confs), confs.get(ConfPrefix + "localDir"),
       durationMs(confs, "serverStartupTimeout", 60000L),
       math.min(Int.MaxValue.toLong, durationMs(confs, "bridgeTimeout", 600000L)).toInt,
-      processes)
+      processes, idleTimeoutMs(confs))
+  }
+
+  // The period of the idle-connection cleaner: it must be positive (conf.py refuses 0 too).
+  private def idleTimeoutMs(confs: Map[String, String]): Long = {
+    val ms = durationMs(confs, "bridgeIdleTimeout", DefaultIdleTimeoutMs)
+    if (ms <= 0) throw new IllegalArgumentException(
+      s"Invalid value '${confs(ConfPrefix + "bridgeIdleTimeout")}' for conf '${ConfPrefix}bridgeIdleTimeout': " +
+        "expected a positive duration such as 500ms, 30s or 15m")
+    ms
   }
 
   /** The Python that runs keyedstate: the query's PySpark workers' first; then our own knob
@@ -303,7 +317,7 @@ object StateServerProcess {
         case Array(pid, path, _*) if pid.trim.toIntOption.isDefined && path.nonEmpty => (pid.trim.toInt, path)
         case _ => throw new StateServerException(s"keyedstate: the state server's ready file $ready is malformed")
       }
-      val client = new DaemonCallbackClient(0, loopback, callbackSecret, 30L, TimeUnit.SECONDS,
+      val client = new DaemonCallbackClient(0, loopback, callbackSecret, launch.idleTimeoutMs, TimeUnit.MILLISECONDS,
         new UnixSocketFactory(Paths.get(callbackPath)), launch.callTimeoutMs)
       gateway = new Gateway(null, client)
       gateway.startup()
