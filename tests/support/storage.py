@@ -159,7 +159,20 @@ class MiniHdfs(_Server):
 
 MOTO_SCRIPT = r'''
 import sys
+import werkzeug.serving
 from moto.server import ThreadedMotoServer
+
+# werkzeug answers every request that has "Expect: 100-continue" with an interim "100 Continue",
+# which the AWS SDK's async client (s3a's copyFromLocalFile: Spark's RocksDB provider uploading
+# its SST files) takes for the final response ("S3Exception: Status Code: 100"); without it the
+# client sends the body all the same.
+_run_wsgi = werkzeug.serving.WSGIRequestHandler.run_wsgi
+
+def run_wsgi(self):
+    del self.headers["Expect"]
+    return _run_wsgi(self)
+
+werkzeug.serving.WSGIRequestHandler.run_wsgi = run_wsgi
 server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
 server.start()
 host, port = server.get_host_and_port()
