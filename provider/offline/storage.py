@@ -417,7 +417,7 @@ class HadoopStorage(Storage):
                 out.cancel()
                 raise
             return True
-        return self._call("write", path, run)
+        return self._write(path, run)
 
     def upload(self, local: Path, path: str) -> None:
         def run():
@@ -428,7 +428,7 @@ class HadoopStorage(Storage):
             except Exception:
                 out.cancel()
                 raise
-        self._call("write", path, run)
+        self._write(path, run)
 
     def replace(self, path: str, data: bytes) -> None:
         """With a FileContext-based manager (HDFS, local): ``createAtomic(overwrite)``, a rename
@@ -449,7 +449,18 @@ class HadoopStorage(Storage):
                 out = self.fs.create(p, True)
                 out.write(bytearray(data))
                 out.close()
-        self._call("write", path, run)
+        self._write(path, run)
+
+    def _write(self, path: str, run):
+        """``run``, a write of ``path``; if ``path``'s directory is missing, it is made and the
+        write tried again: an atomic create makes no parents on a store with directories (HDFS,
+        through Spark's FileContext-based manager), and a tool writes into new ones (a rescale's
+        new partitions, the state processor's undo records)."""
+        try:
+            return self._call("write", path, run)
+        except MissingFileError:
+            self.mkdirs(self.parent(path))
+            return self._call("write", path, run)
 
     def delete(self, path: str) -> None:
         self._call("delete", path, lambda: self.fm.delete(self._p(path)))

@@ -12,11 +12,10 @@ from support.scenarios import SCENARIOS
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-# Every kind of operator on HDFS; on s3a, where every file operation is several requests, the
-# one-store operators only (a query restarted after each of its 6 steps of 2 inputs takes minutes there)
-CASES = [(scenario, "hdfs") for scenario in ("aggregation-update", "drop-duplicates", "stream-stream-inner-join",
-                                             "session-window-append", "pandas-with-state-no-timeout")]
-CASES += [(scenario, "s3a") for scenario in ("aggregation-update", "drop-duplicates")]
+# Every kind of operator the issue names, on both stores
+CASES = [(scenario, where) for where in ("hdfs", "s3a")
+         for scenario in ("aggregation-update", "drop-duplicates", "stream-stream-inner-join", "session-window-append",
+                          "pandas-with-state-no-timeout")]
 
 
 @pytest.mark.parametrize("scenario, where", CASES)

@@ -73,7 +73,7 @@ def judge(reference: Output, run: Output) -> Verdict:
 
 
 def run_through_failures(spark, provider_class: str, build_query: Callable, schema, steps: Sequence,
-                         checkpoint: Path, input_dir, output_mode: str, *, location: str | None = None,
+                         checkpoint: Path | str, input_dir, output_mode: str, *, location: str | None = None,
                          max_failures: int = 25, timeout: float = 180.0,
                          after_step: Callable[[int, object], None] | None = None,
                          on_failure: Callable[[str], None] | None = None,
@@ -93,6 +93,10 @@ def run_through_failures(spark, provider_class: str, build_query: Callable, sche
         steps = [[rows] for rows in steps]
     inputs = _Inputs(spark, schemas, dirs)
     result = FaultyRun()
+    from keyedstate.offline.storage import is_local, open_storage
+
+    # a checkpoint URI of another scheme (hdfs://, s3a://): its offset log is read through Spark
+    storage = None if is_local(checkpoint) else open_storage(str(checkpoint), spark)
 
     def deliver(batch_df, batch_id):
         result.outputs.append((int(batch_id), normalise(batch_df.collect())))
@@ -111,7 +115,7 @@ def run_through_failures(spark, provider_class: str, build_query: Callable, sche
         deadline = time.monotonic() + timeout * (max_failures + 1)
         while True:
             try:
-                drain(query, checkpoint, inputs.total, timeout)
+                drain(query, checkpoint, inputs.total, timeout, storage)
                 return query
             except Exception as error:  # the query failed (or hung): note why, start it again
                 message = _message(query, error)

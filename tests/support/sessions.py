@@ -23,33 +23,49 @@ from .processes import alive, children, cmdline, descendants, signal_quietly
 QUICK_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 """A session JVM does little work: C1 only and the serial GC start it faster."""
 
-# The child process: one SparkSession on keyedstate, driven by JSON commands on stdin, one JSON
-# reply per command on stdout. Every query is a count per key k over JSON files with a column k,
-# or over text files with one key a line.
-SESSION_SCRIPT = r'''
+# What every child session program starts with: its spec (argv[1]), ``start_session`` (the
+# SparkSession of the spec, with the settings tests rely on) and ``reply`` (one JSON line on the
+# real stdout; everything else printed goes to stderr, the session's log).
+CHILD_PRELUDE = r'''
 import json, os, sys, time, traceback
 from pathlib import Path
 
 spec = json.loads(sys.argv[1])
-from pyspark.sql import SparkSession, functions as F
-import keyedstate
-
-builder = (SparkSession.builder.master(spec.get("master", "local[2]")).appName("keyedstate-session")
-           .config("spark.sql.shuffle.partitions", "2")
-           .config("spark.ui.enabled", "false")
-           .config("spark.ui.showConsoleProgress", "false")
-           .config("spark.sql.streaming.stateStore.maintenanceInterval", "1s")
-           .config("spark.driver.extraJavaOptions", spec["javaOptions"]))
-for key, value in spec.get("confs", {}).items():
-    builder = builder.config(key, value)
-spark = keyedstate.configure(builder).getOrCreate()
-spark.sparkContext.setLogLevel("WARN")
-out = sys.stdout
+_replies = sys.stdout
 sys.stdout = sys.stderr  # only replies go to the real stdout
 
+def start_session(app_name, **confs):
+    """The spec's SparkSession on keyedstate: ``confs``, then the spec's own confs, over defaults."""
+    from pyspark.sql import SparkSession
+    import keyedstate
+    builder = (SparkSession.builder.master(spec.get("master", "local[2]")).appName(app_name)
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.streaming.stateStore.maintenanceInterval", "1s")
+               .config("spark.driver.extraJavaOptions", spec["javaOptions"]))
+    for key, value in {**confs, **spec.get("confs", {})}.items():
+        builder = builder.config(key, value)
+    session = keyedstate.configure(builder).getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    return session
+
 def reply(obj):
-    out.write(json.dumps(obj) + "\n")
-    out.flush()
+    _replies.write(json.dumps(obj, default=str) + "\n")
+    _replies.flush()
+
+def hello(session):
+    """The first reply: the child is ready; its JVM's and its own pid."""
+    reply({"ready": True, "jvmPid": int(session._jvm.ProcessHandle.current().pid()), "pid": os.getpid()})
+'''
+
+# The child process: one SparkSession on keyedstate, driven by JSON commands on stdin, one JSON
+# reply per command on stdout. Every query is a count per key k over JSON files with a column k,
+# or over text files with one key a line.
+SESSION_SCRIPT = CHILD_PRELUDE + r'''
+from pyspark.sql import functions as F
+
+spark = start_session("keyedstate-session")
 
 class Query:
     def __init__(self, cmd):
@@ -97,7 +113,7 @@ def feed(directory, cmd, text=False):
     tmp.rename(directory / f"{n:05d}{suffix}")
 
 queries = {}
-reply({"ready": True, "jvmPid": int(spark._jvm.ProcessHandle.current().pid()), "pid": os.getpid()})
+hello(spark)
 for line in sys.stdin:
     cmd = json.loads(line)
     op = cmd["op"]

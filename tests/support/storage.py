@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from . import testjar
-from .sessions import SessionProcess
+from .sessions import CHILD_PRELUDE, SessionProcess
 
 STORAGE_DIR = Path(__file__).resolve().parent.parent / "storage"
 POM = STORAGE_DIR / "pom.xml"
@@ -159,7 +159,20 @@ class MiniHdfs(_Server):
 
 MOTO_SCRIPT = r'''
 import sys
+import werkzeug.serving
 from moto.server import ThreadedMotoServer
+
+# werkzeug answers every request that has "Expect: 100-continue" with an interim "100 Continue",
+# which the AWS SDK's async client (s3a's copyFromLocalFile: Spark's RocksDB provider uploading
+# its SST files) takes for the final response ("S3Exception: Status Code: 100"); without it the
+# client sends the body all the same.
+_run_wsgi = werkzeug.serving.WSGIRequestHandler.run_wsgi
+
+def run_wsgi(self):
+    del self.headers["Expect"]
+    return _run_wsgi(self)
+
+werkzeug.serving.WSGIRequestHandler.run_wsgi = run_wsgi
 server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
 server.start()
 host, port = server.get_host_and_port()
@@ -206,85 +219,28 @@ class MotoS3(_Server):
 
 
 # The child process: one SparkSession with the s3a client, driven by JSON commands on stdin, one
-# JSON reply per command on stdout (the protocol of support/sessions.py). It runs the operator
-# scenarios of support/scenarios.py with support/driver.py, and the offline tools.
-STORAGE_SESSION_SCRIPT = r'''
-import json, pickle, sys, traceback
-from pathlib import Path
-
-spec = json.loads(sys.argv[1])
+# JSON reply per command on stdout (the protocol of support/sessions.py); a command names a
+# function of support/storage_ops.py, which it runs with the session and the command's arguments.
+STORAGE_SESSION_SCRIPT = CHILD_PRELUDE + r'''
 sys.path.insert(0, spec["tests"])
 from pyspark import cloudpickle
-from pyspark.sql import SparkSession
-import keyedstate
-import support.driver, support.scenarios
-for module in (support.driver, support.scenarios):  # Python UDF workers cannot import them
+import support.driver, support.scenarios, support.storage_ops
+for module in (support.driver, support.scenarios, support.storage_ops):  # Python UDF workers cannot import them
     cloudpickle.register_pickle_by_value(module)
-from support.driver import run_query
-from support.scenarios import SCENARIOS
 
-builder = (SparkSession.builder.master("local[2]").appName("keyedstate-storage")
-           .config("spark.sql.shuffle.partitions", "2")
-           .config("spark.ui.enabled", "false")
-           .config("spark.ui.showConsoleProgress", "false")
-           .config("spark.sql.session.timeZone", "UTC")
-           .config("spark.sql.streaming.stateStore.maintenanceInterval", "1s")
-           .config("spark.driver.extraJavaOptions", spec["javaOptions"]))
-for key, value in spec.get("confs", {}).items():
-    builder = builder.config(key, value)
-spark = keyedstate.configure(builder).getOrCreate()
-spark.sparkContext.setLogLevel("WARN")
-out = sys.stdout
-sys.stdout = sys.stderr  # only replies go to the real stdout
-
-def reply(obj):
-    out.write(json.dumps(obj, default=str) + "\n")
-    out.flush()
-
-def scenario(cmd):
-    sc = next(s for s in SCENARIOS if s.name == cmd["scenario"])
-    steps = sc.steps[:cmd["steps"]] if cmd.get("steps") else sc.steps
-    restarts = range(len(steps) - 1) if cmd.get("restartEveryStep") else None
-    for key, value in cmd.get("confs", {}).items():
-        spark.conf.set(key, value)
-    try:
-        output = run_query(spark, cmd["provider"], sc.build, sc.schema, steps, cmd["checkpoint"],
-                           sc.inputs(Path(cmd["root"])), sc.mode, restart_after=restarts)
-    finally:
-        for key in cmd.get("confs", {}):
-            spark.conf.unset(key)
-    Path(cmd["output"]).write_bytes(pickle.dumps(output))
-    return {}
-
-def offline(cmd):
-    tool = cmd["tool"]
-    if tool == "inspect":
-        from keyedstate.offline.remote import inspect_anywhere
-        return {"report": inspect_anywhere(cmd["checkpoint"], spark=spark)}
-    if tool == "verify":
-        from keyedstate.offline.verify import verify
-        return {"report": verify(cmd["checkpoint"], spark=spark)}
-    if tool == "get":
-        from keyedstate.offline.lookup import get
-        return {"result": get(cmd["checkpoint"], cmd["operator"], cmd["key"], store=cmd.get("store"),
-                              batch=cmd.get("batch"), spark=spark)}
-    raise ValueError(f"unknown tool {tool}")
-
-reply({"ready": True, "jvmPid": int(spark._jvm.ProcessHandle.current().pid()), "pid": __import__("os").getpid()})
+spark = start_session("keyedstate-storage", **{"spark.sql.session.timeZone": "UTC"})
+hello(spark)
 for line in sys.stdin:
     cmd = json.loads(line)
-    op = cmd["op"]
     try:
-        if op == "exit":
+        if cmd["op"] == "exit":
             spark.stop()
             reply({"ok": True})
             break
-        elif op == "scenario":
-            reply({"ok": True, **scenario(cmd)})
-        elif op == "offline":
-            reply({"ok": True, **offline(cmd)})
+        elif cmd["op"] == "tool":
+            reply({"ok": True, "result": getattr(support.storage_ops, cmd["tool"])(spark, **cmd["args"])})
         else:
-            reply({"ok": False, "error": f"unknown op {op}"})
+            reply({"ok": False, "error": f"unknown op {cmd['op']}"})
     except Exception as exc:
         reply({"ok": False, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()})
 '''
@@ -300,15 +256,18 @@ class StorageSession(SessionProcess):
         super().__init__(workdir, confs={"spark.jars": ",".join(s3a), **confs}, script=STORAGE_SESSION_SCRIPT,
                          spec={"tests": str(TESTS_DIR)}, startup_timeout=startup_timeout)
 
-    def _checked(self, reply: dict, what: str) -> dict:
+    def tool(self, name: str, timeout: float = 600.0, **args):
+        """support/storage_ops.py's function ``name`` run in the session with ``args``; its result
+        as JSON gives it back (tuples become lists)."""
+        reply = self.call({"op": "tool", "tool": name, "args": args}, timeout)
         if not reply.get("ok"):
-            raise AssertionError(f"{what} failed in the storage session: {reply.get('error')}\n"
+            raise AssertionError(f"{name} failed in the storage session: {reply.get('error')}\n"
                                  f"{reply.get('trace', '')}\nsession log {self.log_path}:\n{self.log_tail()}")
-        return reply
+        return reply.get("result")
 
     def run_scenario(self, scenario: str, provider: str, checkpoint: str, root: Path, *, steps: int | None = None,
                      restart_every_step: bool = False, confs: dict[str, str] | None = None,
-                     timeout: float = 600.0) -> list:
+                     timeout: float = 900.0) -> list:
         """The scenario's output (support/driver.py's ``[(batch_id, rows)]``), its checkpoint at the
         URI ``checkpoint`` and its input files under ``root``; with ``restart_every_step`` the query
         is stopped and started again on its checkpoint after every step."""
@@ -316,14 +275,11 @@ class StorageSession(SessionProcess):
 
         root.mkdir(parents=True, exist_ok=True)
         output = root / f"output-{time.monotonic_ns()}.pickle"
-        self._checked(self.call({"op": "scenario", "scenario": scenario, "provider": provider,
-                                 "checkpoint": checkpoint, "root": str(root), "steps": steps,
-                                 "restartEveryStep": restart_every_step, "confs": confs or {},
-                                 "output": str(output)}, timeout), f"scenario {scenario} on {checkpoint}")
+        self.tool("scenario", timeout, scenario=scenario, provider=provider, checkpoint=checkpoint, root=str(root),
+                  output=str(output), steps=steps, restartEveryStep=restart_every_step, confs=confs or {})
         return pickle.loads(output.read_bytes())
 
-    def offline(self, tool: str, checkpoint: str, timeout: float = 300.0, **args) -> dict:
-        """An offline tool (inspect, verify, get) on ``checkpoint``, through this session's storage."""
-        reply = self._checked(self.call({"op": "offline", "tool": tool, "checkpoint": checkpoint, **args}, timeout),
-                              f"{tool} on {checkpoint}")
-        return json.loads(json.dumps(reply.get("report", reply.get("result"))))
+    def offline(self, tool: str, checkpoint: str, timeout: float = 600.0, **args):
+        """An offline tool of support/storage_ops.py (inspect, verify, get, state_rows, migrate,
+        rescale, ...) on ``checkpoint``, through this session's storage."""
+        return self.tool(tool, timeout, checkpoint=checkpoint, **args)

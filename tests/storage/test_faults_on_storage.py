@@ -1,0 +1,36 @@
+"""State servers SIGKILLed at commit with the checkpoint on real HDFS and on S3 through s3a
+(issue 48): the aggregation scenario, every state server of the session's JVM killed as soon as
+the changelog of version 2, then of version 3, of a partition is in the checkpoint (the commit has
+made it durable; the server holds it to apply), the query restarted after each failure. Its
+output equals Spark's default provider's on the same storage, uninterrupted: nothing lost or
+duplicated, a replayed batch identical. The full campaign on real storage is
+benchmarks/faults_storage.py; support/storage_ops.py's CommitKiller serves both."""
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from support.constants import KS, PFX
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+KILL_VERSIONS = [2, 3]  # a snapshot version (snapshotInterval 2) and a changelog-only one
+
+
+@pytest.mark.parametrize("where", ["hdfs", "s3a"])
+def test_state_servers_killed_at_commit(storage_session, scenario_runs, storage_roots, candidate_provider,
+                                        tmp_path, where):
+    if candidate_provider != KS:
+        pytest.skip(f"kills keyedstate's state servers, which {candidate_provider} has none of")
+    reference = scenario_runs("aggregation-update", where).reference
+    reference_file = tmp_path / "reference.pickle"
+    reference_file.write_bytes(pickle.dumps(reference))
+    result = storage_session.tool("killed_at_commit", scenario="aggregation-update", provider=KS,
+                                  checkpoint=f"{storage_roots[where]}/faults/killed-at-commit", root=str(tmp_path),
+                                  reference=str(reference_file), kill_versions=KILL_VERSIONS,
+                                  confs={PFX + "snapshotInterval": "2"})
+    assert [k["version"] for k in result["kills"]] == KILL_VERSIONS and all(k["servers"] for k in result["kills"]), \
+        result
+    assert result["lost"] == 0 and result["duplicated"] == 0, "\n".join(result["detail"])
+    assert [b for b, _ in result["final"]] == [b for b, _ in reference], result["final"]
