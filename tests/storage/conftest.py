@@ -18,6 +18,7 @@ import pytest
 
 from support.constants import PFX, REFERENCE_PROVIDER
 from support.scenarios import SCENARIOS
+from support.s3proxy import S3Proxy
 from support.storage import MiniHdfs, MotoS3, StorageSession, StorageUnavailable
 
 _servers: dict[str, object] = {}
@@ -65,10 +66,19 @@ def s3(tmp_path_factory, request):
 
 
 @pytest.fixture(scope="session")
-def storage_session(s3, hdfs, tmp_path_factory):
-    """A SparkSession (child process) with the s3a client of ``s3``; hdfs:// files it creates get
-    the cluster's replication, 2."""
-    confs = {**s3.s3a_confs(), "spark.hadoop.dfs.replication": "2"}
+def s3_proxy(s3):
+    """The HTTP proxy the storage session's s3a client talks to ``s3`` through: it forwards every
+    request unless a test arms a fault (support/s3proxy.py), and counts them."""
+    proxy = S3Proxy(s3.endpoint)
+    yield proxy
+    proxy.stop()
+
+
+@pytest.fixture(scope="session")
+def storage_session(s3, s3_proxy, hdfs, tmp_path_factory):
+    """A SparkSession (child process) with the s3a client of ``s3``, through ``s3_proxy``; hdfs://
+    files it creates get the cluster's replication, 2."""
+    confs = {**s3.s3a_confs(), "spark.hadoop.fs.s3a.endpoint": s3_proxy.endpoint, "spark.hadoop.dfs.replication": "2"}
     try:
         session = StorageSession(tmp_path_factory.mktemp("storage-session"), confs)
     except StorageUnavailable as missing:
