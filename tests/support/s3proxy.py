@@ -17,6 +17,7 @@ import http.client
 import http.server
 import logging
 import re
+import sys
 import threading
 import time
 import urllib.parse
@@ -143,6 +144,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
     proxy: "S3Proxy"
+
+    def handle_error(self, request, client_address) -> None:
+        # a client closing its kept-alive connection (a stopped query) is no error of the proxy's
+        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            log.debug("s3 proxy: %s closed its connection", client_address)
+        else:
+            super().handle_error(request, client_address)
 
 
 class S3Proxy:
