@@ -1,7 +1,7 @@
 """Faults on real checkpoint storage, and the S3 requests each provider makes per batch (issue 48,
 items 3 and 4).
 
-    python3 -m benchmarks.faults_storage                  # everything, ~20 min on 2 loaded cores
+    python3 -m benchmarks.faults_storage                  # everything: 40 min on 2 cores at load 20-50
     python3 -m benchmarks.faults_storage --runs s3a-agg-503,requests --out /tmp/x.md
 
 The storage is the tests' (tests/support/storage.py): a MiniDFSCluster (a NameNode, 2 DataNodes,
