@@ -20,6 +20,7 @@ import pytest
 
 from support.constants import PFX, REFERENCE_PROVIDER
 from support.scenarios import SCENARIOS
+from support.s3proxy import S3Proxy
 from support.storage import MiniHdfs, MotoS3, StorageSession, StorageUnavailable
 
 _servers: dict[str, object] = {}
@@ -67,14 +68,24 @@ def s3(tmp_path_factory, request):
 
 
 @pytest.fixture(scope="session")
-def storage_session(s3, tmp_path_factory, request):
-    """A SparkSession (child process) with the s3a client of ``s3``; hdfs:// files it creates get
-    the cluster's replication, 2. It starts while the MiniDFSCluster does, which is up once the
-    session is (the session needs none of the cluster's addresses): two JVMs start at once."""
+def s3_proxy(s3):
+    """The HTTP proxy the storage session's s3a client talks to ``s3`` through: it forwards every
+    request unless a test arms a fault (support/s3proxy.py), and counts them."""
+    proxy = S3Proxy(s3.endpoint)
+    yield proxy
+    proxy.stop()
+
+
+@pytest.fixture(scope="session")
+def storage_session(s3, s3_proxy, tmp_path_factory, request):
+    """A SparkSession (child process) with the s3a client of ``s3``, through ``s3_proxy``; hdfs://
+    files it creates get the cluster's replication, 2. It starts while the MiniDFSCluster does,
+    which is up once the session is (the session needs none of the cluster's addresses)."""
     # Spark's default maintenance interval (60 s), not the 1 s other sessions use: each tick lists
     # every loaded store's directory (a LIST on s3a, and HEADs), which doubled an s3a run's
     # requests; keyedstate uploads snapshots at commit, so restarts load them all the same.
-    confs = {**s3.s3a_confs(), "spark.hadoop.dfs.replication": "2",
+    confs = {**s3.s3a_confs(), "spark.hadoop.fs.s3a.endpoint": s3_proxy.endpoint,
+             "spark.hadoop.dfs.replication": "2",
              "spark.sql.streaming.stateStore.maintenanceInterval": "60s"}
     with ThreadPoolExecutor(1) as pool:
         starting = pool.submit(StorageSession, tmp_path_factory.mktemp("storage-session"), confs)

@@ -12,6 +12,7 @@ import fcntl
 import hashlib
 import json
 import os
+import queue
 import shutil
 import subprocess
 import sys
@@ -94,6 +95,7 @@ class _Server:
         self._log = open(log, "wb")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
                                      start_new_session=True)
+        self.lines: queue.Queue[str] = queue.Queue()  # stdout after the ready line
         self.address = self._await(ready, timeout)
 
     def _await(self, ready: str, timeout: float) -> str:
@@ -104,6 +106,8 @@ class _Server:
                 text = line.decode(errors="replace")
                 if not found and text.startswith(ready + " "):
                     found.append(text.split(None, 1)[1].strip())
+                elif found:
+                    self.lines.put(text.strip())
                 self._log.write(line)
                 self._log.flush()
 
@@ -155,6 +159,27 @@ class MiniHdfs(_Server):
                "-cp", f"{classes}{os.pathsep}{hdfs_jars}/*", "MiniHdfs", str(base / "data"), str(datanodes)]
         super().__init__(cmd, log or base / "minihdfs.log", "HDFS-READY", "the MiniDFSCluster", timeout)
         self.uri = self.address.rstrip("/")
+        self._control = threading.Lock()
+
+    def control(self, command: str, timeout: float = 180.0) -> str:
+        """Run a command of tests/storage/src/MiniHdfs.java (``stop-datanode``, ``restart-datanode``,
+        ``restart-namenode``) and return what it answered after OK; a refused or unanswered command
+        raises, naming the log."""
+        with self._control:
+            self.proc.stdin.write(command.encode() + b"\n")
+            self.proc.stdin.flush()
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
+                except queue.Empty:
+                    raise TimeoutError(f"{self.what}: no answer to {command!r} within {timeout:.0f} s; "
+                                       f"log {self.log_path}") from None
+                if line.startswith(f"CTL OK {command}"):
+                    return line[len(f"CTL OK {command}"):].strip()
+                if line.startswith(f"CTL ERR {command}"):
+                    raise RuntimeError(f"{self.what} refused {command!r}: {line[len(f'CTL ERR {command}'):].strip()}; "
+                                       f"log {self.log_path}")
 
 
 MOTO_SCRIPT = r'''
