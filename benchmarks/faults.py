@@ -36,6 +36,7 @@ import argparse
 import collections
 import datetime as dt
 import os
+import pickle
 import sys
 import tempfile
 import time
@@ -45,9 +46,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the test support: drivers, scenarios, objtest://
 
 from support import scenarios as sc, testjar  # noqa: E402
-from support.campaign import PLANS, run_campaign, run_executor_kills  # noqa: E402
+from support.campaign import (PLANS, WINDOWS, run_campaign, run_driver_kills, run_executor_kills,  # noqa: E402
+                              run_two_apps, run_window_kills)
 
 EXECUTOR_KILLS = "agg-executor-kills"
+AIMED = {"agg-aimed-kills-v1": "1", "agg-aimed-kills-v2": "2"}
+DRIVER_KILLS = "driver-kills"
+TWO_APPS = "two-apps"
+SPECIAL = [EXECUTOR_KILLS, *AIMED, DRIVER_KILLS, TWO_APPS]
 
 def session(objtest_root: Path):
     from pyspark import cloudpickle
@@ -95,6 +101,32 @@ def report(results: list[dict], seconds: float) -> str:
              "## Faults by phase and kind", "", "| phase | kind | injected | runs |", "|---|---|---:|---:|"]
     for (phase, kind), c in sorted(by_phase.items()):
         lines.append(f"| {phase} | {kind} | {c['injected']} | {c['runs']} |")
+    aimed = [r for r in results if r["plan"].kind in ("aimed kill", "driver kill")]
+    if aimed:
+        per_window: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        for r in aimed:
+            for window, n in r["faults"].items():
+                per_window[window]["kills"] += n
+                per_window[window]["runs"] += 1
+                per_window[window]["lost"] += r["lost"]
+                per_window[window]["duplicated"] += r["duplicated"]
+        lines += ["", "## Aimed kills by window", "",
+                  "The process in the window SIGKILLs itself there: the objtest:// FileSystem (test code, "
+                  "`action=kill`) kills its JVM at the first call matching the window's rule after each "
+                  "arming (an executor JVM on `local-cluster[2,1,1024]`, re-armed after every committed step; "
+                  "for the commit log, the driver JVM of a child Python driver, restarted with a changed filter "
+                  "or changed input of the killed batch and compared with Spark's default provider under the "
+                  "same kills and changes). Lost and duplicated rows are those of the runs the window's kills "
+                  "happened in.", "",
+                  "| window | kills | runs | lost | duplicated |", "|---|---:|---:|---:|---:|"]
+        for window in [*WINDOWS, *sorted(set(per_window) - set(WINDOWS))]:
+            c = per_window.get(window, collections.Counter())
+            lines.append(f"| {window} | {c['kills']} | {c['runs']} | {c['lost']} | {c['duplicated']} |")
+    for r in results:
+        if r["plan"].kind == "two applications":
+            lines += ["", f"Two applications on one checkpoint ({r['plan'].name}): exit codes {r['exit_codes']} "
+                      f"(0 = ran all its batches), `keyedstate verify` exit {r['verify']}, then a restart ran "
+                      f"every step: {r['lost']} rows lost, {r['duplicated']} duplicated."]
     lines += ["", "## Runs", "",
               "| run | operator | fault kind | checkpoint format | faults | query failures (restarts) | "
               "replayed batches | lost | duplicated | s |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
@@ -117,10 +149,19 @@ def report(results: list[dict], seconds: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m benchmarks.faults", description=__doc__.split("\n")[0])
     parser.add_argument("--runs", help="comma-separated run names (default all: " +
-                        ",".join([EXECUTOR_KILLS] + [p.name for p in PLANS]) + ")")
+                        ",".join(SPECIAL + [p.name for p in PLANS]) + ")")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "RESULTS-faults.md"))
+    parser.add_argument("--save", help="also pickle the results to this file (for --merge)")
+    parser.add_argument("--merge", help="comma-separated --save files: write their report, run nothing")
     args = parser.parse_args(argv)
-    plans = [p for p in PLANS if not args.runs or p.name in args.runs.split(",")]
+    if args.merge:
+        parts = [pickle.loads(Path(p).read_bytes()) for p in args.merge.split(",")]
+        results = [r for part in parts for r in part["results"]]
+        Path(args.out).write_text(report(results, max(part["seconds"] for part in parts)))
+        print("wrote", args.out)
+        return 0 if all(r["lost"] == 0 and r["duplicated"] == 0 for r in results) else 1
+    chosen = set(args.runs.split(",")) if args.runs else None
+    plans = [p for p in PLANS if not chosen or p.name in chosen]
     work = Path(tempfile.mkdtemp(prefix="keyedstate-faults-"))
     root = work / "objtest"
     started = time.monotonic()
@@ -129,9 +170,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['plan'].name}: {sum(r['faults'].values())} faults, {len(r['failures'])} failures, "
               f"lost {r['lost']}, duplicated {r['duplicated']} ({r['seconds']:.0f} s)", flush=True)
     results = []
-    if not args.runs or EXECUTOR_KILLS in args.runs.split(","):
+    if not chosen or EXECUTOR_KILLS in chosen:
         results.append(run_executor_kills(work))  # first: its cluster needs a process without a JVM
         progress(results[-1])
+    formats = tuple(v for name, v in AIMED.items() if not chosen or name in chosen)
+    if formats:  # a cluster of its own too, before this process has a JVM
+        results += run_window_kills(work, formats=formats, progress=progress)
+    if not chosen or DRIVER_KILLS in chosen:  # child drivers: no JVM in this process
+        results += run_driver_kills(root, work, progress=progress)
+    if not chosen or TWO_APPS in chosen:
+        for version in ("1", "2"):
+            results.append(run_two_apps(root, work, version))
+            progress(results[-1])
     if plans:
         spark = session(root)
         try:
@@ -139,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             spark.stop()
     Path(args.out).write_text(report(results, time.monotonic() - started))
+    if args.save:
+        Path(args.save).write_bytes(pickle.dumps({"results": results, "seconds": time.monotonic() - started}))
     print("wrote", args.out)
     return 0 if all(r["lost"] == 0 and r["duplicated"] == 0 for r in results) else 1
 
