@@ -60,7 +60,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the test support: drivers, scenarios, objtest://
 
 from support import scenarios as sc, testjar  # noqa: E402
-from support.campaign import (PLANS, WINDOWS, run_campaign, run_driver_kills, run_executor_kills,  # noqa: E402
+from support.campaign import (COMMIT_LOG, PLANS, WINDOWS, run_campaign, run_driver_kills, run_executor_kills,  # noqa: E402
                               run_speculation, run_two_apps, run_window_kills)
 
 EXECUTOR_KILLS = "agg-executor-kills"
@@ -143,6 +143,11 @@ def report(results: list[dict], seconds: float, processes: int = 1) -> str:
         for window in [*WINDOWS, *sorted(set(per_window) - set(WINDOWS))]:
             c = per_window.get(window, collections.Counter())
             lines.append(f"| {window} | {c['kills']} | {c['runs']} | {c['lost']} | {c['duplicated']} |")
+        short = [w for w in [*WINDOWS, COMMIT_LOG] if per_window[w]["kills"] < (10 if w == COMMIT_LOG else 20)]
+        formats = {r["plan"].format_version for r in aimed if r["faults"].get(COMMIT_LOG)}
+        lines += ["", f"Targets (issue 46: >= 200 faults, >= 20 kills per window, >= 10 driver kills before the "
+                  f"commit log in formats 1 and 2): {total} faults; driver kills in formats {sorted(formats)}; "
+                  + (f"**not reached in: {', '.join(short)}**." if short else "every window reached.")]
     for r in results:
         if r["plan"].kind == "two applications":
             lines += ["", f"Two applications on one checkpoint ({r['plan'].name}): exit codes {r['exit_codes']} "
