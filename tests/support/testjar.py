@@ -158,8 +158,8 @@ def arm(root: str | os.PathLike, rules: Mapping[str, Any] | None = None, **ops: 
     for key, value in (rules or {}).items():
         lines.append(f"{key}={_prop(value)}")
     for op, spec in ops.items():
-        if op not in OPS:
-            raise ValueError(f"unknown operation {op!r}: one of {', '.join(OPS)}")
+        if op.split("#")[0] not in OPS:  # "rename#2": a second rule on rename, counted apart
+            raise ValueError(f"unknown operation {op!r}: one of {', '.join(OPS)} (or <op>#<1..9>)")
         lines.extend(f"{op}.{key}={_prop(value)}" for key, value in spec.items())
     meta = _meta(root)
     meta.mkdir(parents=True, exist_ok=True)

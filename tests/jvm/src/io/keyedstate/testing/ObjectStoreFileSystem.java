@@ -83,9 +83,14 @@ import org.apache.hadoop.util.Progressable;
  * &lt;op&gt;.times=K         ... and the K-1 matching calls after it (default 1)
  * &lt;op&gt;.probability=P   or: fail each matching call with probability P
  * &lt;op&gt;.path=S          only calls with a path containing S (either path, for rename)
+ * &lt;op&gt;.regex=R         only calls with a path in which the Java regex R is found
+ * &lt;op&gt;#&lt;n&gt;.KEY       (n = 1..9) another rule on the same operation, with its own counter
+ * &lt;op&gt;.action=kill      instead of an IOException, SIGKILL this JVM at that call (after
+ *                       logging it with kind "kill:&lt;at&gt;"): a crash aimed at a precise moment
  * &lt;op&gt;.scope=global    count calls across all JVMs (file-locked counter) instead of per JVM
  * create.at=close       fail when the object would be published, not when the stream is opened
  * rename.at=afterCopy   fail after the copy, before the delete: both source and destination stay
+ * rename.at=end         fail (or kill) after the whole rename: the destination is published
  * shortReads=P          read(byte[],off,len) returns 1..len bytes at random with probability P
  *                       ("true" = 1.0), never 0, never EOF early; shortReads.path=S filters
  * diskFull.afterBytes=N after N bytes written in this JVM since arming (to paths matching
@@ -518,6 +523,7 @@ public class ObjectStoreFileSystem extends FileSystem {
         }
         control.maybeFail(this, "rename", "afterCopy", src, dst);
         for (java.nio.file.Path s : sources) Files.deleteIfExists(s); // phase 2: delete the sources
+        control.maybeFail(this, "rename", "end", src, dst);
         return true;
     }
 
@@ -635,6 +641,27 @@ public class ObjectStoreFileSystem extends FileSystem {
             return false;
         }
 
+        static final int RULE_SLOTS = 9;
+
+        private static boolean matchesRegex(String regex, Path... paths) {
+            if (regex == null || regex.isEmpty()) return true;
+            java.util.regex.Pattern pattern = java.util.regex.Pattern.compile(regex);
+            for (Path p : paths) if (pattern.matcher(p.toString()).find()) return true;
+            return false;
+        }
+
+        /** SIGKILL of this JVM, as a crash at this very point: no shutdown hook, no further
+         *  filesystem call of this thread (it waits for the signal). */
+        private static void killThisJvm() {
+            try {
+                new ProcessBuilder("kill", "-KILL", String.valueOf(ProcessHandle.current().pid()))
+                        .inheritIO().start();
+                while (true) Thread.sleep(60_000);
+            } catch (IOException | InterruptedException e) {
+                Runtime.getRuntime().halt(137); // no kill(1): still no shutdown hook runs
+            }
+        }
+
         private synchronized double nextDouble() {
             return random.nextDouble();
         }
@@ -646,11 +673,18 @@ public class ObjectStoreFileSystem extends FileSystem {
         /** Every FileSystem call passes here first (at "start"): the control file is re-read then. */
         void maybeFail(ObjectStoreFileSystem fs, String op, String at, Path... paths) throws IOException {
             View r = view(fs, at.equals("start"));
+            maybeFail(r, op, op, at, paths);
+            for (int slot = 1; slot <= RULE_SLOTS; slot++) maybeFail(r, op, op + "#" + slot, at, paths);
+        }
+
+        /** One rule: {@code rule} is the operation's name, or {@code <op>#<slot>} for another rule on it. */
+        private void maybeFail(View r, String opName, String op, String at, Path... paths) throws IOException {
             String nth = r.get(op + ".nth", null);
             String probability = r.get(op + ".probability", null);
             if (nth == null && probability == null) return;
             if (!r.get(op + ".at", "start").equals(at)) return;
             if (!matches(r.get(op + ".path", null), paths)) return;
+            if (!matchesRegex(r.get(op + ".regex", null), paths)) return;
             long n = r.get(op + ".scope", "jvm").equals("global")
                     ? globalIncrement(op)
                     : calls.computeIfAbsent(op, k -> new AtomicLong()).incrementAndGet();
@@ -661,9 +695,13 @@ public class ObjectStoreFileSystem extends FileSystem {
             } else {
                 fail = nextDouble() < Double.parseDouble(probability);
             }
+            if (fail && r.get(op + ".action", "fail").equals("kill")) {
+                log(opName, "kill:" + at, n, paths);
+                killThisJvm();
+            }
             if (fail) {
-                log(op, at, n, paths);
-                throw new IOException("objtest: injected " + op + " fault (" + at + ", matching call #" + n
+                log(opName, at, n, paths);
+                throw new IOException("objtest: injected " + opName + " fault (" + at + ", matching call #" + n
                         + ") on " + java.util.Arrays.toString(paths));
             }
         }
