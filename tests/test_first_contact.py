@@ -152,7 +152,7 @@ def test_state_source_read_in_a_fresh_session_logs_no_keyedstate_warning(tmp_pat
 
 
 FAILING_SCRIPT = r'''
-import sys
+import json, sys
 from pathlib import Path
 from pyspark.sql import SparkSession
 import keyedstate
