@@ -124,7 +124,7 @@ def of_another_run(manifest: Manifest, changelog_run: str | None, changelog_path
     version's changelog (at ``changelog_path``, committed by ``changelog_run``) names another run,
     whose attempt replaced the one the snapshot was taken of. None when they agree or the
     manifest names no run (offline writers, older manifests). The JVM's twin is
-    ``VersionLoader.otherRun``."""
+    ``CheckpointFiles.otherRun``."""
     if manifest.run_id is None or changelog_run == manifest.run_id:
         return None
     committer = f"run {changelog_run}" if changelog_run is not None else "no query run"
