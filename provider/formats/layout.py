@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any
+from typing import Any, BinaryIO
 
 CHANGELOG_SUFFIX = ".ks-changelog"
 MANIFEST_SUFFIX = ".ks-snapshot"
@@ -59,11 +59,16 @@ def check_size(size: int, limit: int, source: str, kind: str) -> None:
                             f"or not a {kind}; it is not read")
 
 
+def open_file(path: str | os.PathLike) -> BinaryIO:
+    """A local checkpoint file opened for reading without following a link (O_NOFOLLOW); OSError
+    as ``open`` raises it."""
+    return open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb")
+
+
 def read_file(path: str | os.PathLike, limit: int | None, kind: str) -> bytes:
-    """A whole local checkpoint file, opened without following a link (O_NOFOLLOW) and refused
-    unread when it is longer than ``limit`` (:func:`check_size`; None: no limit); OSError as
-    ``open`` raises it."""
-    with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as fh:
+    """A whole local checkpoint file (:func:`open_file`), refused unread when it is longer than
+    ``limit`` (:func:`check_size`; None: no limit)."""
+    with open_file(path) as fh:
         if limit is None:
             return fh.read()
         check_size(os.fstat(fh.fileno()).st_size, limit, str(path), kind)

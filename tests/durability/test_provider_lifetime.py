@@ -349,6 +349,34 @@ def test_a_rerun_replaces_a_stopped_runs_manifest_it_finds_at_its_upload(spark):
         close_runs(spark, old, new)
 
 
+def test_the_offline_rebuilders_check_a_snapshot_against_its_changelogs_header_alone(spark):
+    """Both offline rebuilders check the snapshot of version 3 against the run of changelog 3, from
+    that changelog's header (its own CRC-32), as the JVM does: a corrupt body of changelog 3, which
+    a rebuild from snapshot 3 never replays, fails neither. Before, both read and decompressed the
+    whole changelog: one skipped snapshot 3 and then failed replaying changelog 3, the other failed."""
+    location, local = objtest_location(spark, "headeronly")
+    history, ids = {0: {}}, {}
+    run = Run(spark, location + "/state", "1", history, ids)
+    try:
+        for version in range(3):
+            run.commit(version)
+        wait_for(lambda: run.snapshot() or any(local.rglob("3.ks-snapshot")), timeout=30, what="the snapshot of version 3")
+        wait_until_unchanged(local)
+    finally:
+        close_runs(spark, run)
+    manifest_path = next(local.rglob("3.ks-snapshot"))
+    changelog_3 = manifest_path.parent / "3.ks-changelog"
+    data = bytearray(changelog_3.read_bytes())
+    data[-1] ^= 0xFF  # the body's last byte; the header stays intact
+    changelog_3.write_bytes(bytes(data))
+    with ckpt.rebuild(ckpt.list_store(manifest_path.parent, 0), 3) as rebuilt:
+        assert rebuilt.base_snapshot == 3 and _offline_contents(rebuilt.db) == history[3]
+    checkpoint = Checkpoint(LocalStorage(local))
+    part = checkpoint.operator(0).stores["default"][0]
+    with checkpoint.rebuild(part, 3) as rebuilt:
+        assert rebuilt.chain[-1] == (3, None) and _offline_contents(rebuilt.db) == history[3]
+
+
 def test_a_stopped_runs_task_that_wins_the_gap_inside_replace_fails_the_rerun(spark):
     """A later run replaces version 3 (an earlier run's attempt Spark never committed): it deletes
     the file, then writes its own. A task of the stopped run that commits version 3 in between
