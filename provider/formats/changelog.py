@@ -309,6 +309,8 @@ def _header_v2(view: memoryview, source: str) -> tuple[int, int, dict[str, Any]]
             raise ValueError("not an object")
         if "keyLayout" in meta:  # null or malformed is refused, as by the JVM (FORMATS.md)
             KeyLayout.from_json(meta["keyLayout"])
+        if meta.get(RUN_ID) is not None and not isinstance(meta[RUN_ID], str):
+            raise ValueError(f"field '{RUN_ID}' is {meta[RUN_ID]!r}, expected a string")
     except (ValueError, KeyError) as exc:
         raise CorruptChangelogError(f"{source} has unreadable metadata ({exc})") from None
     return codec, head_end + 4, meta
@@ -368,7 +370,11 @@ def _decode_v2(view: memoryview, source: str) -> Changelog:
         raise CorruptChangelogError(f"{source} uses compression codec {codec}; this keyedstate reads 0 (none), "
                                     "1 (zstd) and 2 (zstd, key groups apart)")
     log = _decode_v1(body, source, meta)
-    if (log.version, log.key_groups) != (meta.get("version"), meta.get("keyGroups")):
+    version, key_groups = meta.get("version"), meta.get("keyGroups")
+    # integers within the JVM's Long and Int: a bool (True == 1), 3.0 or a larger number is no match
+    if (not all(isinstance(n, int) and not isinstance(n, bool) for n in (version, key_groups))
+            or version > (1 << 63) - 1 or key_groups > 0x7FFFFFFF
+            or (log.version, log.key_groups) != (version, key_groups)):
         raise CorruptChangelogError(f"{source}: its header says version {meta.get('version')} with "
                                     f"{meta.get('keyGroups')} key groups, its records version {log.version} "
                                     f"with {log.key_groups}: corrupt")

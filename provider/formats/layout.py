@@ -148,12 +148,16 @@ def version_of(name: str, suffix: str) -> int | None:
     return found[0] if found is not None and found[1] is None else None
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")  # JSON has no NaN or Infinity; neither reader takes them
+
+
 def json_of(text: str | bytes) -> Any:
     """JSON read from a checkpoint file (a manifest, a changelog's metadata, Spark's logs and
     metadata): as ``json.loads``, and a document nested deeper than Python's recursion limit is
     a ``ValueError`` like any other malformed one (``json`` raises ``RecursionError``, which no
     reader's ``except ValueError`` catches: it escaped without the file's name)."""
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_refuse_constant)
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
