@@ -8,6 +8,7 @@ import time
 import uuid
 from pathlib import Path
 
+import keyedstate
 from keyedstate import conf
 
 
@@ -66,3 +67,15 @@ def test_a_python_that_never_answers_is_killed_with_its_children_at_the_time_lim
         time.sleep(0.1)
     assert not _alive(pid), "the child's child was left running"
 
+
+def test_an_answer_from_another_keyedstate_version_is_not_used(spark, tmp_path):
+    """The driver's Python may import another keyedstate than the jar's (a skewed install): its
+    rules may differ from the state servers', so its answer is not used (the servers check the
+    confs). The same answer from the jar's version is."""
+    confs = spark._jvm.java.util.HashMap()
+    confs.put(conf.PREFIX + "snapshotInterval", "5")
+    check = spark._jvm.io.keyedstate.spark.DriverConfCheck
+    for version, used in (("0.0.0-other", False), (keyedstate.__version__, True)):
+        answers = _script(tmp_path / f"answers-{version}", f'cat > /dev/null\necho \'{{"error": "refused", "version": "{version}"}}\'\n')
+        answer = check.ask(confs, str(answers), 30000)
+        assert (answer.isDefined() and answer.get() == "refused") == used, version

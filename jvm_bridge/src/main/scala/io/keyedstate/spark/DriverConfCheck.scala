@@ -26,13 +26,16 @@ import io.keyedstate.bridge.ServerLaunch
  * The interpreter comes from the application's configuration alone ([[driverPython]]), never from
  * a session conf, which any SQL statement can SET: planning runs no program a query names. The
  * child never blocks planning beyond [[TimeoutMs]]: its input comes from a file, its output is
- * read on a thread, and on timeout it is killed with every process it started.
+ * read on a thread, and on timeout it is killed with every process it started. An answer from
+ * another keyedstate version than this jar's is not used.
  */
 object DriverConfCheck {
   private val log = LoggerFactory.getLogger(getClass)
   private val Json = new ObjectMapper()
   private val TimeoutMs = 60000L
   private val MaxOutputBytes = 1 << 16
+  /** The keyedstate this jar was built for (its manifest's Implementation-Version; None: unknown). */
+  private lazy val JarVersion: Option[String] = Option(getClass.getPackage).flatMap(p => Option(p.getImplementationVersion))
   // Each distinct set of confs -> conf.py's message for it (None: accepted, or not checkable).
   private val checked = new ConcurrentHashMap[Map[String, String], Option[String]]()
 
@@ -101,7 +104,16 @@ object DriverConfCheck {
         val text = output.synchronized(new String(output.toByteArray, StandardCharsets.UTF_8))
         val answer = text.split("\n").map(_.trim).filter(_.startsWith("{\"error\"")).lastOption
         answer match {
-          case Some(line) => Option(Json.readTree(line).get("error")).filterNot(_.isNull).map(_.asText())
+          case Some(line) =>
+            val node = Json.readTree(line)
+            val version = Option(node.get("version")).filterNot(_.isNull).map(_.asText())
+            // another keyedstate's rules may differ from the state servers' (which run this jar's)
+            if (JarVersion.exists(v => !version.contains(v))) {
+              log.info(s"keyedstate: '$python' runs ${version.fold("a keyedstate that names no version")(v => s"keyedstate $v")}, this jar is " +
+                s"keyedstate ${JarVersion.get}: its conf check is not used; the state servers check the confs when a " +
+                "task opens a store")
+              None
+            } else Option(node.get("error")).filterNot(_.isNull).map(_.asText())
           case None =>
             log.info(s"keyedstate: '$python' cannot check the keyedstate confs on the driver (exit " +
               s"${process.exitValue()}): ${text.trim.split("\n").lastOption.getOrElse("")}; the state " +
