@@ -336,14 +336,17 @@ def parse(confs: Mapping[str, str]) -> dict[str, Any]:
 
 def check_main() -> None:
     """The driver's check (``KeyedStateProvider.supportedCustomMetrics``): reads the query's
-    keyedstate confs as a JSON object on stdin and prints ``{"error": <message or null>}``."""
+    keyedstate confs as a JSON object on stdin and prints ``{"error": <message or null>,
+    "version": <keyedstate's>}`` (the JVM uses no answer of another version than its jar's)."""
+    from . import __version__
+
     confs = json.load(sys.stdin)
     try:
         parse(confs)
         error = None
     except ConfError as exc:
         error = str(exc)
-    print(json.dumps({"error": error}), flush=True)
+    print(json.dumps({"error": error, "version": __version__}), flush=True)
 
 
 def _nearest(name: str) -> str:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import random
+import struct
+import zlib
 
 import pytest
 
@@ -98,6 +100,13 @@ def _metadata_cases() -> dict[str, tuple[list[tuple[bytes, str]], int]]:
             data = fuzz.fix_header_crc(data.replace(*raw, 1))
         return data
 
+    def changelog_raw(meta_text: bytes) -> bytes:  # metadata bytes as given, framed and checksummed
+        header = changelog.HEADER_V2.pack(changelog.MAGIC_V2, changelog.FORMAT_VERSION_V2, changelog.CODEC_NONE,
+                                          len(meta_text)) + meta_text
+        return header + struct.pack(">I", zlib.crc32(header)) + inner
+
+    _, _, inner_version, inner_groups = changelog.HEADER.unpack_from(inner, 0)
+    own_meta = json.dumps({"version": inner_version, "keyGroups": inner_groups}, separators=(",", ":")).encode()
     run = {changelog.RUN_ID: "run-AAAA"}
     manifest_node = json.loads(fuzz.GOLDEN.joinpath("manifest-v1.json").read_bytes())
 
@@ -114,6 +123,10 @@ def _metadata_cases() -> dict[str, tuple[list[tuple[bytes, str]], int]]:
             (changelog_with({"keyLayout": 3}), "keyLayout a number"),
             (changelog_with({"keyLayout": {"keyColumns": 1, "partitionKeyColumns": 2, "prefixColumns": 0}}),
              "keyLayout hashing more columns than the key has"),
+            (changelog_raw(own_meta + b" {}"), "data after the metadata object"),
+            (changelog_raw(own_meta[:-1] + b',"x":NaN}'), "NaN in the metadata"),
+            (changelog_with({"keyGroups": inner_groups + (1 << 32)}), "keyGroups beyond 2^31-1 (its low bits right)"),
+            (changelog_with({changelog.RUN_ID: 5}), "runId a number"),
         ], 1),
         "manifest": ([
             (good_manifest, "the golden file"),
@@ -121,6 +134,11 @@ def _metadata_cases() -> dict[str, tuple[list[tuple[bytes, str]], int]]:
             (manifest_with(keyLayout=None), "keyLayout null"),
             (manifest_with(keyLayout={"keyColumns": 1, "partitionKeyColumns": 0, "prefixColumns": 2}),
              "keyLayout with more prefix columns than the key has"),
+            (good_manifest + b" {}", "data after the manifest object"),
+            (manifest_with(ttl={"x": float("nan")}), "NaN in ttl"),
+            (manifest_with(keyGroups=manifest_node["keyGroups"] + (1 << 32)), "keyGroups beyond 2^31-1 (its low bits right)"),
+            (manifest_with(keyGroups=1 << 31), "keyGroups 2^31"),
+            (manifest_with(numKeys=1 << 63), "numKeys beyond 2^63-1"),
         ], 1),
         "spark-operator-metadata": ([
             (fuzz.OPERATOR_METADATA, "the seed"),

@@ -45,7 +45,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, NamedTuple
 
-from .layout import MAX_CHANGELOG_BYTES, TooLargeError, json_of
+from .layout import MAX_CHANGELOG_BYTES, TooLargeError, json_of, open_file
 from .layout import read_file as read_checkpoint_file
 from .stored import KeyLayout
 
@@ -293,9 +293,8 @@ def _decode_v1(view: memoryview, source: str, meta: dict[str, Any] | None = None
     return Changelog(version, key_groups, count, bytes(body[HEADER.size:]), source, meta or {})
 
 
-def _decode_v2(view: memoryview, source: str) -> Changelog:
-    if len(view) < HEADER_V2.size + 4:
-        raise CorruptChangelogError(f"{source} is truncated ({len(view)} bytes)")
+def _header_v2(view: memoryview, source: str) -> tuple[int, int, dict[str, Any]]:
+    """Format 2's header, checked against its own CRC-32: (codec, where the body starts, metadata)."""
     _, fmt, codec, meta_length = HEADER_V2.unpack_from(view, 0)
     if fmt != FORMAT_VERSION_V2:
         raise CorruptChangelogError(f"{source} has changelog format version {fmt}; this keyedstate reads formats 1 and 2")
@@ -310,9 +309,50 @@ def _decode_v2(view: memoryview, source: str) -> Changelog:
             raise ValueError("not an object")
         if "keyLayout" in meta:  # null or malformed is refused, as by the JVM (FORMATS.md)
             KeyLayout.from_json(meta["keyLayout"])
+        if meta.get(RUN_ID) is not None and not isinstance(meta[RUN_ID], str):
+            raise ValueError(f"field '{RUN_ID}' is {meta[RUN_ID]!r}, expected a string")
     except (ValueError, KeyError) as exc:
         raise CorruptChangelogError(f"{source} has unreadable metadata ({exc})") from None
-    body = view[head_end + 4:]
+    return codec, head_end + 4, meta
+
+
+def meta_bytes_needed(head: bytes | bytearray | memoryview) -> int:
+    """How many leading bytes of a changelog :func:`read_meta` needs, given at least its first
+    ``HEADER_V2.size`` (or all, if shorter): the whole format-2 header; format 1 has none."""
+    if len(head) < HEADER_V2.size or bytes(head[:8]) != MAGIC_V2:
+        return 0
+    return HEADER_V2.size + HEADER_V2.unpack_from(head, 0)[3] + 4
+
+
+def read_meta(head: bytes | bytearray | memoryview, source: str) -> dict[str, Any]:
+    """The metadata of a changelog from its header alone, checked by the header's own CRC-32
+    (format 1: none): the body is neither read nor checked, as by the JVM's ``readMeta``. ``head``
+    holds at least the changelog's first :func:`meta_bytes_needed` bytes."""
+    view = memoryview(head)
+    if len(view) < 8 or bytes(view[:8]) != MAGIC_V2:
+        return {}
+    if len(view) < HEADER_V2.size + 4:
+        raise CorruptChangelogError(f"{source} is truncated ({len(view)} bytes)")
+    return _header_v2(view, source)[2]
+
+
+def read_file_meta(path: str) -> dict[str, Any]:
+    """:func:`read_meta` of a local changelog file, reading its header only (no link followed)."""
+    with open_file(path) as fh:
+        head = fh.read(HEADER_V2.size)
+        needed = meta_bytes_needed(head)
+        if needed > MAX_CHANGELOG_BYTES:
+            raise CorruptChangelogError(f"{path} is corrupt (a header of {needed} bytes)")
+        if needed > len(head):
+            head += fh.read(needed - len(head))
+    return read_meta(head, path)
+
+
+def _decode_v2(view: memoryview, source: str) -> Changelog:
+    if len(view) < HEADER_V2.size + 4:
+        raise CorruptChangelogError(f"{source} is truncated ({len(view)} bytes)")
+    codec, head_end, meta = _header_v2(view, source)
+    body = view[head_end:]
     if codec == CODEC_ZSTD:
         body = memoryview(_zstd_decompress(body, source))
     elif codec == CODEC_ZSTD_SPLIT:
@@ -330,7 +370,11 @@ def _decode_v2(view: memoryview, source: str) -> Changelog:
         raise CorruptChangelogError(f"{source} uses compression codec {codec}; this keyedstate reads 0 (none), "
                                     "1 (zstd) and 2 (zstd, key groups apart)")
     log = _decode_v1(body, source, meta)
-    if (log.version, log.key_groups) != (meta.get("version"), meta.get("keyGroups")):
+    version, key_groups = meta.get("version"), meta.get("keyGroups")
+    # integers within the JVM's Long and Int: a bool (True == 1), 3.0 or a larger number is no match
+    if (not all(isinstance(n, int) and not isinstance(n, bool) for n in (version, key_groups))
+            or version > (1 << 63) - 1 or key_groups > 0x7FFFFFFF
+            or (log.version, log.key_groups) != (version, key_groups)):
         raise CorruptChangelogError(f"{source}: its header says version {meta.get('version')} with "
                                     f"{meta.get('keyGroups')} key groups, its records version {log.version} "
                                     f"with {log.key_groups}: corrupt")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any
+from typing import Any, BinaryIO
 
 CHANGELOG_SUFFIX = ".ks-changelog"
 MANIFEST_SUFFIX = ".ks-snapshot"
@@ -59,11 +59,16 @@ def check_size(size: int, limit: int, source: str, kind: str) -> None:
                             f"or not a {kind}; it is not read")
 
 
+def open_file(path: str | os.PathLike) -> BinaryIO:
+    """A local checkpoint file opened for reading without following a link (O_NOFOLLOW); OSError
+    as ``open`` raises it."""
+    return open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb")
+
+
 def read_file(path: str | os.PathLike, limit: int | None, kind: str) -> bytes:
-    """A whole local checkpoint file, opened without following a link (O_NOFOLLOW) and refused
-    unread when it is longer than ``limit`` (:func:`check_size`; None: no limit); OSError as
-    ``open`` raises it."""
-    with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as fh:
+    """A whole local checkpoint file (:func:`open_file`), refused unread when it is longer than
+    ``limit`` (:func:`check_size`; None: no limit)."""
+    with open_file(path) as fh:
         if limit is None:
             return fh.read()
         check_size(os.fstat(fh.fileno()).st_size, limit, str(path), kind)
@@ -143,12 +148,16 @@ def version_of(name: str, suffix: str) -> int | None:
     return found[0] if found is not None and found[1] is None else None
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")  # JSON has no NaN or Infinity; neither reader takes them
+
+
 def json_of(text: str | bytes) -> Any:
     """JSON read from a checkpoint file (a manifest, a changelog's metadata, Spark's logs and
     metadata): as ``json.loads``, and a document nested deeper than Python's recursion limit is
     a ``ValueError`` like any other malformed one (``json`` raises ``RecursionError``, which no
     reader's ``except ValueError`` catches: it escaped without the file's name)."""
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_refuse_constant)
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None

@@ -111,7 +111,7 @@ def decode(data: bytes, source: str, version: int | None = None) -> Manifest:
             raise ValueError(f"field 'runId' is {run_id!r}, expected a string")
         known = {"format", "formatVersion", "version", "keyGroups", "numKeys", "files", "replay", "keyLayout",
                  "ttl", "rescale", "runId"}
-        return Manifest(found, _int(node, "keyGroups"), _int(node, "numKeys"), files, replay, key_layout,
+        return Manifest(found, _int(node, "keyGroups", _MAX_INT), _int(node, "numKeys"), files, replay, key_layout,
                         ttl, rescale, run_id, extra={k: v for k, v in node.items() if k not in known})
     except layout.UnsafePathError:
         raise
@@ -124,7 +124,7 @@ def of_another_run(manifest: Manifest, changelog_run: str | None, changelog_path
     version's changelog (at ``changelog_path``, committed by ``changelog_run``) names another run,
     whose attempt replaced the one the snapshot was taken of. None when they agree or the
     manifest names no run (offline writers, older manifests). The JVM's twin is
-    ``VersionLoader.otherRun``."""
+    ``CheckpointFiles.otherRun``."""
     if manifest.run_id is None or changelog_run == manifest.run_id:
         return None
     committer = f"run {changelog_run}" if changelog_run is not None else "no query run"
@@ -132,10 +132,17 @@ def of_another_run(manifest: Manifest, changelog_run: str | None, changelog_path
             "a snapshot of another attempt of the version")
 
 
-def _int(node: dict, key: str) -> int:
+_MAX_INT = (1 << 31) - 1
+_MAX_LONG = (1 << 63) - 1
+
+
+def _int(node: dict, key: str, limit: int = _MAX_LONG) -> int:
+    """A non-negative integer field, at most ``limit`` (the JVM's Int or Long)."""
     value = node[key]
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ValueError(f"field '{key}' is {value!r}, expected a non-negative integer")
+    if value > limit:
+        raise ValueError(f"field '{key}' is {value}, expected at most {limit}")
     return value
 
 

@@ -317,6 +317,16 @@ def rebuild(store: StoreFiles, version: int, manifests: dict[int, "mf.Manifest |
             db.close()
 
 
+def _changelog_run(path: Path) -> str | None:
+    """The run that committed a changelog, from its header alone (its body is not read)."""
+    try:
+        return changelog.read_file_meta(str(path)).get(changelog.RUN_ID)
+    except changelog.CorruptChangelogError as exc:
+        raise CheckpointError(str(exc)) from exc
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {path}: {exc}") from exc
+
+
 def _rebuild_base(store: StoreFiles, version: int, manifests: dict, db_dir: Path):
     """The newest usable snapshot at or below ``version`` opened in ``db_dir`` (its replay
     applied), with the changelogs after it present, and the first changelog to apply on it; see
@@ -351,7 +361,7 @@ def _rebuild_base(store: StoreFiles, version: int, manifests: dict, db_dir: Path
                 raise known
             manifest = known or read_manifest(path, base)
             if manifest.run_id is not None and base in store.changelogs:
-                committed = read_changelog(store.changelog_path(base), base, None).meta.get(changelog.RUN_ID)
+                committed = _changelog_run(store.changelog_path(base))
                 why = mf.of_another_run(manifest, committed, str(store.changelog_path(base)))
                 if why is not None:
                     raise CheckpointError(f"snapshot manifest {path}: {why}")

@@ -459,8 +459,14 @@ class Checkpoint:
             return False
         if manifest.run_id is None:
             return False
-        committed = self.read_changelog(sp, version, None).meta.get(changelog.RUN_ID)
-        why = mf.of_another_run(manifest, committed, sp.changelog_path(self.storage, version))
+        path = sp.changelog_path(self.storage, version)
+        try:  # the header alone: a body the replay never reads cannot fail this
+            committed = changelog.read_meta(self.storage.read_bytes(path, layout.MAX_CHANGELOG_BYTES, "changelog"),
+                                            path).get(changelog.RUN_ID)
+        except (OSError, changelog.CorruptChangelogError) as exc:
+            why = f"cannot be checked against {path}: {exc}"  # as the JVM's load: skipped
+        else:
+            why = mf.of_another_run(manifest, committed, path)
         if why is not None:
             log.warning("skipping snapshot manifest %s in favour of an older one plus changelogs: %s",
                         sp.manifest_path(self.storage, version), why)

@@ -59,8 +59,16 @@ def source_dir() -> Path:
     raise JarBuildError(f"JVM shim sources not found (looked in {', '.join(map(str, _SOURCE_DIRS))})")
 
 
+def _keyedstate_version() -> str:
+    from .. import __version__  # at call time: keyedstate imports this module before defining it
+
+    return __version__
+
+
 def _sources_hash(sources: list[Path], root: Path) -> str:
+    """The sources and keyedstate's version (which the jar's manifest records) as a jar name's hash."""
     digest = hashlib.sha256()
+    digest.update(_keyedstate_version().encode())
     for path in sources:
         digest.update(str(path.relative_to(root)).encode())
         digest.update(path.read_bytes())
@@ -239,7 +247,9 @@ def _build(sources: list[Path], target: Path) -> None:
             raise JarBuildError(f"compiling the keyedstate JVM shim failed:\n{result.stdout}{result.stderr}")
         partial = Path(tmp) / target.name
         with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as jar:
-            jar.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\nCreated-By: keyedstate\n")
+            # Implementation-Version: the keyedstate whose Python the jar expects (DriverConfCheck)
+            jar.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\nCreated-By: keyedstate\nImplementation-Title: "
+                         f"keyedstate\nImplementation-Version: {_keyedstate_version()}\n")
             for path in sorted(classes.rglob("*.class")):
                 jar.write(path, str(path.relative_to(classes)))
         digest = _sha256(partial)

@@ -278,6 +278,105 @@ def test_a_stopped_runs_snapshot_beside_the_rerun_changelog_is_never_loaded(spar
         close_runs(spark, old, new)
 
 
+def test_cleanup_never_takes_a_stopped_runs_snapshot_as_its_base(spark):
+    """The stopped run's manifest of version 3 lands beside the rerun's changelog of version 3 (as
+    above), and the rerun goes on to version 5: its cleanup must not take that snapshot as the base
+    of the retained versions (3..5), which would delete the changelog that shows it is another
+    run's and let every later load take it as found. Before, the cleanup chose it (its files are
+    all there) and deleted changelog 3: version 3 then loaded without the rerun's key."""
+    location, local = objtest_location(spark, "stalebase")
+    history, ids = {0: {}}, {}
+    old = Run(spark, location + "/state", "1", history, ids)
+    new = None
+    try:
+        for version in range(3):
+            old.commit(version)
+        wait_for(lambda: old.snapshot() or any(local.rglob("3.ks-snapshot")), timeout=30, what="the snapshot of version 3")
+        wait_until_unchanged(local)
+        manifest_path = next(local.rglob("3.ks-snapshot"))
+        stale = manifest_path.read_bytes()
+        deactivate(spark, old.run_id)
+        new = Run(spark, location + "/state", "1", history, ids)
+        store = new.layer.store(2, None)
+        new.layer.put(store, (KEYS + 1,), (-1,))
+        assert store.commit() == 3
+        history[3] = {**history[2], KEYS + 1: -1}
+        wait_until_unchanged(local)
+        manifest_path.write_bytes(stale)  # the stopped run's manifest, published after the replace
+        new.commit(3)
+        new.commit(4)
+        wait_until_unchanged(local)
+        new.cleanup()
+        with restarted(spark, location + "/state") as fresh:
+            for version in (3, 4, 5):
+                assert contents(fresh, version, None) == history[version], f"version {version}"
+        assert (manifest_path.parent / "3.ks-changelog").exists()
+    finally:
+        close_runs(spark, old, new)
+
+
+def test_a_rerun_replaces_a_stopped_runs_manifest_it_finds_at_its_upload(spark):
+    """The stopped run's manifest of version 3 is published after the rerun's commit of version 3
+    and before the rerun's snapshot upload of it (objtest's renames are slowed so that the upload
+    is still under way): the upload replaces that manifest with its own. Before, it kept it ("already
+    has a snapshot") and counted it as its own newest snapshot."""
+    location, local = objtest_location(spark, "staleupload")
+    history, ids = {0: {}}, {}
+    old = Run(spark, location + "/state", "1", history, ids)
+    new = None
+    try:
+        for version in range(3):
+            old.commit(version)
+        wait_for(lambda: old.snapshot() or any(local.rglob("3.ks-snapshot")), timeout=30, what="the snapshot of version 3")
+        wait_until_unchanged(local)
+        manifest_path = next(local.rglob("3.ks-snapshot"))
+        stale = manifest_path.read_bytes()
+        deactivate(spark, old.run_id)
+        new = Run(spark, location + "/state", "1", history, ids)
+        store = new.layer.store(2, None)
+        new.layer.put(store, (KEYS + 1,), (-1,))
+        arm(spark, {"rename.delayMs": 1500})
+        assert store.commit() == 3
+        history[3] = {**history[2], KEYS + 1: -1}
+        assert not manifest_path.exists(), "the upload was not slowed enough for the test"
+        manifest_path.write_bytes(stale)  # the stopped run's manifest, published before the rerun's
+        wait_for(lambda: manifest_path.read_bytes() != stale, timeout=60, what="the rerun's manifest of version 3")
+        disarm(spark)
+        wait_until_unchanged(local)
+        assert ckpt.read_manifest(manifest_path, 3).run_id == new.run_id
+    finally:
+        disarm(spark)
+        close_runs(spark, old, new)
+
+
+def test_the_offline_rebuilders_check_a_snapshot_against_its_changelogs_header_alone(spark):
+    """Both offline rebuilders check the snapshot of version 3 against the run of changelog 3, from
+    that changelog's header (its own CRC-32), as the JVM does: a corrupt body of changelog 3, which
+    a rebuild from snapshot 3 never replays, fails neither. Before, both read and decompressed the
+    whole changelog: one skipped snapshot 3 and then failed replaying changelog 3, the other failed."""
+    location, local = objtest_location(spark, "headeronly")
+    history, ids = {0: {}}, {}
+    run = Run(spark, location + "/state", "1", history, ids)
+    try:
+        for version in range(3):
+            run.commit(version)
+        wait_for(lambda: run.snapshot() or any(local.rglob("3.ks-snapshot")), timeout=30, what="the snapshot of version 3")
+        wait_until_unchanged(local)
+    finally:
+        close_runs(spark, run)
+    manifest_path = next(local.rglob("3.ks-snapshot"))
+    changelog_3 = manifest_path.parent / "3.ks-changelog"
+    data = bytearray(changelog_3.read_bytes())
+    data[-1] ^= 0xFF  # the body's last byte; the header stays intact
+    changelog_3.write_bytes(bytes(data))
+    with ckpt.rebuild(ckpt.list_store(manifest_path.parent, 0), 3) as rebuilt:
+        assert rebuilt.base_snapshot == 3 and _offline_contents(rebuilt.db) == history[3]
+    checkpoint = Checkpoint(LocalStorage(local))
+    part = checkpoint.operator(0).stores["default"][0]
+    with checkpoint.rebuild(part, 3) as rebuilt:
+        assert rebuilt.chain[-1] == (3, None) and _offline_contents(rebuilt.db) == history[3]
+
+
 def test_a_stopped_runs_task_that_wins_the_gap_inside_replace_fails_the_rerun(spark):
     """A later run replaces version 3 (an earlier run's attempt Spark never committed): it deletes
     the file, then writes its own. A task of the stopped run that commits version 3 in between

@@ -7,9 +7,9 @@ import org.slf4j.LoggerFactory
 /**
  * Deletes what no retained version needs, and never what could still rebuild one: the oldest
  * retained version is rebuilt from the newest snapshot at or below it whose files are all in the
- * checkpoint with their sizes (a *verified* snapshot), plus the changelogs after it; only
- * changelogs at or below that snapshot, older manifests, and snapshot files no kept manifest
- * lists go. A newer snapshot that turns out broken (say an overlapping run listed a file that
+ * checkpoint with their sizes and that is of its version's attempt (a *verified* snapshot),
+ * plus the changelogs after it; only changelogs at or below that snapshot, older manifests, and
+ * snapshot files no kept manifest lists go. A newer snapshot that turns out broken (say an overlapping run listed a file that
  * is gone) costs a longer replay on load, never the version.
  *
  * Retention counts back from `head`, the version the caller committed or loaded, never from the
@@ -89,10 +89,15 @@ object CheckpointCleanup {
     chain
   }
 
-  /** Whether every file of the snapshot of `version` is there with its size. */
+  /** Whether every file of the snapshot of `version` is there with its size, and (format 1) the
+   *  snapshot is of the attempt its version's changelog holds ([[CheckpointFiles.otherRun]]): a
+   *  snapshot of another run's attempt is no base, and the changelog that shows so stays. */
   def verified(files: CheckpointFiles, version: Long, id: Option[String]): Boolean =
     try {
       val m = files.readManifest(version, id)
-      (m.files ++ m.replay).forall(files.holds)
+      val stale = if (id.isEmpty) files.otherRun(version, m.runId) else None
+      stale.foreach(why => log.info(s"keyedstate: cleanup of ${files.dir} does not take ${files.manifest(version, id)} " +
+        s"as its base: it $why"))
+      stale.isEmpty && (m.files ++ m.replay).forall(files.holds)
     } catch { case _: CheckpointFileException => false }
 }

@@ -253,6 +253,26 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
     }
   }
 
+  /**
+   * Under checkpoint format 1, why the snapshot of `version` that run `snapshotRun` uploaded is
+   * not the version (FORMATS.md, "Which file is the version"): the version's changelog names
+   * another run, whose attempt replaced the one the snapshot was taken of, or cannot be read to
+   * tell. None when they agree, when the manifest names no run (offline writers, older manifests)
+   * or the changelog is gone. The one check of the load, the cleanup and the upload.
+   */
+  def otherRun(version: Long, snapshotRun: Option[String]): Option[String] = snapshotRun.flatMap { run =>
+    val path = changelog(version, None)
+    if (!exists(path)) None
+    else {
+      val committed = try readChangelogMeta(version, None).runId catch {
+        case e: CheckpointFileException => return Some(s"cannot be checked against $path: ${e.getMessage}")
+      }
+      if (committed.contains(run)) None
+      else Some(s"was uploaded by run $run, but $path was committed by ${committed.fold("no query run")(r => s"run $r")}: " +
+        "a snapshot of another attempt of the version")
+    }
+  }
+
   /** Publishes a manifest; false when the version already has one (kept: the first one wins). */
   def writeManifest(m: SnapshotManifest, id: Option[String]): Boolean =
     createOnce(manifest(m.version, id), ByteBuffer.wrap(ManifestFormat.encode(m)))

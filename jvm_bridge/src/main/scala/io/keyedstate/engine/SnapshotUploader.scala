@@ -23,7 +23,8 @@ import io.keyedstate.format.{KeyLayout, SnapshotFile, SnapshotManifest}
  * run that executes the batch again replaces that changelog and deletes its manifest
  * ([[CheckpointFiles.replace]]), and a snapshot this run still uploads then is not the version.
  * The manifest names this run, so that a load can tell such a snapshot from the version's even
- * when this run stopped before it could take its manifest back ([[VersionLoader]]).
+ * when this run stopped before it could take its manifest back ([[VersionLoader]]); cleanup
+ * takes no such snapshot as its base, and a later upload of the version replaces its manifest.
  */
 final class SnapshotUploader(files: CheckpointFiles, describe: String, runId: Option[String]) {
   import SnapshotUploader._
@@ -84,7 +85,7 @@ final class SnapshotUploader(files: CheckpointFiles, describe: String, runId: Op
         }.toSeq
         val manifest = SnapshotManifest(version, keyGroups, snap.get("numKeys").asLong(), entries,
           keyLayout = Some(keyLayout), ttl = ttl, runId = runId)
-        if (!files.writeManifest(manifest, id)) {
+        if (!files.writeManifest(manifest, id) && !replacedStale(version, id, manifest)) {
           log.info(s"keyedstate: version $version of $describe already has a snapshot; keeping it")
         } else if (!entries.forall(files.holds)) {
           // A file vanished between the check and the manifest (a concurrent cleanup): the
@@ -112,6 +113,22 @@ final class SnapshotUploader(files: CheckpointFiles, describe: String, runId: Op
       }
     }
     newest
+  }
+
+  /**
+   * Under checkpoint format 1, replaces the manifest of `version` found in the checkpoint with this
+   * run's `manifest` when it is of another run's attempt ([[CheckpointFiles.otherRun]]; this run's
+   * changelog is the version): kept, a load would skip it and this run's snapshot would be lost.
+   * False when the manifest found stays (this run's, an offline writer's, or unreadable).
+   */
+  private def replacedStale(version: Long, id: Option[String], manifest: SnapshotManifest): Boolean = id.isEmpty && {
+    val found = try Some(files.readManifest(version, None)) catch { case _: CheckpointFileException => None }
+    found.flatMap(m => files.otherRun(version, m.runId)).exists { why =>
+      log.info(s"keyedstate: the snapshot manifest of version $version of $describe in the checkpoint $why; " +
+        "replacing it with this run's")
+      files.delete(files.manifest(version, None))
+      files.writeManifest(manifest, None)
+    }
   }
 
   /**

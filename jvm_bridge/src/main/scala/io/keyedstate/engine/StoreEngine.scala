@@ -487,8 +487,9 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
    * Uploads the snapshots the server staged (maintenance thread). A stopped run's provider does
    * this once more before Spark closes it, while the next run may already work on the same
    * directory: that is safe because a snapshot only adds files under fresh names, lists only files
-   * verified to be there, never replaces a manifest, and a load skips a snapshot that turns out
-   * broken anyway. Deleting is not: only the active instance cleans up ([[cleanupFiles]]).
+   * verified to be there, replaces a manifest only when it is of another run's attempt
+   * ([[SnapshotUploader]]), and a load skips a snapshot that turns out broken anyway. Deleting
+   * is not: only the active instance cleans up ([[cleanupFiles]]).
    * `through`: see [[SnapshotUploader.upload]].
    */
   def uploadSnapshots(through: Long = -1L): Unit = {

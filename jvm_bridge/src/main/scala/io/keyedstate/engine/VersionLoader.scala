@@ -147,7 +147,7 @@ final class VersionLoader(files: CheckpointFiles, uploader: SnapshotUploader, de
     val s = base._1
     val source = files.manifest(s, base._2).toString
     val manifest = try files.readManifest(s, base._2) catch { case e: CheckpointFileException => throw new SnapshotUnusable(e.getMessage) }
-    if (base._2.isEmpty) otherRun(s, manifest.runId).foreach(why => throw new SnapshotUnusable(s"$source $why"))
+    if (base._2.isEmpty) files.otherRun(s, manifest.runId).foreach(why => throw new SnapshotUnusable(s"$source $why"))
     if (manifest.keyGroups != keyGroups) {
       throw new CheckpointFileException(
         s"keyedstate: $source was written with keyGroups=${manifest.keyGroups} but this query sets " +
@@ -171,25 +171,6 @@ final class VersionLoader(files: CheckpointFiles, uploader: SnapshotUploader, de
         val local = download(r, localRoot, source)
         installed(replay(session, Seq((s, local, files.resolve(r.path).toString)), s"replaying ${files.resolve(r.path)}"))
         Files.deleteIfExists(local)
-    }
-  }
-
-  /**
-   * Under checkpoint format 1, why the snapshot of `version` that run `snapshotRun` uploaded is
-   * not the version (FORMATS.md, "Which file is the version"): the version's changelog names
-   * another run, whose attempt replaced the one the snapshot was taken of. None when they agree,
-   * when the manifest names no run (offline writers, older manifests) or the changelog is gone.
-   */
-  private def otherRun(version: Long, snapshotRun: Option[String]): Option[String] = snapshotRun.flatMap { run =>
-    val path = files.changelog(version, None)
-    if (!files.exists(path)) None
-    else {
-      val committed = try files.readChangelogMeta(version, None).runId catch {
-        case e: CheckpointFileException => return Some(s"cannot be checked against $path: ${e.getMessage}")
-      }
-      if (committed.contains(run)) None
-      else Some(s"was uploaded by run $run, but $path was committed by ${committed.fold("no query run")(r => s"run $r")}: " +
-        "a snapshot of another attempt of the version")
     }
   }
 

@@ -316,7 +316,7 @@ object ChangelogFormat {
     if (crc.getValue.toInt != ByteBuffer.wrap(data, headEnd.toInt, 4).getInt()) {
       throw new CorruptChangelogException(s"$source is corrupt (header CRC-32 mismatch)")
     }
-    val meta = try Json.readTree(CheckpointLayout.utf8(data, HeaderV2Bytes, metaLength)) catch {
+    val meta = try CheckpointLayout.JsonReader.readTree(CheckpointLayout.utf8(data, HeaderV2Bytes, metaLength)) catch {
       case NonFatal(e) => throw new CorruptChangelogException(s"$source has unreadable metadata (${e.getMessage})")
     }
     val parsed = try ChangelogMeta(
@@ -325,7 +325,10 @@ object ChangelogFormat {
       Option(meta.get("lineage")).filterNot(_.isNull).map(_.elements().asScala.map(i => (i.get(0).asLong(), i.get(1).asText())).toSeq)
         .getOrElse(Nil),
       Option(meta.get("fromEmpty")).exists(_.asBoolean()),
-      Option(meta.get("runId")).filterNot(_.isNull).map(_.asText())) catch {
+      Option(meta.get("runId")).filterNot(_.isNull).map { r =>
+        if (!r.isTextual) throw new IllegalArgumentException(s"field 'runId' is $r, expected a string")
+        r.asText()
+      }) catch {
       case NonFatal(e) => throw new CorruptChangelogException(s"$source has unreadable metadata (${e.getMessage})")
     }
     (codec, headEnd.toInt + 4, parsed, meta)
@@ -358,7 +361,10 @@ object ChangelogFormat {
         "0 (none), 1 (zstd) and 2 (zstd, key groups apart)")
     }
     val log = readV1(inner, source, parsed)
-    if (log.version != meta.path("version").asLong(-1) || log.keyGroups != meta.path("keyGroups").asInt(-1)) {
+    // integers within Long and Int: 3.0, "3" or a larger number (whose low bits may match) is no match
+    val (version, keyGroups) = (meta.path("version"), meta.path("keyGroups"))
+    if (!version.isIntegralNumber || !version.canConvertToLong || !keyGroups.isIntegralNumber ||
+        !keyGroups.canConvertToInt || log.version != version.asLong() || log.keyGroups != keyGroups.asInt()) {
       throw new CorruptChangelogException(s"$source: its header says version ${meta.path("version")} with " +
         s"${meta.path("keyGroups")} key groups, its records version ${log.version} with ${log.keyGroups}: corrupt")
     }

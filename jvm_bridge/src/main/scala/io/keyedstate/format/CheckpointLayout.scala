@@ -67,6 +67,14 @@ object CheckpointLayout {
     }
 
   /**
+   * Reads the JSON of keyedstate's files (a manifest, a changelog's metadata) as Python's
+   * `json.loads` (`formats/layout.py` `json_of`) does: anything after the value but whitespace is
+   * refused, and so (Jackson's default) are NaN and Infinity.
+   */
+  val JsonReader: com.fasterxml.jackson.databind.ObjectMapper = new com.fasterxml.jackson.databind.ObjectMapper()
+    .enable(com.fasterxml.jackson.databind.DeserializationFeature.FAIL_ON_TRAILING_TOKENS)
+
+  /**
    * Text of a checkpoint file (a manifest, a changelog's metadata, Spark's metadata), which must
    * be UTF-8: a malformed byte is refused, not replaced (FORMATS.md, "Text and metadata"; Python's
    * strict `bytes.decode("utf-8")` is the twin), so both languages read or refuse the same files.

@@ -94,7 +94,7 @@ object ManifestFormat {
   /** Parses and checks a manifest (of `version`, if >= 0); `source` names it in errors. */
   def decode(data: Array[Byte], source: String, version: Long = -1): SnapshotManifest =
     try {
-      val node = Json.readTree(CheckpointLayout.utf8(data, 0, data.length))
+      val node = CheckpointLayout.JsonReader.readTree(CheckpointLayout.utf8(data, 0, data.length))
       if (node == null || !node.isObject || node.path("format").asText() != Format) {
         throw new IllegalArgumentException("not a keyedstate snapshot manifest")
       }
@@ -120,7 +120,7 @@ object ManifestFormat {
       listed.groupBy(_.name).find(_._2.size > 1).foreach { case (name, same) =>
         throw new IllegalArgumentException(s"it lists the file name $name ${same.size} times")
       }
-      SnapshotManifest(found, long(node, "keyGroups").toInt, long(node, "numKeys"), listed,
+      SnapshotManifest(found, int(node, "keyGroups"), long(node, "numKeys"), listed,
         Option(node.get("replay")).filterNot(_.isNull).map(fileOf(_, source)), keyLayout, ttl,
         Option(node.get("rescale")).filterNot(_.isNull), runId)
     } catch {
