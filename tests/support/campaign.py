@@ -546,8 +546,13 @@ def run_two_apps(root: Path, work: Path, format_version: str = "1", first_steps:
     key = os.urandom(8).hex()
     inputs = base / "input"
     inputs.mkdir(parents=True, exist_ok=True)
+    now = time.time()
     for index, rows in enumerate(DRIVER_STEPS[:first_steps]):
-        (inputs / f"{index:05d}.json").write_text("".join(f'{{"k":"{k}","v":{v}}}\n' for k, v in rows))
+        path = inputs / f"{index:05d}.json"
+        path.write_text("".join(f'{{"k":"{k}","v":{v}}}\n' for k, v in rows))
+        # One second apart: Spark's file source takes files in modification-time order, and both
+        # applications must read them in the reference's order (one file per batch).
+        os.utime(path, (now - first_steps + index, now - first_steps + index))
     spec = {"objtest_root": str(root), "location": f"objtest://drivers/{key}", "checkpoint": str(root / "drivers" / key),
             "input_dir": str(inputs), "provider": KS, "format_version": format_version, "filter": FILTERS[0],
             "steps": DRIVER_STEPS[:first_steps], "confs": {PFX + "snapshotInterval": "2"}, "timeout": 240}
