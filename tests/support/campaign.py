@@ -636,6 +636,8 @@ def _slow_first_attempts(spark, checkpoint: str, out: list, sleep_s: float):
 
     from . import cluster
 
+    rows_per_batch = cluster.ROWS_PER_BATCH  # a value in the closure: the workers cannot import support
+
     def count(key, frames, state):
         import time as _time
 
@@ -646,7 +648,7 @@ def _slow_first_attempts(spark, checkpoint: str, out: list, sleep_s: float):
         for frame in frames:
             n += len(frame)
             values.extend(int(v) for v in frame["v"])
-        if key[0] == 0 and values and min(values) >= cluster.ROWS_PER_BATCH and TaskContext.get().attemptNumber() == 0:
+        if key[0] == 0 and values and min(values) >= rows_per_batch and TaskContext.get().attemptNumber() == 0:
             _time.sleep(sleep_s)
         state.update((n,))
         yield pd.DataFrame({"k": [key[0]], "n": [n]})
@@ -676,7 +678,10 @@ def run_speculation(work: Path, batches: int = 6, restart_batches: int = 3, slee
     events = work / "speculation-events"
     events.mkdir(parents=True, exist_ok=True)
     conf = cluster.keyedstate_conf(work / "objtest-speculation", **SPECULATION_CONFS, **{
-        "spark.eventLog.enabled": "true", "spark.eventLog.dir": events.resolve().as_uri()})
+        "spark.eventLog.enabled": "true", "spark.eventLog.dir": events.resolve().as_uri(),
+        # one plain JSON-lines file per application, which the count below reads (Spark 4's
+        # default is a rolling, zstd-compressed directory)
+        "spark.eventLog.rolling.enabled": "false", "spark.eventLog.compress": "false"})
     results = []
     with cluster.standalone_cluster_session(conf=conf) as cl:
         spark = cl.spark
