@@ -249,7 +249,8 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       val path = files.changelog(newVersion, newId)
       // The file of an earlier run's attempt of this version is replaced, with its snapshot.
       val publish = () => files.createOnce(path, file) ||
-        rerunOf(newVersion, newId, v.fromEmpty).exists(seen => files.replace(path, file, Seq(files.manifest(newVersion, newId)), seen))
+        rerunOf(newVersion, newId, v.fromEmpty).exists(seen =>
+          files.replace(path, file, Seq(files.manifest(newVersion, newId)), seen))
       val scan = cleanup.scanRequest(v.nowMs)
       // Write-behind: the changelog is shipped, held unapplied by the server, while its file is
       // written; the commit then waits for the longer of the two, not their sum.
