@@ -75,9 +75,20 @@ def _merged_jars(on_builder: str | None, jar: str) -> str:
         launcher = SparkContext._jvm.java.lang.System.getProperty("spark.jars")
     merged: dict[str, str] = {}  # one entry per file, however given (spark-submit makes paths file: URIs)
     for entry in filter(None, (e.strip() for e in ",".join(filter(None, [launcher, on_builder, jar])).split(","))):
-        url = urllib.parse.urlparse(entry)
-        merged.setdefault(os.path.normpath(url.path) if url.scheme in ("", "file") else entry, entry)
+        merged.setdefault(_jar_file(entry), entry)
     return ",".join(merged.values())
+
+
+def _jar_file(entry: str) -> str:
+    """The file a ``spark.jars`` entry names, as Spark resolves it: a plain path against the
+    working directory, a ``file:`` URI percent-decoded; ``..`` and links resolved. Entries of
+    other schemes stay as given."""
+    url = urllib.parse.urlparse(entry)
+    if url.scheme == "file":
+        return os.path.realpath(urllib.parse.unquote(url.path))
+    if url.scheme == "" or len(url.scheme) == 1:  # a plain path (or a drive letter)
+        return os.path.realpath(entry)
+    return entry
 
 
 def _add_to_running_driver(jar: str) -> None:

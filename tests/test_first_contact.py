@@ -139,6 +139,25 @@ def test_every_route_serves_listeners_streams_foreach_batch_and_state_sources(ro
     assert [2] in result["events"][1:-1], result["events"]
 
 
+def test_configure_adds_keyedstate_jar_once_however_spark_jars_names_it(tmp_path, monkeypatch):
+    """The jars configure() passes on: keyedstate's jar given already as a relative path, a
+    ``file:`` URI (percent-encoded, as spark-submit writes one) or a path with ``..`` is listed
+    once; another jar of the same file name in another directory is kept."""
+    from keyedstate import _merged_jars
+
+    jar = Path(keyedstate.jar_path())
+    work = tmp_path / "a dir"
+    (work / "sub").mkdir(parents=True)
+    monkeypatch.chdir(work)
+    other = work / "sub" / jar.name
+    other.write_bytes(b"another jar of the same name")
+    for given in [os.path.relpath(jar, work), jar.as_uri(), f"{work}/sub/../{os.path.relpath(jar, work)}",
+                  f"file:{jar}", str(jar)]:
+        assert _merged_jars(given, str(jar)).split(",") == [given], given
+    assert _merged_jars(f"{other.as_uri()},sub/{jar.name}", str(jar)).split(",") == [other.as_uri(), str(jar)]
+    assert _merged_jars("sub/../sub/" + jar.name, str(jar)).split(",") == ["sub/../sub/" + jar.name, str(jar)]
+
+
 def test_state_source_read_in_a_fresh_session_logs_no_keyedstate_warning(tmp_path):
     """A session that never ran a query has no state store coordinator; the stores a read opens
     asked it whether they are active, and every such question logged a WARN with a stack trace."""

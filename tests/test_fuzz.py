@@ -114,9 +114,19 @@ def _metadata_cases() -> dict[str, tuple[list[tuple[bytes, str]], int]]:
         return json.dumps({**manifest_node, **fields}, separators=(",", ":")).encode()
 
     good_manifest = fuzz.GOLDEN.joinpath("manifest-v1.json").read_bytes()
+    records = [tuple(r) for r in changelog.decode(inner, "changelog-v1.bin").records()]
+    padded = own_meta + b" " * (changelog.MAX_META_BYTES - len(own_meta))  # whitespace may follow the object
     return {
+        "changelog-v1": ([
+            (inner, "the golden file"),
+            (changelog.encode(inner_version, (1 << 31) - 1, records), "keyGroups 2^31-1 in the header"),
+            (changelog.encode(inner_version, 1 << 31, records), "keyGroups 2^31 in the header (u32, signed in Java)"),
+            (changelog.encode(inner_version, (1 << 32) - 1, records), "keyGroups 2^32-1 in the header"),
+        ], 2),
         "changelog-v2-none": ([
             (good_changelog, "the golden file"),
+            (changelog_raw(padded), "metadata of MAX_META_BYTES (16 MiB)"),
+            (changelog_raw(padded + b" "), "metadata of MAX_META_BYTES + 1"),
             (changelog_with(run, (b"run-AAAA", b"run-A\xffAA")), "invalid UTF-8 in the metadata"),
             (changelog_with(run, (b"run-AAAA", b"run-\xc3\x28AA")), "an invalid UTF-8 sequence in the metadata"),
             (changelog_with({"keyLayout": None}), "keyLayout null"),
@@ -127,7 +137,7 @@ def _metadata_cases() -> dict[str, tuple[list[tuple[bytes, str]], int]]:
             (changelog_raw(own_meta[:-1] + b',"x":NaN}'), "NaN in the metadata"),
             (changelog_with({"keyGroups": inner_groups + (1 << 32)}), "keyGroups beyond 2^31-1 (its low bits right)"),
             (changelog_with({changelog.RUN_ID: 5}), "runId a number"),
-        ], 1),
+        ], 2),
         "manifest": ([
             (good_manifest, "the golden file"),
             (good_manifest.replace(b"itself", b"its\xffelf", 1), "invalid UTF-8 in a string"),

@@ -58,6 +58,7 @@ CODEC_ZSTD = 1
 CODEC_ZSTD_SPLIT = 2  # zstd, key groups in a stream of their own
 ZSTD_LEVEL = 1  # measured: the best ratio and speed on changelogs (levels 3+ compress them worse)
 MAX_BYTES = (1 << 31) - 64  # one changelog, uncompressed (the JVM writes one Java array)
+MAX_META_BYTES = 16 << 20  # format 2's metadata, written or read (FORMATS.md; JVM: ChangelogFormat.MaxMetaBytes)
 OP_PUT = 1  # put; whether the key existed is unknown
 OP_DELETE = 2  # delete; whether the key existed is unknown
 OP_PUT_NEW = 3  # put of a key that did not exist
@@ -286,6 +287,8 @@ def _decode_v1(view: memoryview, source: str, meta: dict[str, Any] | None = None
     if end != END or zlib.crc32(body) != crc:
         raise CorruptChangelogError(
             f"{source} is truncated or corrupt (trailer or CRC-32 mismatch, {len(view)} bytes)")
+    if key_groups > 0x7FFFFFFF:  # a u32 field holding 0..2^31-1 (FORMATS.md; the JVM's readV1 refuses the same)
+        raise CorruptChangelogError(f"{source} is corrupt ({key_groups} key groups in its header, at most 2147483647)")
     if in_place is not None:
         mapping, offset = in_place
         return Changelog(version, key_groups, count, mapping, source, meta or {},
@@ -295,9 +298,10 @@ def _decode_v1(view: memoryview, source: str, meta: dict[str, Any] | None = None
 
 def _header_v2(view: memoryview, source: str) -> tuple[int, int, dict[str, Any]]:
     """Format 2's header, checked against its own CRC-32: (codec, where the body starts, metadata)."""
-    _, fmt, codec, meta_length = HEADER_V2.unpack_from(view, 0)
+    _, fmt, codec, _ = HEADER_V2.unpack_from(view, 0)
     if fmt != FORMAT_VERSION_V2:
         raise CorruptChangelogError(f"{source} has changelog format version {fmt}; this keyedstate reads formats 1 and 2")
+    meta_length = _meta_length(view, source)
     head_end = HEADER_V2.size + meta_length
     if head_end + 4 > len(view):
         raise CorruptChangelogError(f"{source} is truncated ({len(view)} bytes, header of {head_end + 4})")
@@ -316,12 +320,20 @@ def _header_v2(view: memoryview, source: str) -> tuple[int, int, dict[str, Any]]
     return codec, head_end + 4, meta
 
 
-def meta_bytes_needed(head: bytes | bytearray | memoryview) -> int:
+def _meta_length(head: bytes | bytearray | memoryview, source: str) -> int:
+    """Format 2's metadata length from its header, refused beyond :data:`MAX_META_BYTES`."""
+    meta_length = HEADER_V2.unpack_from(head, 0)[3]
+    if meta_length > MAX_META_BYTES:
+        raise CorruptChangelogError(f"{source} is corrupt (metadata of {meta_length} bytes, at most {MAX_META_BYTES})")
+    return meta_length
+
+
+def meta_bytes_needed(head: bytes | bytearray | memoryview, source: str = "a changelog") -> int:
     """How many leading bytes of a changelog :func:`read_meta` needs, given at least its first
     ``HEADER_V2.size`` (or all, if shorter): the whole format-2 header; format 1 has none."""
     if len(head) < HEADER_V2.size or bytes(head[:8]) != MAGIC_V2:
         return 0
-    return HEADER_V2.size + HEADER_V2.unpack_from(head, 0)[3] + 4
+    return HEADER_V2.size + _meta_length(head, source) + 4
 
 
 def read_meta(head: bytes | bytearray | memoryview, source: str) -> dict[str, Any]:
@@ -340,9 +352,7 @@ def read_file_meta(path: str) -> dict[str, Any]:
     """:func:`read_meta` of a local changelog file, reading its header only (no link followed)."""
     with open_file(path) as fh:
         head = fh.read(HEADER_V2.size)
-        needed = meta_bytes_needed(head)
-        if needed > MAX_CHANGELOG_BYTES:
-            raise CorruptChangelogError(f"{path} is corrupt (a header of {needed} bytes)")
+        needed = meta_bytes_needed(head, path)
         if needed > len(head):
             head += fh.read(needed - len(head))
     return read_meta(head, path)
@@ -550,6 +560,8 @@ def compress(inner: bytes, meta: dict[str, Any], codec: int = CODEC_ZSTD_SPLIT) 
     _, fmt, version, key_groups = HEADER.unpack_from(inner, 0)
     head = {"version": version, "keyGroups": key_groups, **meta}
     encoded = json.dumps(head, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    if len(encoded) > MAX_META_BYTES:
+        raise ValueError(f"a changelog's metadata would be {len(encoded)} bytes, at most {MAX_META_BYTES}")
     header = HEADER_V2.pack(MAGIC_V2, FORMAT_VERSION_V2, codec, len(encoded)) + encoded
     if codec in (CODEC_ZSTD, CODEC_ZSTD_SPLIT):
         import zstandard

@@ -336,7 +336,17 @@ class HadoopStorage(Storage):
         return f"{self.fm.getClass().getSimpleName()} on {self.fs.getClass().getName()}"
 
     def _p(self, path: str):
-        return self._hpath(path)
+        """The Hadoop path of ``path``, refused unless it is the root or a plain path below it:
+        Hadoop's ``Path`` resolves ``..`` itself, and ``mkdirs`` makes every missing ancestor, so
+        a name taken from a tampered checkpoint would otherwise reach (and create) directories
+        elsewhere on the file system."""
+        if any(part in (".", "..") for part in path.split("/")):
+            raise StorageError(f"{path} is not a plain path inside the checkpoint {self.root}")
+        p = self._hpath(path)
+        qualified = str(self.fs.makeQualified(p).toString())
+        if qualified != self.root and not qualified.startswith(self.root.rstrip("/") + "/"):
+            raise StorageError(f"{path} is outside the checkpoint {self.root}")
+        return p
 
     def _call(self, what: str, path: str, fn):
         from py4j.protocol import Py4JJavaError

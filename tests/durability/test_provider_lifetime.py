@@ -427,6 +427,56 @@ def test_a_stopped_runs_task_that_wins_the_gap_inside_replace_fails_the_rerun(sp
         close_runs(spark, old, new)
 
 
+def test_a_replace_deletes_no_file_another_run_wrote_after_it_decided(spark):
+    """A task of run B decides to replace version 3 (run A's attempt, never committed) and is
+    held in its delete of the version's manifest (objtest's delete.delayMs); B stops, run C
+    starts, replaces A's file with its own and commits version 3. B's task then must not delete
+    C's file: it re-reads the run id in the header before deleting the changelog, fails naming
+    the file and run C, and version 3 stays C's."""
+    location, local = objtest_location(spark, "recheck")
+    history, ids = {0: {}}, {}
+    first = Run(spark, location + "/state", "1", history, ids)
+    stopped = latest = None
+    try:
+        for version in range(3):
+            first.commit(version)
+        wait_for(lambda: first.snapshot() or any(local.rglob("3.ks-snapshot")), timeout=30,
+                 what="the snapshot of version 3")
+        wait_until_unchanged(local)
+        deactivate(spark, first.run_id)
+        stopped = Run(spark, location + "/state", "1", history, ids)
+        slow = stopped.layer.store(2, None)
+        stopped.layer.put(slow, (KEYS + 2,), (-2,))
+        manifest_3 = next(local.rglob("3.ks-snapshot"))
+        arm(spark, {"delete.delayMs": 6000, "delete.delayPath": "/3.ks-snapshot"})
+        outcome: dict = {}
+
+        def replace() -> None:
+            try:
+                outcome["version"] = slow.commit()
+            except Exception as exc:  # noqa: BLE001 -- judged below
+                outcome["error"] = str(exc)
+
+        committing = threading.Thread(target=replace)
+        committing.start()
+        wait_for(lambda: not manifest_3.exists(), timeout=30, what="run B's delete of version 3's manifest")
+        deactivate(spark, stopped.run_id)
+        latest = Run(spark, location + "/state", "1", history, ids)
+        store = latest.layer.store(2, None)
+        latest.layer.put(store, (KEYS + 1,), (-1,))
+        assert store.commit() == 3  # run C replaces run A's file while B's task waits
+        history[3] = {**history[2], KEYS + 1: -1}
+        committing.join(60)
+        disarm(spark)
+        assert "error" in outcome, f"run B deleted run C's committed version 3: {outcome}"
+        assert "3.ks-changelog" in outcome["error"] and f"run {latest.run_id}" in outcome["error"], outcome
+        with restarted(spark, location + "/state") as fresh:
+            assert contents(fresh, 3, None) == history[3]
+    finally:
+        disarm(spark)
+        close_runs(spark, first, stopped, latest)
+
+
 def _offline_contents(db) -> dict:
     """An INT key -> LONG value store as read offline: u32 key group | UnsafeRow key, u8 value
     format | UnsafeRow value (FORMATS.md, "Stored keys and values")."""

@@ -22,7 +22,7 @@ import keyedstate
 from keyedstate.formats import changelog, layout
 from keyedstate.offline import migration
 from keyedstate.offline.processor import _chunks, _utf
-from keyedstate.offline.storage import LocalStorage, StorageError
+from keyedstate.offline.storage import HadoopStorage, LocalStorage, StorageError
 from keyedstate.offline.stores import Checkpoint, CheckpointProblem, versioned_name
 
 pytestmark = pytest.mark.timeout(300)
@@ -252,3 +252,29 @@ def test_local_storage_reads_writes_and_deletes_through_no_link(tmp_path):
         storage.read_bytes(str(victim / "precious.txt"))
     assert _contents(victim) == before
     assert not (tmp_path / "fetched").exists()
+
+
+def test_hadoop_storage_creates_writes_and_deletes_nothing_outside_its_root(spark, tmp_path):
+    """Hadoop storage (here Hadoop's local file system, file://) takes a path with ``..`` or
+    one outside the root as a refusal naming it: Hadoop's Path resolves ``..`` and mkdirs makes
+    every missing ancestor, so such a path would create, write or delete elsewhere."""
+    ck = tmp_path / "ckpt"
+    (ck / "state").mkdir(parents=True)
+    victim, before = _home(tmp_path)
+    storage = HadoopStorage(f"file://{ck}", spark)
+    up = storage.join(storage.root, "state", "..", "..")
+    for name, call in [("mkdirs", lambda: storage.mkdirs(storage.join(up, "escaped", "dir"))),
+                       ("write", lambda: storage.write_atomic(storage.join(up, "made", "new"), b"x")),
+                       ("upload", lambda: storage.upload(victim / "notes.md", storage.join(up, "made2", "up"))),
+                       ("replace", lambda: storage.replace(storage.join(up, victim.name, "notes.md"), b"x")),
+                       ("delete", lambda: storage.delete(storage.join(up, victim.name, "precious.txt"))),
+                       ("read", lambda: storage.read_bytes(storage.join(up, victim.name, "precious.txt"))),
+                       ("outside", lambda: storage.mkdirs(f"file://{tmp_path}/beside/dir"))]:
+        error = _refusal(call)
+        assert isinstance(error, StorageError) and ("not a plain path inside" in str(error)
+                                                    or "outside the checkpoint" in str(error)), (name, error)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["ckpt", victim.name])
+    assert _contents(victim) == before
+    # Inside the root, a write into new directories still makes them.
+    assert storage.write_atomic(storage.join(storage.root, "state", "0", "1", "x.ks-changelog"), b"x")
+    assert (ck / "state" / "0" / "1" / "x.ks-changelog").read_bytes() == b"x"

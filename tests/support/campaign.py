@@ -546,8 +546,13 @@ def run_two_apps(root: Path, work: Path, format_version: str = "1", first_steps:
     key = os.urandom(8).hex()
     inputs = base / "input"
     inputs.mkdir(parents=True, exist_ok=True)
+    now = time.time()
     for index, rows in enumerate(DRIVER_STEPS[:first_steps]):
-        (inputs / f"{index:05d}.json").write_text("".join(f'{{"k":"{k}","v":{v}}}\n' for k, v in rows))
+        path = inputs / f"{index:05d}.json"
+        path.write_text("".join(f'{{"k":"{k}","v":{v}}}\n' for k, v in rows))
+        # One second apart: Spark's file source takes files in modification-time order, and both
+        # applications must read them in the reference's order (one file per batch).
+        os.utime(path, (now - first_steps + index, now - first_steps + index))
     spec = {"objtest_root": str(root), "location": f"objtest://drivers/{key}", "checkpoint": str(root / "drivers" / key),
             "input_dir": str(inputs), "provider": KS, "format_version": format_version, "filter": FILTERS[0],
             "steps": DRIVER_STEPS[:first_steps], "confs": {PFX + "snapshotInterval": "2"}, "timeout": 240}
@@ -631,6 +636,8 @@ def _slow_first_attempts(spark, checkpoint: str, out: list, sleep_s: float):
 
     from . import cluster
 
+    rows_per_batch = cluster.ROWS_PER_BATCH  # a value in the closure: the workers cannot import support
+
     def count(key, frames, state):
         import time as _time
 
@@ -641,7 +648,7 @@ def _slow_first_attempts(spark, checkpoint: str, out: list, sleep_s: float):
         for frame in frames:
             n += len(frame)
             values.extend(int(v) for v in frame["v"])
-        if key[0] == 0 and values and min(values) >= cluster.ROWS_PER_BATCH and TaskContext.get().attemptNumber() == 0:
+        if key[0] == 0 and values and min(values) >= rows_per_batch and TaskContext.get().attemptNumber() == 0:
             _time.sleep(sleep_s)
         state.update((n,))
         yield pd.DataFrame({"k": [key[0]], "n": [n]})
@@ -671,7 +678,10 @@ def run_speculation(work: Path, batches: int = 6, restart_batches: int = 3, slee
     events = work / "speculation-events"
     events.mkdir(parents=True, exist_ok=True)
     conf = cluster.keyedstate_conf(work / "objtest-speculation", **SPECULATION_CONFS, **{
-        "spark.eventLog.enabled": "true", "spark.eventLog.dir": events.resolve().as_uri()})
+        "spark.eventLog.enabled": "true", "spark.eventLog.dir": events.resolve().as_uri(),
+        # one plain JSON-lines file per application, which the count below reads (Spark 4's
+        # default is a rolling, zstd-compressed directory)
+        "spark.eventLog.rolling.enabled": "false", "spark.eventLog.compress": "false"})
     results = []
     with cluster.standalone_cluster_session(conf=conf) as cl:
         spark = cl.spark

@@ -65,15 +65,31 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
    * crash in between leaves the old attempt without its snapshot, or no file, for a batch Spark
    * runs again either way; the new file never appears beside the old attempt's snapshot. (A
    * rename onto an existing object fails or keeps it on object stores: no overwrite in place.)
+   *
+   * `seenRun` is the run id the caller read in the old file's header when it decided to replace
+   * it: right before each delete the header is read again, and a file another run wrote meanwhile
+   * (it may be the version Spark committed) fails the call, deleting nothing more.
    */
-  def replace(path: Path, data: ByteBuffer, derived: Seq[Path]): Boolean = {
+  def replace(path: Path, data: ByteBuffer, derived: Seq[Path], seenRun: Option[String]): Boolean = {
+    val recheck = () => if (exists(path)) {
+      val now = readChangelogMetaAt(path).runId
+      if (now != seenRun) {
+        def who(r: Option[String]) = r.fold("a writer without a run id")(id => s"run $id")
+        throw new CheckpointFileException(s"keyedstate: $path in the checkpoint was written by ${who(now)} after " +
+          s"this task found ${who(seenRun)}'s file there and chose to replace it: it does not delete a file it did " +
+          "not read; this task fails, and a retry decides again")
+      }
+    }
     val deleteAll = (paths: Seq[Path]) => paths.foreach { p =>
       try fm.delete(p) catch {
         case NonFatal(e) =>
           throw new CheckpointFileException(s"keyedstate: cannot delete $p from the checkpoint: ${e.getMessage}", e)
       }
     }
-    deleteAll(derived :+ path)
+    recheck()
+    deleteAll(derived)
+    recheck()
+    deleteAll(Seq(path))
     val created = createOnce(path, data)
     // The earlier run's upload may have published a derived file while `path` was absent (it
     // takes an absent changelog as its own): gone again once this attempt's file is there.
@@ -223,8 +239,9 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
   }
 
   /** The metadata of a changelog, from its header alone (format 1: none). */
-  def readChangelogMeta(version: Long, id: Option[String]): ChangelogMeta = {
-    val path = changelog(version, id)
+  def readChangelogMeta(version: Long, id: Option[String]): ChangelogMeta = readChangelogMetaAt(changelog(version, id))
+
+  private def readChangelogMetaAt(path: Path): ChangelogMeta = {
     val in = open(path).in
     try {
       var head = new Array[Byte](0)

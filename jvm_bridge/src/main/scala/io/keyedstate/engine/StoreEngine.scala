@@ -249,7 +249,8 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       val path = files.changelog(newVersion, newId)
       // The file of an earlier run's attempt of this version is replaced, with its snapshot.
       val publish = () => files.createOnce(path, file) ||
-        (rerunOf(newVersion, newId, v.fromEmpty) && files.replace(path, file, Seq(files.manifest(newVersion, newId))))
+        rerunOf(newVersion, newId, v.fromEmpty).exists(seen =>
+          files.replace(path, file, Seq(files.manifest(newVersion, newId)), seen))
       val scan = cleanup.scanRequest(v.nowMs)
       // Write-behind: the changelog is shipped, held unapplied by the server, while its file is
       // written; the commit then waits for the longer of the two, not their sum.
@@ -341,11 +342,12 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
    * speculative task: the same batch over the same input) stays the version, and so does an
    * offline writer's file (the caller refuses it). Only the store's active instance replaces: a
    * provider of a stopped run fails instead of overwriting what the active run committed.
+   * Some(the run id read in the file) when the caller replaces it: the replace re-checks it.
    */
-  private def rerunOf(version: Long, id: Option[String], fromEmpty: Boolean): Boolean = fence.runId.exists { run =>
+  private def rerunOf(version: Long, id: Option[String], fromEmpty: Boolean): Option[Option[String]] = fence.runId.flatMap { run =>
     val found = files.readChangelogMeta(version, id)
     val writer = found.runId.fold("an earlier run")(r => s"run $r")
-    if (found.fromEmpty != fromEmpty || found.runId.contains(run)) false
+    if (found.fromEmpty != fromEmpty || found.runId.contains(run)) None
     else if (!fence.isActive) {
       throw new CheckpointFileException(s"keyedstate: version $version of $describe is in the checkpoint " +
         s"(${files.changelog(version, id)}), written by $writer, and this provider's run $run is not the store's " +
@@ -353,7 +355,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     } else {
       log.warn(s"keyedstate: version $version of $describe was written by $writer, which Spark did not commit; " +
         s"run $run executes it again and replaces it")
-      true
+      Some(found.runId)
     }
   }
 

@@ -146,6 +146,20 @@ object ChangelogFormat {
   /** At most this many bytes per changelog (one Java array). */
   val MaxBytes: Long = Int.MaxValue - 64L
 
+  /** At most this many bytes of format 2's metadata, written or read (FORMATS.md; Python:
+   *  `changelog.MAX_META_BYTES`); the header-only read allocates no more than this. */
+  val MaxMetaBytes: Int = 16 << 20
+
+  /** Format 2's metadata length from a header's bytes 11..14, refused beyond [[MaxMetaBytes]]. */
+  private def metaLengthOf(head: Array[Byte], source: String): Int = {
+    val metaLength = ByteBuffer.wrap(head, 11, 4).getInt()
+    if (metaLength < 0 || metaLength > MaxMetaBytes) {
+      throw new CorruptChangelogException(s"$source is corrupt (metadata of ${metaLength & 0xFFFFFFFFL} bytes, " +
+        s"at most $MaxMetaBytes)")
+    }
+    metaLength
+  }
+
   /** A changelog written into memory record by record, split as codec 2 stores it
    *  ([[SplitChangelog]]; fails beyond [[MaxBytes]]); starts with room for `expectedBytes` in
    *  `expectedRecords` records, so that a changelog as large as the last one is not copied while
@@ -218,6 +232,9 @@ object ChangelogFormat {
     }
     meta.runId.foreach(run => tree.put("runId", run))
     val metaBytes = Json.writeValueAsBytes(tree)
+    if (metaBytes.length > MaxMetaBytes) {
+      throw new IllegalStateException(s"keyedstate: a changelog's metadata would be ${metaBytes.length} bytes, at most $MaxMetaBytes")
+    }
     val bodyStart = HeaderV2Bytes + metaBytes.length + 4
     val room = if (mayShrink) math.min(bodyBytes, MaxBytes - bodyStart) else bodyBytes
     if (bodyStart + room > MaxBytes) {
@@ -290,8 +307,7 @@ object ChangelogFormat {
     if (head.length < 8 || !java.util.Arrays.equals(head, 0, 8, MagicV2, 0, 8)) Right(ChangelogMeta())
     else if (head.length < HeaderV2Bytes) Left(HeaderV2Bytes)
     else {
-      val metaLength = ByteBuffer.wrap(head, 11, 4).getInt()
-      if (metaLength < 0 || metaLength > (1 << 24)) throw new CorruptChangelogException(s"$source is corrupt (metadata of $metaLength bytes)")
+      val metaLength = metaLengthOf(head, source)
       val needed = HeaderV2Bytes + metaLength + 4
       if (head.length < needed) Left(needed) else Right(checkHeader(head, source)._3)
     }
@@ -306,9 +322,9 @@ object ChangelogFormat {
       throw new CorruptChangelogException(s"$source has changelog format version $format; this keyedstate reads formats 1 and 2")
     }
     val codec = head.get() & 0xFF
-    val metaLength = head.getInt()
+    val metaLength = metaLengthOf(data, source)
     val headEnd = HeaderV2Bytes.toLong + metaLength
-    if (metaLength < 0 || headEnd + 4 > data.length) {
+    if (headEnd + 4 > data.length) {
       throw new CorruptChangelogException(s"$source is truncated (${data.length} bytes, header of ${headEnd + 4})")
     }
     val crc = new CRC32()
@@ -397,6 +413,10 @@ object ChangelogFormat {
     if (end != End || crc.getValue.toInt != expected) {
       throw new CorruptChangelogException(s"$source is truncated or corrupt (trailer or CRC-32 mismatch, " +
         s"${data.length} bytes)")
+    }
+    if (keyGroups < 0) { // a u32 field holding 0..2^31-1 (FORMATS.md; Python's _decode_v1 refuses the same)
+      throw new CorruptChangelogException(s"$source is corrupt (${keyGroups & 0xFFFFFFFFL} key groups in its header, " +
+        "at most 2147483647)")
     }
     new Changelog(version, keyGroups, count, data, source, meta)
   }
