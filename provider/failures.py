@@ -1,4 +1,4 @@
-"""The one line a user needs when a query fails for a reason keyedstate can name.
+"""The one line a user needs when a query or a state read fails for a reason keyedstate can name.
 
 Spark prints a failed query's exception with its plan and every task's stack trace after the
 cause, so the cause (a bad keyedstate conf, a provider class the driver cannot load) ends far
@@ -22,6 +22,11 @@ _JAR_HINT = ('add the keyedstate jar: spark-submit --jars "$(keyedstate jar)", o
 _CONF = re.compile(r"(?:keyedstate\.conf\.ConfError|java\.lang\.IllegalArgumentException): "
                    r"((?:Unknown keyedstate conf|Invalid (?:value|conf)) [^\n]*)")
 
+# A failure keyedstate explains in one line of its own (a task's, as the driver reports it): a
+# change feed or snapshot read the checkpoint cannot serve, a corrupt or missing file.
+_OWN = re.compile(r"(?:io\.keyedstate\.[\w.$]+|org\.apache\.spark\.SparkException|java\.lang\.\w+Exception)"
+                  r": (keyedstate: [^\n]*)")
+
 
 def summary(exc: BaseException) -> Optional[str]:
     """``keyedstate: <what>`` for a failure keyedstate can name, else None."""
@@ -35,6 +40,9 @@ def summary(exc: BaseException) -> Optional[str]:
     match = _CONF.search(text)
     if match:
         return f"keyedstate: {match.group(1).strip()}"
+    match = _OWN.search(text)
+    if match:
+        return match.group(1).strip()
     return None
 
 
