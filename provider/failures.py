@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 from types import TracebackType
 from typing import Optional
 
@@ -53,6 +54,26 @@ def _plain_str(exc: BaseException) -> str:
         return ""
 
 
+def _wait_for_killed_tasks(timeout: float = 10.0) -> None:
+    """Wait (bounded) until the active SparkContext runs no task: an aborted job's other tasks
+    are killed asynchronously, and Spark logs each kill, which would bury the summary line."""
+    try:
+        from pyspark import SparkContext
+        sc = SparkContext._active_spark_context
+        if sc is None:
+            return
+        jsc = sc._jsc.sc()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            jsc.listenerBus().waitUntilEmpty(int(timeout * 1000))
+            executors = jsc.statusStore().executorList(True)
+            if sum(executors.apply(i).activeTasks() for i in range(executors.size())) == 0:
+                return
+            time.sleep(0.1)
+    except Exception:  # the JVM may be gone or stopping: print the line as it is
+        return
+
+
 def install() -> None:
     """Print :func:`summary` after the report of an uncaught exception (once per process)."""
     previous = sys.excepthook
@@ -66,6 +87,7 @@ def install() -> None:
         except Exception:
             line = None
         if line:
+            _wait_for_killed_tasks()
             print(line, file=sys.stderr, flush=True)
 
     hook._keyedstate = True  # type: ignore[attr-defined]
