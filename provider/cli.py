@@ -115,7 +115,7 @@ def _main(argv: list[str] | None) -> int:
         p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                        help="a Spark conf for the session that reaches a non-local checkpoint (repeatable)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.command in ("rescale", "migrate", "undo") else logging.WARNING,
+    logging.basicConfig(level=logging.INFO if args.command in ("rescale", "migrate", "undo", "verify") else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
 

@@ -1,4 +1,4 @@
-"""The one line a user needs when a query fails for a reason keyedstate can name.
+"""The one line a user needs when a query or a state read fails for a reason keyedstate can name.
 
 Spark prints a failed query's exception with its plan and every task's stack trace after the
 cause, so the cause (a bad keyedstate conf, a provider class the driver cannot load) ends far
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 from types import TracebackType
 from typing import Optional
 
@@ -21,6 +22,11 @@ _JAR_HINT = ('add the keyedstate jar: spark-submit --jars "$(keyedstate jar)", o
 # launch knobs): each is one line naming the conf.
 _CONF = re.compile(r"(?:keyedstate\.conf\.ConfError|java\.lang\.IllegalArgumentException): "
                    r"((?:Unknown keyedstate conf|Invalid (?:value|conf)) [^\n]*)")
+
+# A failure keyedstate explains in one line of its own (a task's, as the driver reports it): a
+# change feed or snapshot read the checkpoint cannot serve, a corrupt or missing file.
+_OWN = re.compile(r"(?:io\.keyedstate\.[\w.$]+|org\.apache\.spark\.SparkException|java\.lang\.\w+Exception)"
+                  r": (keyedstate: [^\n]*)")
 
 
 def summary(exc: BaseException) -> Optional[str]:
@@ -35,6 +41,9 @@ def summary(exc: BaseException) -> Optional[str]:
     match = _CONF.search(text)
     if match:
         return f"keyedstate: {match.group(1).strip()}"
+    match = _OWN.search(text)
+    if match:
+        return match.group(1).strip()
     return None
 
 
@@ -43,6 +52,26 @@ def _plain_str(exc: BaseException) -> str:
         return str(exc)
     except Exception:  # a PySpark exception's str asks the JVM, which may be gone
         return ""
+
+
+def _wait_for_killed_tasks(timeout: float = 10.0) -> None:
+    """Wait (bounded) until the active SparkContext runs no task: an aborted job's other tasks
+    are killed asynchronously, and Spark logs each kill, which would bury the summary line."""
+    try:
+        from pyspark import SparkContext
+        sc = SparkContext._active_spark_context
+        if sc is None:
+            return
+        jsc = sc._jsc.sc()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            jsc.listenerBus().waitUntilEmpty(int(timeout * 1000))
+            executors = jsc.statusStore().executorList(True)
+            if sum(executors.apply(i).activeTasks() for i in range(executors.size())) == 0:
+                return
+            time.sleep(0.1)
+    except Exception:  # the JVM may be gone or stopping: print the line as it is
+        return
 
 
 def install() -> None:
@@ -58,6 +87,7 @@ def install() -> None:
         except Exception:
             line = None
         if line:
+            _wait_for_killed_tasks()
             print(line, file=sys.stderr, flush=True)
 
     hook._keyedstate = True  # type: ignore[attr-defined]

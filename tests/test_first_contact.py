@@ -158,9 +158,22 @@ def test_configure_adds_keyedstate_jar_once_however_spark_jars_names_it(tmp_path
     assert _merged_jars("sub/../sub/" + jar.name, str(jar)).split(",") == ["sub/../sub/" + jar.name, str(jar)]
 
 
+UNREADABLE_SCRIPT = r'''
+import sys
+from pyspark.sql import SparkSession
+import keyedstate
+spark = keyedstate.configure(SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+                             .config("spark.ui.showConsoleProgress", "false")).getOrCreate()
+spark.read.format("statestore").options(**dict(o.split("=") for o in sys.argv[2:])).load(sys.argv[1]).collect()
+'''
+
+
 def test_state_source_read_in_a_fresh_session_logs_no_keyedstate_warning(tmp_path):
     """A session that never ran a query has no state store coordinator; the stores a read opens
-    asked it whether they are active, and every such question logged a WARN with a stack trace."""
+    asked it whether they are active, and every such question logged a WARN with a stack trace.
+    A read the checkpoint cannot serve (a change feed from a batch whose changelog is gone, a
+    snapshot that does not exist) ends with one line naming the batch and the file: it ended
+    with the Java stack traces of Spark's "Job aborted"."""
     written, _ = run_route("configure", tmp_path)
     assert written["state"] == {"a": 2, "b": 1}
     script = tmp_path / "read.py"
@@ -168,6 +181,26 @@ def test_state_source_read_in_a_fresh_session_logs_no_keyedstate_warning(tmp_pat
     result, stderr = _run([sys.executable, str(script), str(tmp_path / "checkpoint")], tmp_path)
     assert result == {"state": {"a": 2, "b": 1}, "operators": ["stateStoreSave"]}
     assert _keyedstate_warnings(stderr) == []
+
+    (tmp_path / "checkpoint" / "state" / "0" / "0" / "1.ks-changelog").unlink()
+    (tmp_path / "unreadable.py").write_text(UNREADABLE_SCRIPT)
+    cases = {("readChangeFeed=true", "changeStartBatchId=0"): "/state/0/0/1.ks-changelog (batch 0), which is not "
+                                                                "in the checkpoint",
+             ("snapshotStartBatchId=0", "snapshotPartitionId=0"): "has no snapshot of version 1 "
+                                                                  "(snapshotStartBatchId 0)"}
+    procs = {case: subprocess.Popen([sys.executable, str(tmp_path / "unreadable.py"), str(tmp_path / "checkpoint"),
+                                     *case], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for case in cases}
+    for case, proc in procs.items():
+        try:
+            _, stderr = proc.communicate(timeout=1200)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+        last = stderr.rstrip("\n").splitlines()[-5:]
+        assert proc.returncode != 0, stderr[-3000:]
+        assert [line for line in last if line.startswith("keyedstate: ") and cases[case] in line], \
+            f"{case}: the last lines are\n" + "\n".join(last)
 
 
 FAILING_SCRIPT = r'''

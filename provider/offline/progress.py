@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 import uuid
 from typing import Iterator
 
@@ -44,6 +45,23 @@ class Progress:
     def stop(self) -> None:
         self._stopped.set()
         self._thread.join()
+
+
+class Steps:
+    """Progress of a tool that works step by step in its own process: logs ``<phase> <done>/<total>
+    <unit> done`` at most once per ``interval`` seconds, and always at the last step."""
+
+    def __init__(self, phase: str, total: int, log: logging.Logger, unit: str, interval: float = 1.0) -> None:
+        self._phase, self._total, self._log, self._unit, self._interval = phase, total, log, unit, interval
+        self._done = 0
+        self._logged_at = time.monotonic()
+
+    def step(self) -> None:
+        self._done += 1
+        now = time.monotonic()
+        if self._done == self._total or now - self._logged_at >= self._interval:
+            self._logged_at = now
+            self._log.info("%s %d/%d %s done", self._phase, self._done, self._total, self._unit)
 
 
 @contextlib.contextmanager

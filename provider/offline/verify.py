@@ -23,6 +23,7 @@ True when there is no problem. Orphan files a cleanup left behind are warnings, 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -32,11 +33,14 @@ from typing import TYPE_CHECKING, Any
 from ..formats import changelog, rocksdb
 from ..formats.keygroups import key_group_of_stored_key
 from ..formats.stored import PLAIN_VALUE, TIMED_VALUE, KeyLayout
+from .progress import Steps
 from .storage import open_storage
 from .stores import Checkpoint, CheckpointProblem, StorePartition, partition_key_layout
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
 
 MAX_KEY_PROBLEMS = 5  # per store partition: the first few keys that are wrong, then a count
 
@@ -76,7 +80,10 @@ def verify(checkpoint: str | os.PathLike, spark: "SparkSession | None" = None) -
     ck.refuse_foreign("verify")
     report = Report(ck.root)
     committed = ck.latest_committed()
-    for op in ck.operators().values():
+    operators = ck.operators().values()
+    steps = Steps("verify", sum(len(parts) for op in operators for parts in op.stores.values()), log,
+                  "store partitions")
+    for op in operators:
         report.checked["operators"] += 1
         for store, parts in op.stores.items():
             try:
@@ -93,6 +100,7 @@ def verify(checkpoint: str | os.PathLike, spark: "SparkSession | None" = None) -
             for sp in parts:
                 report.checked["storePartitions"] += 1
                 _verify_store_partition(ck, op, sp, key_schema, layout, committed, report)
+                steps.step()
     return report.to_dict()
 
 

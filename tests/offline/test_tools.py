@@ -146,11 +146,14 @@ def test_verify_detects_each_corruption(checkpoints, tmp_path, corrupt):
 
 
 def test_verify_cli_exit_status_and_json(checkpoints, tmp_path):
+    """Exit status, JSON and the human report; progress (store partitions verified) on stderr."""
     ck = copy_checkpoint(checkpoints[("aggregation-update", KS)], tmp_path / "ck")
     cli = [sys.executable, "-m", "keyedstate.cli", "verify", "--checkpoint", str(ck), "--json"]
     clean = subprocess.run(cli, capture_output=True, text=True, timeout=120)
     assert clean.returncode == 0, clean.stderr
     assert json.loads(clean.stdout)["ok"] is True
+    partitions = json.loads(clean.stdout)["checked"]["storePartitions"]
+    assert f"verify {partitions}/{partitions} store partitions done" in clean.stderr, clean.stderr
     _corrupt_changelog_byte(ck)
     bad = subprocess.run(cli, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and json.loads(bad.stdout)["ok"] is False
