@@ -1,39 +1,19 @@
 package io.keyedstate.engine
 
-import java.time.Duration
 import java.util.UUID
-import java.util.concurrent.{Callable, ExecutionException, Executors, FutureTask, RejectedExecutionException, TimeUnit}
-import java.util.concurrent.atomic.{AtomicInteger, AtomicLong}
+import java.util.concurrent.atomic.AtomicLong
 
 import scala.util.control.NonFatal
 
 import org.apache.hadoop.conf.Configuration
-import org.apache.hadoop.fs.{FileSystem, Path}
-import org.apache.hadoop.util.ShutdownHookManager
+import org.apache.hadoop.fs.Path
 import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec, StateStoreConf, StateStoreId}
 import org.apache.spark.sql.types.StructType
 import org.slf4j.LoggerFactory
 
-import io.keyedstate.bridge.{ServerLaunch, StateServerProcess}
+import io.keyedstate.bridge.ServerLaunch
 import io.keyedstate.checkpoint.{CheckpointCleanup, CheckpointFileException, CheckpointFiles}
 import io.keyedstate.format.{ChangelogFormat, ChangelogMeta, Frames, KeyCodec}
-
-/** What a commit produced: the new version, its changelog size, its TTL cleanup. */
-final case class CommitResult(version: Long, changelogBytes: Long, ttlCleanedUp: Long, ttlCleanupMs: Long,
-    uniqueId: Option[String] = None, baseUniqueId: Option[String] = None)
-
-/** Where a commit's time went, in ms: encoding the changelog (and updating the near cache),
- *  writing it to the checkpoint, shipping it to Python. In a write-behind commit the write (on
- *  its own thread) and the ship (hold, then release) overlap: the latency is about encode plus
- *  the longer of the two, not their sum. */
-final case class CommitPhases(encodeMs: Long, writeMs: Long, shipMs: Long)
-
-/** One version of the store, open for one task: its view (TTL over the version's own writes
- *  over the committed version) and the TTL "now" of its batch. */
-final class StoreVersion(val version: Long, val uniqueId: Option[String], val buffered: BufferedVersion,
-    val ttl: TtlView, val nowMs: Long, val fromEmpty: Boolean) {
-  def view: KeyValueView = ttl
-}
 
 /**
  * The storage engine of one store partition (Spark's `RocksDB` class is the model): the version
@@ -546,184 +526,6 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     if (cache != null) cache.clear()
     if (native != null) { native.close(); native = null }
     session.close()
-  }
-}
-
-/**
- * Uploads a snapshot as soon as the server has staged it, on a few background threads per
- * executor (an upload mostly waits: for the server to finish applying, for the file system),
- * instead of at the next maintenance tick (60 s by default): a query stopped in between would
- * otherwise restart by replaying every changelog since the previous snapshot. Maintenance still
- * uploads whatever this missed; both go through [[StoreEngine.uploadSnapshots]].
- *
- * The same holds when the application stops right after a snapshot version: at the JVM's exit,
- * uploads already asked for are given up to [[ExitWait]] to finish, before Hadoop closes its
- * file systems (a Hadoop shutdown hook above theirs) and before the state servers stop. An
- * upload cut short leaves no manifest, so nothing half-written is ever loaded.
- *
- * Cleanup is Spark's maintenance's too, and a run shorter than its interval (a scheduled
- * availableNow job) never gets one: each run's first load therefore cleans up once, here, on
- * what earlier runs uploaded, counting from the version it loaded. Cleanups run on a thread of
- * their own that the JVM's exit does not wait for (an interrupted cleanup only leaves files for
- * the next one), so they never delay the uploads that exit does wait for.
- */
-private object SnapshotKick {
-  private val ExitWait = Duration.ofSeconds(30)
-  private val log = LoggerFactory.getLogger("io.keyedstate.engine.SnapshotKick")
-  private val pending = new AtomicInteger
-  private def daemons(threads: Int, name: String) = Executors.newFixedThreadPool(threads, (r: Runnable) => {
-    val t = new Thread(r, name)
-    t.setDaemon(true)
-    t
-  })
-  private val thread = daemons(4, "keyedstate-snapshot-upload")
-  private val cleaner = daemons(1, "keyedstate-cleanup")
-  private val drain: Runnable = () => {
-    if (pending.get > 0) log.info(s"keyedstate: finishing ${pending.get} snapshot upload(s) before the JVM exits " +
-      s"(at most ${ExitWait.getSeconds} s)")
-    thread.shutdown()
-    if (!thread.awaitTermination(ExitWait.toMillis, TimeUnit.MILLISECONDS)) {
-      log.warn(s"keyedstate: ${pending.get} snapshot upload(s) did not finish before the JVM exits; " +
-        "the next run uploads or replaces them")
-    }
-  }
-  StateServerProcess.runBeforeServersStop(drain)
-  try ShutdownHookManager.get().addShutdownHook(drain, FileSystem.SHUTDOWN_HOOK_PRIORITY + 20, ExitWait.getSeconds + 5, TimeUnit.SECONDS)
-  catch { case NonFatal(_) => } // first used while the JVM already exits: the servers' hook still drains
-
-  def request(engine: StoreEngine, version: Long): Unit = {
-    val dir = engine.files.dir.toString
-    val upload = begin(dir, version)
-    if (!submit(try engine.uploadSnapshots(version) finally end(dir, upload))) end(dir, upload)
-  }
-
-  /** Runs the upload of `version`'s snapshot of the store partition in `dir` on the caller's
-   *  thread (a provider's close), counted as in flight for [[awaitUploads]]. */
-  def uploading(dir: String, version: Long)(work: => Unit): Unit = {
-    val upload = begin(dir, version)
-    try work finally end(dir, upload)
-  }
-
-  /**
-   * Waits, at most [[LoadWait]], until no upload of a snapshot at or below `version` of the store
-   * partition in `dir` is in flight in this JVM. A new run's first load of a partition this
-   * executor served just before (a query restarted in the same application) then starts from
-   * the snapshot the previous run's last snapshot commit asked for, instead of replaying every
-   * changelog since the one before: that upload waits for its version's apply behind, and a load
-   * that did not wait for it would replay every changelog since the snapshot before. A load on
-   * another executor cannot wait, and replays as before; so does a load once a wait for this
-   * partition gave up, until a newer upload begins.
-   */
-  def awaitUploads(dir: String, version: Long, describe: String): Unit = {
-    val started = System.nanoTime()
-    val deadline = started + LoadWait.toNanos
-    val outcome = inFlight.synchronized {
-      // Uploads of versions the load can start from, and begun since a load last gave up on
-      // this partition: a hung upload costs one wait, not one per load.
-      def awaited = inFlight.getOrElse(dir, Nil).exists(u => u.version <= version && u.begun > gaveUp.getOrElse(dir, Long.MinValue))
-      if (!awaited) None
-      else {
-        while (awaited && System.nanoTime() < deadline) inFlight.wait(math.max(1L, (deadline - System.nanoTime()) / 1000000))
-        if (awaited) gaveUp(dir) = System.nanoTime()
-        Some(!awaited)
-      }
-    }
-    val waited = (System.nanoTime() - started) / 1000000
-    outcome.foreach { finished =>
-      if (finished) log.info(s"keyedstate: loading $describe waited $waited ms for the snapshot upload in flight")
-      else log.warn(s"keyedstate: loading $describe without the snapshot upload still in flight after $waited ms; " +
-        "the load replays the changelogs since the last snapshot uploaded")
-    }
-  }
-
-  private val LoadWait = Duration.ofSeconds(20)
-  private final class Upload(val version: Long, val begun: Long)
-  private val inFlight = scala.collection.mutable.Map.empty[String, List[Upload]] // per partition directory
-  private val gaveUp = scala.collection.mutable.Map.empty[String, Long] // per partition directory: when a load last did
-
-  private def begin(dir: String, version: Long): Upload = inFlight.synchronized {
-    val upload = new Upload(version, System.nanoTime())
-    inFlight(dir) = upload :: inFlight.getOrElse(dir, Nil)
-    upload
-  }
-
-  private def end(dir: String, upload: Upload): Unit = inFlight.synchronized {
-    val left = inFlight.getOrElse(dir, Nil).filterNot(_ eq upload)
-    if (left.isEmpty) inFlight.remove(dir) else inFlight(dir) = left
-    inFlight.notifyAll()
-  }
-
-  def cleanUp(engine: StoreEngine, loaded: (Long, Option[String])): Unit =
-    cleaner.execute(() => engine.cleanupFiles(Some(loaded)))
-
-  /** Whether `work` was queued (not when the JVM exits). */
-  private def submit(work: => Unit): Boolean = {
-    pending.incrementAndGet()
-    try { thread.execute(() => try work finally pending.decrementAndGet()); true }
-    catch { case _: RejectedExecutionException => pending.decrementAndGet(); false } // exiting
-  }
-}
-
-/**
- * Writes write-behind commits' changelog files to the checkpoint on threads of their own, so that
- * the task thread ships the same changelog to the state server meanwhile ([[StoreEngine.commit]]).
- * One thread per commit in flight, at most one per task slot.
- */
-private object CommitWrites {
-  private val pool = Executors.newCachedThreadPool((r: Runnable) => {
-    val t = new Thread(r, "keyedstate-commit-write")
-    t.setDaemon(true)
-    t
-  })
-
-  /** Starts `write` on a pool thread; its result and ms come from [[await]]. */
-  def start(write: () => Boolean): Write = {
-    val w = new Write(write)
-    pool.execute(w.task)
-    w
-  }
-
-  final class Write(write: () => Boolean) {
-    private var runner: Thread = _ // under this Write's lock, like `stopped`
-    private var stopped = false
-    private[CommitWrites] val task = new FutureTask[(Boolean, Long)](new Callable[(Boolean, Long)] {
-      override def call(): (Boolean, Long) = {
-        Write.this.synchronized {
-          runner = Thread.currentThread()
-          if (stopped) runner.interrupt() // asked before it started
-        }
-        try {
-          val t0 = System.nanoTime()
-          val written = write()
-          (written, (System.nanoTime() - t0) / 1000000)
-        } finally Write.this.synchronized { runner = null }
-      }
-    })
-
-    /** Interrupts the write, as a task kill would if it ran on the task thread; never another
-     *  write the same pool thread runs later (the pool clears the flag between tasks). */
-    def interrupt(): Unit = synchronized {
-      stopped = true
-      if (runner != null) runner.interrupt()
-    }
-  }
-
-  /**
-   * The write's outcome once it is done, and whether the caller was interrupted meanwhile (its
-   * flag is cleared; the caller sets it again when done). An interrupt (Spark killing the task)
-   * is passed on to the write, as if it ran on the task thread, but the wait goes on until the
-   * write has stopped: a commit never returns while its file may still be written.
-   */
-  def await(write: Write): (Either[Throwable, (Boolean, Long)], Boolean) = {
-    var interrupted = false
-    while (true) {
-      try return (Right(write.task.get()), interrupted)
-      catch {
-        case _: InterruptedException => interrupted = true; write.interrupt()
-        case e: ExecutionException => return (Left(e.getCause), interrupted)
-      }
-    }
-    throw new IllegalStateException("unreachable")
   }
 }
 
