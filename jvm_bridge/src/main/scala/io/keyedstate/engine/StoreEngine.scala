@@ -12,16 +12,17 @@ import org.apache.spark.sql.types.StructType
 import org.slf4j.LoggerFactory
 
 import io.keyedstate.bridge.ServerLaunch
-import io.keyedstate.checkpoint.{CheckpointCleanup, CheckpointFileException, CheckpointFiles}
-import io.keyedstate.format.{ChangelogFormat, ChangelogMeta, Frames, KeyCodec}
+import io.keyedstate.checkpoint.{CheckpointCleanup, CheckpointFiles}
+import io.keyedstate.format.{ChangelogMeta, KeyCodec}
 
 /**
  * The storage engine of one store partition (Spark's `RocksDB` class is the model): the version
  * lifecycle. It alone knows which version is held -- by the state server's store, the near cache
  * and the native reader alike (`loaded`) -- and it invalidates all of them together. It loads
- * versions ([[VersionLoader]]), commits them (the changelog to the checkpoint: that is the
- * commit; and to the server in one frame, applied only once the file is durable), composes the
- * read tiers ([[CommittedReads]]) and runs maintenance ([[SnapshotUploader]], cleanup).
+ * versions ([[VersionLoader]]), commits them ([[CommitPipeline]]: the changelog to the
+ * checkpoint, that is the commit; and to the server in one frame, applied only once the file is
+ * durable), hands the near cache to one open version at a time ([[NearCacheWriter]]), composes
+ * the read tiers ([[CommittedReads]]) and runs maintenance ([[SnapshotUploader]], cleanup).
  */
 final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema: StructType,
     encoderSpec: KeyStateEncoderSpec, storeConf: StateStoreConf, hadoopConf: Configuration,
@@ -36,6 +37,8 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   val fence = new RunFence(id, hadoopConf)
   private val uploader = new SnapshotUploader(files, describe, fence.runId)
   private val loader = new VersionLoader(files, uploader, describe)
+  private val pipeline = new CommitPipeline(session, files, fence, describe)
+  private val writer = new NearCacheWriter(this, describe, () => loaded)
   private val clock = TtlClocks.forQuery(new Path(id.checkpointRootLocation).getParent, hadoopConf)
   private val maintenanceMutex = new Object // snapshot upload vs cleanup
 
@@ -79,12 +82,6 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   @volatile private var uploadAsked = 0L // the newest version whose commit asked for its snapshot's upload
   /** Whether this provider (one per run) has asked for its first cleanup, see [[SnapshotKick.cleanUp]]. */
   private var cleanupAsked = false
-  // Sizes the next version's write buffer starts with: the last commit's, so that it does not
-  // grow (and copy) its index and changelog while a batch writes.
-  @volatile private var expected = WriteBuffer.Expected.None
-  // Room the next commit's compressed changelog starts with: the last one's and a margin (0: the
-  // worst case, compressBound, as large as the changelog itself).
-  private var expectedFileBytes = 0L
 
   val loadMs = new AtomicLong
   val warmMs = new AtomicLong
@@ -145,7 +142,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     load(version, id, loadEmpty)
     val nowMs = if (policy.enabled) clock.now(version) else 0L
     val buffered = new BufferedVersion(version, session.settings.keyGroups, cachedReads(),
-      () => holds(version), cacheOwnership, expected, committedEmpty = numKeys == 0)
+      () => holds(version), writer, pipeline.expected, committedEmpty = numKeys == 0)
     new StoreVersion(version, id, buffered, new TtlView(buffered, policy, nowMs, writable), nowMs, fromEmpty = loadEmpty)
   }
 
@@ -153,7 +150,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     ensureOpen()
     if (loaded == version && loadedId == id && !loadEmpty) {
       // Not while another attempt's version writes into the cache: the scan sees only committed keys.
-      if (cache.bloomSaturated && writer == null) CacheWarmer.indexKeys(cache, committedReads, numKeys)
+      if (cache.bloomSaturated && writer.current == null) CacheWarmer.indexKeys(cache, committedReads, numKeys)
       return
     }
     val started = System.nanoTime()
@@ -182,11 +179,10 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   /**
    * Makes `v`'s writes version `v.version + 1`, durably: TTL cleanup adds its deletes, the
    * changelog (encoded, and the near cache updated, as the writes happened) is finished,
-   * compressed and written to the checkpoint (the commit), and shipped to the server. When every
-   * write's previous existence was known (so the key count is exact without waiting), the ship
-   * runs while the file is written, held unapplied by the server until the file is durable, then
-   * applied behind; otherwise it follows the write and is applied before the reply. No per-key
-   * work is left for the commit.
+   * compressed and written to the checkpoint (the commit), and shipped to the server
+   * ([[CommitPipeline]]). When every write's previous existence was known (so the key count is
+   * exact without waiting), the ship runs while the file is written (write-behind); otherwise it
+   * follows the write. No per-key work is left for the commit.
    *
    * Snapshots are staged every `snapshotInterval` versions and after a bulk load ([[bulk]]); the
    * commit of such a version starts their upload in the background, and Spark's maintenance
@@ -198,9 +194,9 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   def commit(v: StoreVersion, forceSnapshot: Boolean): CommitResult = synchronized {
     requireOpen()
     // Another version writes into the cache, or this one wrote and lost it (an invalidation).
-    val cacheNotOurs = !(writer eq v.buffered) && (writer != null || v.buffered.touchedCache)
+    val cacheNotOurs = !writer.isWriter(v.buffered) && (writer.current != null || v.buffered.touchedCache)
     if (loaded != v.version || cacheNotOurs) {
-      release(v.buffered)
+      writer.release(v.buffered)
       throw new IllegalStateException(s"keyedstate: $describe holds version $loaded, cannot commit on top of " +
         s"version ${v.version} (two stores of one partition were open at once)")
     }
@@ -210,96 +206,32 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       // Still the cache's writer while the cleanup reads (a cold cache may scan the version in
       // and must take these writes in again) and deletes (which write into the cache too).
       val (cleaned, cleanupMs) = cleanup.collect(session, v.buffered, newVersion, v.nowMs)
-      release(v.buffered)
+      writer.release(v.buffered)
       val t0 = System.nanoTime()
-      val changelog = v.buffered.buffer.finish() // encoded as the writes happened
-      if (v.buffered.buffer.size > 0) expected = v.buffered.buffer.observed.grown
+      val changelog = pipeline.finish(v.buffered.buffer)
       val delta = v.buffered.buffer.keyDelta
       val unknown = v.buffered.buffer.unknownOps
       loaded = -1 // until the version is durable and shipped
       // The lineage back to the newest snapshot lets a load of this very version find it.
       val history = lineage.filter(_._1 >= math.max(1L, lastSnapshot)).flatMap { case (lv, lid) => lid.map(lv -> _) }
-      val file = ChangelogFormat.compress(changelog, ChangelogMeta(Some(keyCodec.layout), newId, history, v.fromEmpty, fence.runId), expectedFileBytes)
+      val file = pipeline.encode(changelog, ChangelogMeta(Some(keyCodec.layout), newId, history, v.fromEmpty, fence.runId))
       val bytes = file.remaining().toLong
-      expectedFileBytes = bytes + bytes / 4 + (64 << 10)
       val t1 = System.nanoTime()
-      files.ensureDirs()
       val overdue = newVersion - lastSnapshot >= 2L * session.settings.snapshotInterval
       val behind = session.settings.writeBehind && unknown == 0 && !forceSnapshot && !overdue
-      val path = files.changelog(newVersion, newId)
-      // The file of an earlier run's attempt of this version is replaced, with its snapshot.
-      val publish = () => files.createOnce(path, file) ||
-        (rerunOf(newVersion, newId, v.fromEmpty) && files.replace(path, file, Seq(files.manifest(newVersion, newId))))
-      val scan = cleanup.scanRequest(v.nowMs)
-      // Write-behind: the changelog is shipped, held unapplied by the server, while its file is
-      // written; the commit then waits for the longer of the two, not their sum.
-      val (created, writeMs, counted, shipMs) = if (behind) {
-        val writing = CommitWrites.start(publish)
-        // A task killed (interrupted) while it waits for the write interrupts the write too, and
-        // the release or drop still reaches the server (an interrupted NIO channel closes); the
-        // interrupt is then kept for Spark. Killed during the hold, the hold fails, and so does
-        // the write.
-        var interrupted = false
-        def awaitWrite() = { val (r, i) = CommitWrites.await(writing); interrupted ||= i; r }
-        try {
-          val s0 = System.nanoTime()
-          try session.data(s"committing version $newVersion of $describe")((c, h) => c.apply(h, changelog, Frames.ApplyHold, scan))
-          catch {
-            case e: Throwable =>
-              writing.interrupt() // the version fails: no need to wait for a whole write
-              awaitWrite().left.foreach(e.addSuppressed)
-              throw e
-          }
-          val s1 = System.nanoTime()
-          val (written, wMs) = awaitWrite() match {
-            case Right(r) => r
-            case Left(e) => dropHeld(); throw e
-          }
-          val s2 = System.nanoTime()
-          if (written) {
-            try session.data(s"committing version $newVersion of $describe")((c, h) => c.release(h, apply = true))
-            catch { case e: Throwable => dropHeld(); throw e } // if the RELEASE never arrived, nothing stays held
-          } else dropHeld()
-          (written, wMs, 0L, (s1 - s0 + System.nanoTime() - s2) / 1000000)
-        } finally if (interrupted) Thread.currentThread().interrupt()
-      } else {
-        val w0 = System.nanoTime()
-        val written = publish()
-        val w1 = System.nanoTime()
-        val n = if (written) session.data(s"committing version $newVersion of $describe")(
-          (c, h) => c.apply(h, changelog, Frames.ApplyNow, scan)) else 0L
-        (written, (w1 - w0) / 1000000, n, (System.nanoTime() - w1) / 1000000)
-      }
-      if (!created) {
-        // Another attempt of this version in this run committed first (a retried or speculative
-        // task under checkpoint format 1), or this one's file was published before its write
-        // failed (a killed task): the file is the version. Loads take it from there. Not a file
-        // an offline writer left uncommitted (a query's batch is no rerun of it, nor it of the batch).
-        val found = files.readChangelogMeta(newVersion, newId)
-        if (found.fromEmpty != v.fromEmpty) {
-          val writer = if (v.fromEmpty) "by a batch of the query" else "from empty by an offline writer (migrate, the state processor or a repartition)"
-          throw new CheckpointFileException(s"keyedstate: version $newVersion of $describe is already in the checkpoint " +
-            s"($path), written $writer that never committed: it is not this version. Delete its files " +
-            s"($newVersion.ks-*, or ${newVersion}_<id>.ks-* under checkpoint format 2, in ${files.dir}) and retry")
-        }
-        // This run replaced an earlier run's file, and a task of a stopped run wrote its own in
-        // the gap between the delete and the write: that attempt is not this run's version.
-        if (fence.runId.isDefined && found.runId != fence.runId) {
-          throw new CheckpointFileException(s"keyedstate: version $newVersion of $describe: run ${fence.runId.get} " +
-            s"replaced $path, but ${found.runId.fold("a writer without a run id")(r => s"run $r")} wrote its own file " +
-            "there first (a task of a stopped run still committing); this task fails, and its retry replaces that file")
-        }
-        log.warn(s"keyedstate: version $newVersion of $describe was already in the checkpoint; using that file")
+      val shipped = pipeline.writeAndShip(newVersion, newId, v.fromEmpty, changelog, file, cleanup.scanRequest(v.nowMs), behind)
+      if (!shipped.created) {
+        pipeline.adoptFound(newVersion, newId, v.fromEmpty)
         invalidate()
         return CommitResult(newVersion, 0, cleaned, cleanupMs, newId, v.uniqueId)
       }
-      val added = (if (behind) numKeys + delta else counted) - numKeys
+      val added = (if (behind) numKeys + delta else shipped.counted) - numKeys
       numKeys += added
       if (forceSnapshot || overdue) session.control("staging a snapshot")((api, h) => api.stageSnapshot(h))
       loaded = newVersion
       loadedId = newId
       lineage = ((newVersion -> newId) :: lineage).filter(_._1 >= lastSnapshot)
-      lastCommitPhases = CommitPhases((t1 - t0) / 1000000, writeMs, shipMs)
+      lastCommitPhases = CommitPhases((t1 - t0) / 1000000, shipped.writeMs, shipped.shipMs)
       cache.review() // what this version's reads found decides what the next one's writes cache
       if (overdue) { uploadSnapshots(); cleanupFiles() }
       else if (forceSnapshot || newVersion % session.settings.snapshotInterval == 0 || bulk(added)) {
@@ -311,38 +243,6 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       case NonFatal(e) => invalidate(); throw e
     }
   }
-
-  /**
-   * Whether the changelog of `version` a commit found in the checkpoint is an earlier run's
-   * attempt, which Spark never committed and runs again (that run stopped or died between its
-   * tasks' commits and its commit log), possibly over a changed query or other input. The
-   * attempt Spark commits is the version, as Spark's own providers overwrite `<v>.delta` and
-   * `<v>.changelog`: the caller replaces the file. An attempt of this run (a retried or
-   * speculative task: the same batch over the same input) stays the version, and so does an
-   * offline writer's file (the caller refuses it). Only the store's active instance replaces: a
-   * provider of a stopped run fails instead of overwriting what the active run committed.
-   */
-  private def rerunOf(version: Long, id: Option[String], fromEmpty: Boolean): Boolean = fence.runId.exists { run =>
-    val found = files.readChangelogMeta(version, id)
-    val writer = found.runId.fold("an earlier run")(r => s"run $r")
-    if (found.fromEmpty != fromEmpty || found.runId.contains(run)) false
-    else if (!fence.isActive) {
-      throw new CheckpointFileException(s"keyedstate: version $version of $describe is in the checkpoint " +
-        s"(${files.changelog(version, id)}), written by $writer, and this provider's run $run is not the store's " +
-        "active instance: it does not replace the file")
-    } else {
-      log.warn(s"keyedstate: version $version of $describe was written by $writer, which Spark did not commit; " +
-        s"run $run executes it again and replaces it")
-      true
-    }
-  }
-
-  /** Drops the changelog a commit left held on the server (its file was not written, or another
-   *  attempt's was), best effort: the caller invalidates or fails anyway, and a reload's restore
-   *  drops whatever is still held. */
-  private def dropHeld(): Unit =
-    try session.data(s"dropping an unwritten version of $describe")((c, h) => c.release(h, apply = false))
-    catch { case NonFatal(e) => log.info(s"keyedstate: no held changelog of $describe dropped (${e.getMessage}); the reload drops any") }
 
   /** A bulk load (a first batch over a backlog, a catch-up that brings new keys): the version
    *  added at least snapshotBulkKeys keys, at least as many as were there before. The server
@@ -368,7 +268,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     coldReadsLeft -= n
     // A scan that fails halfway leaves the cache partial but marked complete: forget it all.
     if (coldReadsLeft < 0 && loaded >= 0) {
-      try warm(Option(writer).map(_.buffer)) catch { case NonFatal(e) => invalidate(); throw e }
+      try warm(Option(writer.current).map(_.buffer)) catch { case NonFatal(e) => invalidate(); throw e }
     }
   }
 
@@ -407,50 +307,16 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     }
   }
 
-  // The one open version whose writes go into the near cache (each write as it happens).
-  @volatile private var writer: BufferedVersion = _
-
-  private val cacheOwnership = new BufferedVersion.CacheOwnership {
-    override def isWriter(v: BufferedVersion): Boolean = writer eq v
-    override def claim(v: BufferedVersion): Unit = claimCache(v)
-    /** Another open version's writes run ahead of the committed version in the cache. Spark's
-     *  RocksDB provider makes the second attempt wait for the first one's lock; here it gives
-     *  way, as it does at its first write. */
-    override def checkReads(v: BufferedVersion): Unit = {
-      val w = writer
-      if (w != null && !(w eq v)) {
-        throw new IllegalStateException(s"keyedstate: two stores of $describe open at once: version ${w.version}'s " +
-          "writes are in the near cache and not committed, and this attempt's reads would see them; this attempt gives way")
-      }
-    }
-  }
-
-  /** Makes `v` the version that writes into the near cache; a second one open at once (a zombie
-   *  or duplicate attempt of the partition in this JVM) fails instead of mixing its writes in. */
-  private def claimCache(v: BufferedVersion): Unit = synchronized {
-    if (writer != null && !(writer eq v)) {
-      throw new IllegalStateException(s"keyedstate: two stores of $describe write at once (versions " +
-        s"${writer.version} and ${v.version}); this attempt gives way")
-    }
-    if (loaded != v.version) {
-      throw new IllegalStateException(s"keyedstate: $describe holds version $loaded, cannot write on top of version " +
-        s"${v.version} (two stores of one partition were open at once)")
-    }
-    writer = v
-  }
-
-  private def release(v: BufferedVersion): Unit = if (writer eq v) writer = null
-
   /** A version that will not commit: if its writes reached the near cache, the cache no longer
    *  shows the committed version, so everything is reloaded. */
   def abandon(v: StoreVersion): Unit = synchronized {
-    if (v.buffered.touchedCache && (writer eq v.buffered)) invalidate()
-    release(v.buffered)
+    if (v.buffered.touchedCache && writer.isWriter(v.buffered)) invalidate()
+    writer.release(v.buffered)
   }
 
   /** Forget the version held: the next task reloads it from the checkpoint. */
   def invalidate(): Unit = synchronized {
-    writer = null
+    writer.clear()
     loaded = -1
     coldReadsLeft = -1
     nativeShows = -1
