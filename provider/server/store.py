@@ -359,9 +359,9 @@ class VersionedStore:
         """Whether the version just applied is a bulk load (a first batch over a backlog, a
         catch-up that brings new keys): it added at least ``bulk_keys`` keys (net), at least half
         of those it holds. Its snapshot is staged at once instead of at the next
-        snapshotInterval, and the JVM's commit, which applies the same rule (``StoreEngine.bulk``),
-        asks for its upload, so that no later load replays it (a restart right after a seed
-        would otherwise replay the whole seed). Net growth, not
+        snapshotInterval, and the JVM's commit, which applies the same rule
+        (``StoreSettings.bulkLoad``), asks for its upload, so that no later load replays it (a
+        restart right after a seed would otherwise replay the whole seed). Net growth, not
         records: a steady query that rewrites most of its keys every batch is not a bulk load."""
         return 0 < self.bulk_keys <= added and added >= self.num_keys - added
 

@@ -9,10 +9,9 @@ import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
 import org.apache.spark.sql.execution.streaming.state.{KeyStateEncoderSpec, StateStoreConf, StateStoreId}
 import org.apache.spark.sql.types.StructType
-import org.slf4j.LoggerFactory
 
 import io.keyedstate.bridge.ServerLaunch
-import io.keyedstate.checkpoint.{CheckpointCleanup, CheckpointFiles}
+import io.keyedstate.checkpoint.CheckpointFiles
 import io.keyedstate.format.{ChangelogMeta, KeyCodec}
 
 /**
@@ -39,15 +38,16 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   private val loader = new VersionLoader(files, uploader, describe)
   private val pipeline = new CommitPipeline(session, files, fence, describe)
   private val writer = new NearCacheWriter(this, describe, () => loaded)
+  private val native = new NativeSync(this, session, describe, () => invalidate())
   private val clock = TtlClocks.forQuery(new Path(id.checkpointRootLocation).getParent, hadoopConf)
-  private val maintenanceMutex = new Object // snapshot upload vs cleanup
+  private val maintenance = new StoreMaintenance(session, uploader, files, fence, storeConf.minVersionsToRetain,
+    describe, () => closed)
 
   // Set whenever the store is (re)opened on a server; guarded by `this`.
   @volatile private var policy: TtlPolicy = TtlPolicy.Off
   private var cleanup: TtlCleanup = _
   @volatile private var keyCodec: KeyCodec = _
   private var cache: NearCache = _
-  private var native: NativeReader = _ // null: native reads off or unavailable
   private var committedReads: CommittedReads = _
 
   // THE version held by the server's store, the near cache and (once synced) the native reader,
@@ -73,7 +73,6 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     if (given.isDefined) idsGiven = true
     if (uniqueIds) given else None
   }
-  @volatile private var nativeShows = -1L
   @volatile private var closed = false
   @volatile var numKeys = 0L
   // The newest version with a snapshot in the checkpoint (loaded from or uploaded), to bound the
@@ -112,14 +111,10 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     CacheBudget.configure(settings.nearCacheBytes)
     if (cache != null) cache.clear()
     cache = new NearCache(settings.bloomFpp)
-    if (native != null) native.close()
-    NativeReader.configure(settings.nativeBlockCacheBytes, settings.memoryBounded)
-    native = if (!settings.nativeReads) null
-      else new NativeReader(session.process.workDir.resolve("native").resolve(UUID.randomUUID().toString))
+    native.reopen(settings, session.process.workDir)
     val server = new ServerReads(session, () => session.settings.scanChunkBytes, describe)
-    committedReads = new NativeReads(() => nativeAt(loaded), server, () => session.settings.scanChunkBytes, nativeGets)
+    committedReads = new NativeReads(() => native.at(loaded), server, () => session.settings.scanChunkBytes, nativeGets)
     loaded = -1
-    nativeShows = -1
   }
 
   private def requireOpen(): Unit =
@@ -184,9 +179,9 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
    * exact without waiting), the ship runs while the file is written (write-behind); otherwise it
    * follows the write. No per-key work is left for the commit.
    *
-   * Snapshots are staged every `snapshotInterval` versions and after a bulk load ([[bulk]]); the
-   * commit of such a version starts their upload in the background, and Spark's maintenance
-   * uploads whatever that missed.
+   * Snapshots are staged every `snapshotInterval` versions and after a bulk load
+   * ([[StoreSettings.bulkLoad]]); the commit of such a version starts their upload in the
+   * background ([[SnapshotKick]]), and Spark's maintenance uploads whatever that missed.
    * When maintenance has not uploaded one for two intervals (runs shorter than its interval,
    * e.g. scheduled availableNow jobs), the commit snapshots, uploads and cleans up itself, so
    * that a load never replays more than that many changelogs and old files still go.
@@ -234,7 +229,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       lastCommitPhases = CommitPhases((t1 - t0) / 1000000, shipped.writeMs, shipped.shipMs)
       cache.review() // what this version's reads found decides what the next one's writes cache
       if (overdue) { uploadSnapshots(); cleanupFiles() }
-      else if (forceSnapshot || newVersion % session.settings.snapshotInterval == 0 || bulk(added)) {
+      else if (forceSnapshot || newVersion % session.settings.snapshotInterval == 0 || session.settings.bulkLoad(added, numKeys)) {
         uploadAsked = newVersion
         SnapshotKick.request(this, newVersion)
       }
@@ -242,16 +237,6 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     } catch {
       case NonFatal(e) => invalidate(); throw e
     }
-  }
-
-  /** A bulk load (a first batch over a backlog, a catch-up that brings new keys): the version
-   *  added at least snapshotBulkKeys keys, at least as many as were there before. The server
-   *  stages such a version's snapshot right after its apply (server/store.py's `_bulk`, the same
-   *  rule, on the same exact counts) and the commit asks for its upload at once, so that a load
-   *  after a stop does not replay it. */
-  private def bulk(added: Long): Boolean = {
-    val least = session.settings.snapshotBulkKeys
-    least > 0 && added >= least && added >= numKeys - added
   }
 
   /** The committed value of `key` if this engine holds `version` (Some(null) = absent), for a
@@ -280,33 +265,6 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     warmMs.addAndGet((System.nanoTime() - started) / 1000000)
   }
 
-  /** The native reader showing `version`, synced once per version (Python finishes its pending
-   *  applies and flushes, then the reader catches up); null when reads go to the server. */
-  private def nativeAt(version: Long): NativeReader = {
-    val reader = native
-    if (reader == null || (nativeShows == version && version >= 0)) reader else syncNative(version)
-  }
-
-  private def syncNative(version: Long): NativeReader = synchronized {
-    val reader = native
-    if (reader == null || version < 0 || nativeShows == version) reader
-    else {
-      val (held, dir) = session.data(s"syncing $describe")((c, h) => c.sync(h))
-      if (held != version) {
-        invalidate()
-        throw new IllegalStateException(s"keyedstate: the state server holds version $held of $describe, expected $version")
-      }
-      try { reader.follow(dir); nativeShows = version; reader } catch {
-        case NonFatal(e) =>
-          log.warn(s"keyedstate: cannot read $describe natively from $dir (RocksDB secondary instance); " +
-            "its reads go through the state server", e)
-          reader.close()
-          native = null
-          null
-      }
-    }
-  }
-
   /** A version that will not commit: if its writes reached the near cache, the cache no longer
    *  shows the committed version, so everything is reloaded. */
   def abandon(v: StoreVersion): Unit = synchronized {
@@ -319,9 +277,8 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     writer.clear()
     loaded = -1
     coldReadsLeft = -1
-    nativeShows = -1
     if (cache != null) cache.clear()
-    if (native != null) native.reset()
+    native.reset()
   }
 
   /** RocksDB memory of the store in the server (0 when unknown); never waits for an apply. */
@@ -329,56 +286,22 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     if (closed || !session.isAlive) 0L
     else try session.maintenance("reading store memory")((api, h) => api.memoryBytes(h)).toLong catch { case NonFatal(_) => 0L }
 
-  /**
-   * Uploads the snapshots the server staged (maintenance thread). A stopped run's provider does
-   * this once more before Spark closes it, while the next run may already work on the same
-   * directory: that is safe because a snapshot only adds files under fresh names, lists only files
-   * verified to be there, replaces a manifest only when it is of another run's attempt
-   * ([[SnapshotUploader]]), and a load skips a snapshot that turns out broken anyway. Deleting
-   * is not: only the active instance cleans up ([[cleanupFiles]]).
-   * `through`: see [[SnapshotUploader.upload]].
-   */
+  /** Uploads the snapshots the server staged (maintenance thread, [[StoreMaintenance.upload]]). */
   def uploadSnapshots(through: Long = -1L): Unit = {
     if (closed || !session.isAlive || keyCodec == null) return
-    maintenanceMutex.synchronized {
-      retriedLater("snapshot upload") {
-        uploader.upload(session, session.settings.keyGroups, keyCodec.layout,
-          if (policy.enabled) Some(policy.describe) else None, uniqueIdOf, through).foreach(v => lastSnapshot = math.max(lastSnapshot, v))
-      }
+    maintenance.upload(keyCodec.layout, if (policy.enabled) Some(policy.describe) else None, uniqueIdOf, through) {
+      v => lastSnapshot = math.max(lastSnapshot, v)
     }
   }
-
-  /**
-   * Maintenance never throws: Spark unloads and closes a provider whose maintenance call threw,
-   * even while a task is using its store (that task then fails, and the next batch reloads the
-   * version from the checkpoint). A failed upload or cleanup changes nothing that loads need and
-   * is simply tried again at the next tick.
-   */
-  private def retriedLater(what: String)(f: => Unit): Unit =
-    try f catch {
-      case NonFatal(e) => if (!closed) log.warn(s"keyedstate: $what of $describe failed; retried at the next maintenance", e)
-    }
-
-  // Lock order: the engine's monitor, then maintenanceMutex; code holding maintenanceMutex reads
-  // only volatile fields of the engine, never its monitor (a commit may upload and clean up).
 
   /** The unique id of a version of the current lineage (None: format 1); Left when unknown. */
   private def uniqueIdOf(version: Long): Either[Unit, Option[String]] =
     if (!uniqueIds) Right(None) else lineage.find(_._1 == version).map(e => Right(e._2)).getOrElse(Left(()))
 
-  /**
-   * Deletes what no retained version needs (maintenance thread), if active ([[RunFence]]),
-   * counting back from `asOf` (a version loaded earlier), else from the version held now.
-   */
-  def cleanupFiles(asOf: Option[(Long, Option[String])] = None): Unit = maintenanceMutex.synchronized {
-    if (closed || !fence.isActive) return
-    val head = asOf.getOrElse(loaded -> loadedId)
-    if (head._1 <= 0) return // nothing committed held: the newest file listed may be an uncommitted attempt
-    retriedLater("cleanup") {
-      val deleted = CheckpointCleanup.run(files, storeConf.minVersionsToRetain, head, byLineage = uniqueIds)
-      if (deleted > 0) log.info(s"keyedstate: cleanup deleted $deleted files of $describe")
-    }
-  }
+  /** Deletes what no retained version needs (maintenance thread, [[StoreMaintenance.cleanUp]]),
+   *  counting back from `asOf` (a version loaded earlier), else from the version held now. */
+  def cleanupFiles(asOf: Option[(Long, Option[String])] = None): Unit =
+    maintenance.cleanUp(() => asOf.getOrElse(loaded -> loadedId), byLineage = uniqueIds)
 
   def close(): Unit = synchronized {
     if (closed) return
@@ -390,12 +313,11 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     if (uploadAsked > lastSnapshot) SnapshotKick.uploading(files.dir.toString, uploadAsked)(uploadSnapshots(uploadAsked))
     closed = true
     if (cache != null) cache.clear()
-    if (native != null) { native.close(); native = null }
+    native.close()
     session.close()
   }
 }
 
 object StoreEngine {
-  private val log = LoggerFactory.getLogger(classOf[StoreEngine])
   private val Json = new com.fasterxml.jackson.databind.ObjectMapper()
 }
