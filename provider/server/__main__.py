@@ -1,4 +1,4 @@
 """``python -m keyedstate.server``: how the JVM shim starts a state server."""
-from .api import main
+from .main import main
 
 main()

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..formats import changelog
 from ..formats import frames as f
+from .rate_limited_log import RateLimitedLog
 from .registry import StoreRegistry
 
 log = logging.getLogger(__name__)
@@ -36,28 +37,6 @@ ACCEPT_RETRY_S = 0.05
 """How long a listener waits before accepting again after accept() or a thread start failed
 (EMFILE, ENFILE, ENOMEM, no thread left, ...): that condition usually lasts a while, and an
 accept that fails at once must not spin."""
-
-
-class _RateLimitedLog:
-    """Logs one message per ``interval_s`` at most, counting those it left out: a flood of
-    connections (or of failed accepts) must not flood the log."""
-
-    def __init__(self, logger: logging.Logger, level: int, interval_s: float = 10.0) -> None:
-        self._logger, self._level, self._interval_s = logger, level, interval_s
-        self._lock = threading.Lock()
-        self._next = 0.0
-        self._skipped = 0
-
-    def __call__(self, msg: str, *args) -> None:
-        now = time.monotonic()
-        with self._lock:
-            if now < self._next:
-                self._skipped += 1
-                return
-            self._next, skipped, self._skipped = now + self._interval_s, self._skipped, 0
-        if skipped:
-            msg, args = msg + " (and %d more times since the last such message)", (*args, skipped)
-        self._logger.log(self._level, msg, *args)
 
 
 class _UnknownStore(Exception):
@@ -83,8 +62,8 @@ class DataServer:
         os.chmod(path, 0o600)
         self._sock.listen(128)
         self._handshakes = threading.BoundedSemaphore(MAX_HANDSHAKES)
-        self._log_accept_error = _RateLimitedLog(log, logging.ERROR)
-        self._log_refused = _RateLimitedLog(log, logging.WARNING)
+        self._log_accept_error = RateLimitedLog(log, logging.ERROR)
+        self._log_refused = RateLimitedLog(log, logging.WARNING)
 
     def start(self) -> None:
         threading.Thread(target=self._accept_loop, name="keyedstate-data-accept", daemon=True).start()

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from ..formats.rocksdb import MemoryPool
-from .store import Applier, VersionedStore
+from .store import VersionedStore
+from .write_behind import Applier
 
 
 class StoreRegistry:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,3 +57,34 @@ def install(snapshot_dir: Path, db_dir: Path) -> None:
         for entry in entries:
             if entry.is_file(follow_symlinks=False):
                 os.chmod(entry.path, 0o600)
+
+
+class StagedSnapshots:
+    """One store's snapshots staged for upload, by version. Their directories are created,
+    listed and removed under this one's lock alone: the uploader lists them while applies run,
+    and must never see one half created or removed."""
+
+    def __init__(self) -> None:
+        self._staged: dict[int, StagedSnapshot] = {}
+        self._lock = threading.Lock()
+
+    def __contains__(self, version: int) -> bool:
+        return version in self._staged
+
+    def stage(self, db: Rdict, directory: Path, version: int, lineage: str, num_keys: int) -> None:
+        with self._lock:
+            self._staged[version] = stage(db, directory, version, lineage, num_keys)
+
+    def describe(self) -> list[dict]:
+        with self._lock:
+            return [s.describe() for _, s in sorted(self._staged.items())]
+
+    def drop(self, version: int) -> None:
+        with self._lock:
+            staged = self._staged.pop(version, None)
+            if staged is not None:
+                shutil.rmtree(staged.directory, ignore_errors=True)
+
+    def drop_all(self) -> None:
+        for version in list(self._staged):
+            self.drop(version)

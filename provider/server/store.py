@@ -11,18 +11,20 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import queue
 import shutil
 import threading
-import time
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from rocksdict import Rdict, WriteBatch
 
-from ..formats import changelog, rocksdb, stored
+from ..formats import changelog, rocksdb
 from ..formats.frames import TtlScan
 from . import snapshots
+from .ttl_scan import TtlScanner
+from .write_behind import Applier, StoreStateError, WriteBehind
+
+__all__ = ["Applier", "StoreStateError", "VersionedStore", "local_failure"]
 
 log = logging.getLogger(__name__)
 
@@ -45,39 +47,13 @@ Shipped = bytes | memoryview | changelog.Changelog
 it receives) or its bytes (decoded by the store, see :func:`_decoded`)."""
 
 
-class StoreStateError(RuntimeError):
-    """A request does not fit the version the store holds (e.g. applying v+2 onto v)."""
-
-
-class Applier:
-    """Applies submitted changelogs in the background, in submission order.
-
-    Write-behind: the JVM's commit returns once the changelog is durable in the checkpoint
-    and queued here; RocksDB catches up while the next micro-batch runs. One thread per
-    server process, since RocksDB writes hold the GIL anyway.
-    """
-
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._run, name="keyedstate-applier", daemon=True).start()
-
-    def submit(self, store: "VersionedStore", data: "Shipped", source: str, ttl: "TtlScan | None") -> None:
-        self._queue.put((store, data, source, ttl))
-
-    def _run(self) -> None:
-        while True:
-            store, data, source, ttl = self._queue.get()
-            store._apply_submitted(data, source, ttl)
-            del store, data, source, ttl  # not held while waiting for the next one
-
-
 class VersionedStore:
     """A RocksDB database plus the version it holds and an exact key count."""
 
     def __init__(self, name: str, workdir: Path, key_groups: int, snapshot_interval: int,
                  applier: Applier | None = None, pool: rocksdb.MemoryPool | None = None,
                  bulk_keys: int = 1_000_000) -> None:
-        """``bulk_keys``: the snapshotBulkKeys conf (0: off), see :meth:`_bulk`."""
+        """``bulk_keys``: the snapshotBulkKeys conf (0: off), see :func:`_bulk_load`."""
         self.name = name
         self.workdir = workdir
         self.key_groups = key_groups
@@ -87,31 +63,30 @@ class VersionedStore:
         self.num_keys = 0
         self.lineage = ""
         self._db: Rdict | None = None
-        self._staged: dict[int, snapshots.StagedSnapshot] = {}
-        # Staged directories are created, listed and removed under _staged_lock alone: the
-        # uploader lists them while applies run, and must never see one half created or removed.
-        self._staged_lock = threading.Lock()
+        self._staged = snapshots.StagedSnapshots()
         self._lock = threading.RLock()  # the database and the version it holds
         self._applier = applier
         self._pool = pool  # the process's RocksDB memory bound (None: unbounded)
-        # Write-behind bookkeeping has its own lock, so that queueing a commit never waits for
-        # the applier (which holds _lock while it applies, snapshots or scans).
-        self._state = threading.Condition()
-        self._pending = 0  # submitted changelogs not yet applied
-        self._applied = -1  # the version the last finished background apply left (staged if due)
-        self._failure: str | None = None
-        # A committed version's changelog shipped while its checkpoint file is still being
-        # written: applied (behind) only once the JVM says the file is durable (see hold).
-        self._held: tuple[Shipped, str, TtlScan | None] | None = None
+        self._behind = WriteBehind(name)  # its own lock: queueing a commit never waits for _lock
         self._dirty = False  # the mutable memtable holds writes (vector memtables are unreadable)
         self._unflushed = (0, 0)  # puts, and changelog bytes, written since the last flush
         self._deletes_since_compaction = 0
-        # Incremental TTL cleanup: where the next scan resumes, and what the last one found
-        # (the version it scanned, ms, keys) for the JVM to delete through its next changelog.
-        self._ttl_cursor: bytes | None = None
-        self._ttl_found: tuple[int, int, list[bytes]] = (-1, 0, [])
-        self._ttl_lock = threading.Lock()  # hands _ttl_found over without waiting for applies
+        self._ttl = TtlScanner()  # incremental TTL cleanup, for the JVM's next changelog
         workdir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def _failure(self) -> str | None:
+        """The first failure of a background apply: every later operation raises it."""
+        return self._behind.failure
+
+    @_failure.setter
+    def _failure(self, message: str | None) -> None:
+        self._behind.failure = message
+
+    @property
+    def _held(self) -> tuple[Shipped, str, TtlScan | None] | None:
+        """The changelog held while its checkpoint file is written (see :meth:`hold`)."""
+        return self._behind.held
 
     @property
     def _db_dir(self) -> Path:
@@ -120,38 +95,21 @@ class VersionedStore:
     # -- loading -------------------------------------------------------------------------------
     def restore(self, version: int, snapshot_dir: str | None, lineage: str, num_keys: int) -> None:
         """Reset to ``version``: the downloaded snapshot in ``snapshot_dir``, or empty (v0)."""
-        with self._local_disk(f"installing version {version}"), self._settled(raise_failure=False):
-            with self._state:
-                self._failure = None
-                self._applied = version
-                self._held = None  # a commit that never said whether its file became durable
+        with _local_disk(self.name, self.workdir, f"installing version {version}"), self._settled(raise_failure=False):
+            self._behind.reset(version)
             self._close_db()
-            self._drop_all_staged()
+            self._staged.drop_all()
             if snapshot_dir:
                 snapshots.install(Path(snapshot_dir), self._db_dir)
             elif self._db_dir.exists():
                 shutil.rmtree(self._db_dir)
             self._db = rocksdb.open_db(self._db_dir, pool=self._pool)
             self.version, self.num_keys, self.lineage = version, num_keys, lineage
-            self._ttl_cursor = None
-            with self._ttl_lock:
-                self._ttl_found = (-1, 0, [])
-
-    @contextlib.contextmanager
-    def _local_disk(self, what: str) -> Iterator[None]:
-        """Turns a failure of the local disk into a message that says so (and where)."""
-        try:
-            yield
-        except StoreStateError:
-            raise
-        except Exception as exc:  # rocksdict raises plain Exceptions for RocksDB IO errors
-            if "No space left" in str(exc) or getattr(exc, "errno", None) == 28:
-                raise StoreStateError(f"{self.name}: {what} failed: {local_failure(exc, self.workdir)}") from exc
-            raise
+            self._ttl.reset()
 
     def replay(self, changelogs: Iterable[tuple[int, str, str]]) -> None:
         """Apply downloaded changelogs ``(version, local path, checkpoint path)`` in order."""
-        with self._local_disk("replaying changelogs"):
+        with _local_disk(self.name, self.workdir, "replaying changelogs"):
             self._replay(changelogs)
 
     def _replay(self, changelogs: Iterable[tuple[int, str, str]]) -> None:
@@ -181,32 +139,12 @@ class VersionedStore:
              keys_only: bool = False) -> tuple[list[tuple[bytes, bytes]], bool]:
         """About ``max_bytes`` of entries with ``prefix`` after ``start_after``, and whether more
         remain; with ``keys_only`` the values are empty (for building the JVM's Bloom filter)."""
-        it = self._require_db(wait=True).iter()
-        if start_after is not None:
-            it.seek(start_after)
-            if it.valid() and it.key() == start_after:
-                it.next()
-        else:
-            it.seek(prefix)
-        out: list[tuple[bytes, bytes]] = []
-        size = 0
-        while it.valid():
-            key = it.key()
-            if not key.startswith(prefix):
-                return out, False
-            value = b"" if keys_only else it.value()
-            out.append((key, value))
-            size += len(key) + len(value) + 8
-            it.next()
-            if size >= max_bytes:
-                return out, it.valid() and it.key().startswith(prefix)
-        it.status()  # the iterator stops on an error (a corrupt block) too: raise it, not "the end"
-        return out, False
+        return _scan(self._require_db(wait=True), prefix, start_after, max_bytes, keys_only)
 
     def apply(self, data: Shipped, source: str, ttl: TtlScan | None = None) -> int:
         """Apply a committed version's changelog now (decoded, as the data channel passes it, or
         its bytes, see :func:`_decoded`); returns the new exact key count."""
-        with self._local_disk(f"applying {source}"), self._settled():
+        with _local_disk(self.name, self.workdir, f"applying {source}"), self._settled():
             self._apply(_decoded(data, source), source, stage_snapshot=True)
             if ttl is not None and ttl.interval and self.version % ttl.interval == 0:
                 self._scan_expired(ttl)
@@ -217,10 +155,7 @@ class VersionedStore:
         if self._applier is None:
             self.apply(data, source, ttl)
             return
-        with self._state:
-            if self._failure:
-                raise StoreStateError(self._failure)
-            self._pending += 1
+        self._behind.queue()
         self._applier.submit(self, data, source, ttl)
 
     def hold(self, data: Shipped, source: str, ttl: TtlScan | None = None) -> None:
@@ -228,65 +163,35 @@ class VersionedStore:
         two overlap); :meth:`release` then applies it behind or drops it. Until then the store
         serves and snapshots the version before it: a version the checkpoint may lack is never
         applied, so never read, staged or uploaded. A restore drops what is held."""
-        with self._state:
-            if self._failure:
-                raise StoreStateError(self._failure)
-            if self._held is not None:
-                raise StoreStateError(f"{self.name}: a changelog arrived while another is still held "
-                                      "(its commit neither applied nor dropped it)")
-            self._held = (data, source, ttl)
+        self._behind.hold((data, source, ttl))
 
     def release(self, apply: bool) -> None:
         """Apply the held changelog behind (its checkpoint file is durable) or drop it (the file
         was not written, or another attempt's was)."""
-        with self._state:
-            held, self._held = self._held, None
-        if held is None:
-            raise StoreStateError(f"{self.name}: no changelog is held to "
-                                  f"{'apply' if apply else 'drop'} (a restore dropped it, or none was shipped)")
+        held = self._behind.take_held(apply)
         if apply:
             self.submit(*held)
 
     def _apply_submitted(self, data: bytes, source: str, ttl: TtlScan | None) -> None:
         with self._lock:
             try:
-                if self._failure is None:
+                if self._behind.failure is None:
                     self._apply(_decoded(data, source), source, stage_snapshot=True)
                     if ttl is not None and ttl.interval and self.version % ttl.interval == 0:
                         self._scan_expired(ttl)
             except Exception as exc:  # surfaced by the store's next operation
                 log.exception("background apply of %s failed", source)
-                with self._state:
-                    self._failure = f"{self.name}: applying {source} failed: {local_failure(exc, self.workdir)}"
+                self._behind.fail(f"{self.name}: applying {source} failed: {local_failure(exc, self.workdir)}")
             finally:
-                with self._state:
-                    self._pending -= 1
-                    self._applied = self.version
-                    self._state.notify_all()
+                self._behind.done(self.version)
 
     def _wait_applied(self, raise_failure: bool = True) -> None:
         """Wait until no submitted changelog is pending. Must not hold _lock (the applier needs it)."""
-        with self._state:
-            while self._pending:
-                self._state.wait()
-            if raise_failure and self._failure:
-                raise StoreStateError(self._failure)
+        self._behind.wait_applied(raise_failure)
 
-    @contextlib.contextmanager
-    def _settled(self, raise_failure: bool = True) -> Iterator[None]:
-        """Hold _lock with nothing pending: the database holds the latest committed version and
-        stays there until released (a commit queued meanwhile waits for the lock)."""
-        while True:
-            self._wait_applied(raise_failure)
-            self._lock.acquire()
-            with self._state:
-                if not self._pending:
-                    break
-            self._lock.release()
-        try:
-            yield
-        finally:
-            self._lock.release()
+    def _settled(self, raise_failure: bool = True) -> contextlib.AbstractContextManager[None]:
+        """Hold _lock with nothing pending (see :meth:`WriteBehind.settled`)."""
+        return self._behind.settled(self._lock, raise_failure)
 
     def _apply(self, log_: changelog.Changelog, source: str, stage_snapshot: bool) -> None:
         with self._lock:
@@ -302,7 +207,7 @@ class VersionedStore:
             total = puts = 0
             written = False
             try:
-                for batch, fed in self._write_batches(log_):
+                for batch, fed in _write_batches(log_, self._pool, self._flush_if_dirty):
                     delta, unknown_puts, unknown_deletes = fed.key_delta, fed.unknown_puts, fed.unknown_deletes
                     self._deletes_since_compaction += fed.deletes
                     puts += fed.records - fed.deletes
@@ -321,91 +226,36 @@ class VersionedStore:
                     total += delta
             except BaseException as exc:
                 if written:  # some chunks are in: the database holds no version now
-                    with self._state:
-                        if self._failure is None:
-                            self._failure = (f"{self.name}: applying {source} failed after part of it was written "
-                                             f"({type(exc).__name__}); the store must be restored")
+                    self._behind.fail(f"{self.name}: applying {source} failed after part of it was written "
+                                      f"({type(exc).__name__}); the store must be restored", first_only=True)
                 raise
             self.version = log_.version
             self.num_keys += total
             if self._dirty:  # (under a memoryBudget every chunk is flushed already)
                 unflushed_puts, size = self._unflushed
                 self._unflushed = (unflushed_puts + puts, size + log_.size)
-                if self._superseded():
+                if _superseded(self._unflushed, self.num_keys):
                     # In the background, as RocksDB flushes a full memtable: the applier goes on
                     # with the next store's changelog. _dirty stays set, so that a read, a sync
                     # or a snapshot still waits for this flush before it looks at the files.
                     db.flush(wait=False)
                     self._unflushed = (0, 0)
-            if stage_snapshot and (self.version % self.snapshot_interval == 0 or self._bulk(total)):
+            if stage_snapshot and (self.version % self.snapshot_interval == 0 or _bulk_load(total, self.num_keys, self.bulk_keys)):
                 self._stage()
-
-    def _superseded(self) -> bool:
-        """Whether the memtable holds mostly values that newer records replace: puts since this
-        store's last flush at least :data:`SUPERSEDED_FLUSH_RATIO` (2) times its keys, and at
-        least :data:`SUPERSEDED_FLUSH_BYTES` of changelog. Since the puts' live keys are among
-        the store's keys, at least half of those puts are then overwritten or deleted, and a
-        flush keeps one record a key. Without it a store whose keys are all rewritten every
-        batch (an aggregation) fills RocksDB's two 64 MiB memtables with old values, many times
-        the state's own size. Deletes do not count: a
-        store that deletes what it put long ago (eviction) holds no more than its tombstones.
-        A store that grows (a dedup), or rewrites under a fifth of its keys a batch (the
-        snapshot every 10 versions flushes first), is not affected. The count only errs high
-        (RocksDB's own flushes of full memtables are not seen), so at worst a flush comes early."""
-        puts, size = self._unflushed
-        return size >= SUPERSEDED_FLUSH_BYTES and puts >= SUPERSEDED_FLUSH_RATIO * self.num_keys
-
-    def _bulk(self, added: int) -> bool:
-        """Whether the version just applied is a bulk load (a first batch over a backlog, a
-        catch-up that brings new keys): it added at least ``bulk_keys`` keys (net), at least half
-        of those it holds. Its snapshot is staged at once instead of at the next
-        snapshotInterval, and the JVM's commit, which applies the same rule (``StoreEngine.bulk``),
-        asks for its upload, so that no later load replays it (a restart right after a seed
-        would otherwise replay the whole seed). Net growth, not
-        records: a steady query that rewrites most of its keys every batch is not a bulk load."""
-        return 0 < self.bulk_keys <= added and added >= self.num_keys - added
 
     # -- TTL cleanup ---------------------------------------------------------------------------
     def _scan_expired(self, ttl: TtlScan) -> None:
-        """Walk up to a budget of entries from the cursor and remember the expired ones.
+        """Scan for expired entries from where the last scan stopped (:mod:`.ttl_scan`)."""
+        self._ttl.scan(ttl, self.version, self._flushed_db)
 
-        Runs right after an apply (in the background with write-behind), off the task's
-        critical path. The JVM deletes what was found through its next changelog, so cleanup
-        is part of the checkpoint, and it takes the keys only if it commits on top of exactly
-        the version scanned here: nothing can have changed them since.
-        """
-        started = time.perf_counter()
-        budget = ttl.budget
-        found: list[bytes] = []
-        if budget > 0 and ttl.expire_before >= 0:
-            self._flush_if_dirty()  # free when a snapshot was just staged
-            db = self._require_db()
-            start = self._ttl_cursor
-            entries = db.items() if start is None else db.items(from_key=start)
-            expired = stored.expired_before(ttl.expire_before)
-            cursor = None  # None: the scan reached the end, the next one wraps around
-            key = None
-            for examined, (key, value) in enumerate(entries):
-                if examined == budget:
-                    cursor = key
-                    break
-                if expired(value):
-                    found.append(key)
-            if cursor is None:  # a corrupt block ends items() quietly: not the end of the store
-                rocksdb.check_scan_end(db, key, start)
-            self._ttl_cursor = cursor
-        with self._ttl_lock:
-            self._ttl_found = (self.version, int((time.perf_counter() - started) * 1000), found)
+    def _flushed_db(self) -> Rdict:
+        self._flush_if_dirty()  # free when a snapshot was just staged
+        return self._require_db()
 
     def take_ttl_candidates(self) -> tuple[int, int, list[bytes]]:
-        """(version scanned, scan ms, expired keys) of the last finished scan, each result once.
-
-        Never waits for a pending apply or scan: a commit must not stall on background cleanup.
-        A result older than the version the JVM commits on is revalidated there.
-        """
-        with self._ttl_lock:
-            found, self._ttl_found = self._ttl_found, (-1, 0, [])
-            return found
+        """(version scanned, scan ms, expired keys) of the last finished scan, each result once
+        (:meth:`TtlScanner.take`: never waits for a pending apply or scan)."""
+        return self._ttl.take()
 
     # -- snapshots -----------------------------------------------------------------------------
     def stage_snapshot(self) -> None:
@@ -414,7 +264,7 @@ class VersionedStore:
             self._stage()
 
     def _stage(self) -> None:
-        with self._local_disk(f"staging a snapshot of version {self.version}"):
+        with _local_disk(self.name, self.workdir, f"staging a snapshot of version {self.version}"):
             self._stage_now()
 
     def _stage_now(self) -> None:
@@ -425,9 +275,7 @@ class VersionedStore:
             self._require_db().compact_range(None, None)
             self._deletes_since_compaction = 0
         directory = self.workdir / "staged" / str(self.version)
-        with self._staged_lock:
-            self._staged[self.version] = snapshots.stage(
-                self._require_db(), directory, self.version, self.lineage, self.num_keys)
+        self._staged.stage(self._require_db(), directory, self.version, self.lineage, self.num_keys)
 
     def staged_snapshots(self, through: int = -1) -> list[dict]:
         """The snapshots staged so far. With ``through`` >= 0 (an upload asked for by the commit
@@ -437,22 +285,11 @@ class VersionedStore:
         every pending apply: in a running query the next one is always
         queued, so such a wait would hold the store's uploads until
         the query paused, and a query stopped first restarted without its last snapshot."""
-        with self._state:
-            while (through >= 0 and self._pending and through not in self._staged and self._applied < through
-                   and self._failure is None):
-                self._state.wait()
-        with self._staged_lock:  # not _lock: waiting for a running apply would hold up the uploader
-            return [s.describe() for _, s in sorted(self._staged.items())]
+        self._behind.wait_staged(through, self._staged.__contains__)
+        return self._staged.describe()  # not under _lock: waiting for a running apply would hold up the uploader
 
     def drop_staged(self, version: int) -> None:
-        with self._staged_lock:
-            staged = self._staged.pop(version, None)
-            if staged is not None:
-                shutil.rmtree(staged.directory, ignore_errors=True)
-
-    def _drop_all_staged(self) -> None:
-        for version in list(self._staged):
-            self.drop_staged(version)
+        self._staged.drop(version)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def memory_bytes(self) -> int:
@@ -469,10 +306,9 @@ class VersionedStore:
 
     def close(self) -> None:
         with self._settled(raise_failure=False):
-            with self._state:
-                self._held = None
+            self._behind.drop_held()
             self._close_db()
-            self._drop_all_staged()
+            self._staged.drop_all()
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _close_db(self) -> None:
@@ -489,38 +325,13 @@ class VersionedStore:
 
     def _require_db(self, wait: bool = False) -> Rdict:
         """The database; with ``wait``, for reading: pending applies done, memtable flushed."""
-        if wait and (self._pending or self._dirty or self._failure):  # else the per-read fast path
+        if wait and (self._behind.pending or self._dirty or self._behind.failure):  # else the per-read fast path
             with self._settled():
                 self._flush_if_dirty()
         db = self._db
         if db is None:
             raise StoreStateError(f"{self.name}: no version is loaded")
         return db
-
-    def _write_batches(self, log_: changelog.Changelog) -> Iterator[tuple[WriteBatch, changelog.Fed]]:
-        """The changelog's records as write batches of about :data:`APPLY_CHUNK_BYTES` of
-        records (the record count that makes, 10,000 at least), or, under a memoryBudget, of about
-        an eighth of the process's pool each, each flushed once written: one write lands whole in
-        one memtable, so a large batch written at once would hold a write batch and a memtable of
-        its size (and overrun the pool). Each batch is filled when asked for and must be written
-        before the next is; the trailer's record count is checked as the last one is filled, so
-        a lying trailer is refused before the last batch is written."""
-        chunk_bytes = APPLY_CHUNK_BYTES if self._pool is None else self._pool.capacity // 8
-        size = log_.size
-        per_chunk = None
-        if self._pool is not None or size > chunk_bytes:
-            per_chunk = max(10_000, chunk_bytes * log_.record_count // max(1, size))
-        pos, done = log_.first, 0
-        while True:
-            batch = WriteBatch(raw_mode=True)
-            fed = log_.feed(batch.put, batch.delete, pos, done, per_chunk)
-            yield batch, fed
-            log_.discard_before(fed.end)  # written: a shipped frame's pages go back as it is applied
-            if self._pool is not None:  # the last batch too: no version leaves a memtable behind
-                self._flush_if_dirty()
-            pos, done = fed.end, done + fed.records
-            if pos >= log_.end:
-                return
 
     def _flush_if_dirty(self) -> None:
         if self._dirty and self._db is not None:
@@ -551,7 +362,7 @@ smaller writes cost time (benchmarks/ANALYSIS.md, "Measurements behind constants
 
 
 SUPERSEDED_FLUSH_RATIO = 2
-"""Puts per key that make a memtable worth flushing early (:meth:`VersionedStore._superseded`):
+"""Puts per key that make a memtable worth flushing early (:func:`_superseded`):
 at 2, at least half of the memtable is superseded; at 1, flushes double for little more memory
 (benchmarks/ANALYSIS.md, "Measurements behind constants")."""
 SUPERSEDED_FLUSH_BYTES = 16 << 20
@@ -574,3 +385,98 @@ def _multi_get(db: Rdict, keys: list[bytes]) -> Iterator[bytes | None]:
 def _count_present(db: Rdict, keys: list[bytes]) -> int:
     """How many of ``keys`` the database holds."""
     return sum(v is not None for v in _multi_get(db, keys))
+
+
+def _scan(db: Rdict, prefix: bytes, start_after: bytes | None, max_bytes: int,
+          keys_only: bool) -> tuple[list[tuple[bytes, bytes]], bool]:
+    """About ``max_bytes`` of entries with ``prefix`` after ``start_after``, and whether more
+    remain; with ``keys_only`` the values are empty (for building the JVM's Bloom filter)."""
+    it = db.iter()
+    if start_after is not None:
+        it.seek(start_after)
+        if it.valid() and it.key() == start_after:
+            it.next()
+    else:
+        it.seek(prefix)
+    out: list[tuple[bytes, bytes]] = []
+    size = 0
+    while it.valid():
+        key = it.key()
+        if not key.startswith(prefix):
+            return out, False
+        value = b"" if keys_only else it.value()
+        out.append((key, value))
+        size += len(key) + len(value) + 8
+        it.next()
+        if size >= max_bytes:
+            return out, it.valid() and it.key().startswith(prefix)
+    it.status()  # the iterator stops on an error (a corrupt block) too: raise it, not "the end"
+    return out, False
+
+
+def _superseded(unflushed: tuple[int, int], num_keys: int) -> bool:
+    """Whether a store's memtable holds mostly values that newer records replace, by its
+    ``unflushed`` (puts, changelog bytes) since its last flush and its ``num_keys``: puts at
+    least :data:`SUPERSEDED_FLUSH_RATIO` (2) times its keys, and at least
+    :data:`SUPERSEDED_FLUSH_BYTES` of changelog. Since the puts' live keys are among
+    the store's keys, at least half of those puts are then overwritten or deleted, and a
+    flush keeps one record a key. Without it a store whose keys are all rewritten every
+    batch (an aggregation) fills RocksDB's two 64 MiB memtables with old values, many times
+    the state's own size. Deletes do not count: a
+    store that deletes what it put long ago (eviction) holds no more than its tombstones.
+    A store that grows (a dedup), or rewrites under a fifth of its keys a batch (the
+    snapshot every 10 versions flushes first), is not affected. The count only errs high
+    (RocksDB's own flushes of full memtables are not seen), so at worst a flush comes early."""
+    puts, size = unflushed
+    return size >= SUPERSEDED_FLUSH_BYTES and puts >= SUPERSEDED_FLUSH_RATIO * num_keys
+
+
+def _write_batches(log_: changelog.Changelog, pool: rocksdb.MemoryPool | None,
+                   flush: Callable[[], None]) -> Iterator[tuple[WriteBatch, changelog.Fed]]:
+    """The changelog's records as write batches of about :data:`APPLY_CHUNK_BYTES` of
+    records (the record count that makes, 10,000 at least), or, under a memoryBudget, of about
+    an eighth of the process's pool each, each flushed once written: one write lands whole in
+    one memtable, so a large batch written at once would hold a write batch and a memtable of
+    its size (and overrun the pool). Each batch is filled when asked for and must be written
+    before the next is; the trailer's record count is checked as the last one is filled, so
+    a lying trailer is refused before the last batch is written."""
+    chunk_bytes = APPLY_CHUNK_BYTES if pool is None else pool.capacity // 8
+    size = log_.size
+    per_chunk = None
+    if pool is not None or size > chunk_bytes:
+        per_chunk = max(10_000, chunk_bytes * log_.record_count // max(1, size))
+    pos, done = log_.first, 0
+    while True:
+        batch = WriteBatch(raw_mode=True)
+        fed = log_.feed(batch.put, batch.delete, pos, done, per_chunk)
+        yield batch, fed
+        log_.discard_before(fed.end)  # written: a shipped frame's pages go back as it is applied
+        if pool is not None:  # the last batch too: no version leaves a memtable behind
+            flush()
+        pos, done = fed.end, done + fed.records
+        if pos >= log_.end:
+            return
+
+
+@contextlib.contextmanager
+def _local_disk(name: str, workdir: Path, what: str) -> Iterator[None]:
+    """Turns a failure of the local disk into a message that says so (and where)."""
+    try:
+        yield
+    except StoreStateError:
+        raise
+    except Exception as exc:  # rocksdict raises plain Exceptions for RocksDB IO errors
+        if "No space left" in str(exc) or getattr(exc, "errno", None) == 28:
+            raise StoreStateError(f"{name}: {what} failed: {local_failure(exc, workdir)}") from exc
+        raise
+
+
+def _bulk_load(added: int, num_keys: int, bulk_keys: int) -> bool:
+    """Whether a version just applied, which left ``num_keys``, is a bulk load (a first batch
+    over a backlog, a catch-up that brings new keys): it added at least ``bulk_keys`` keys
+    (net), at least half of those it holds. Its snapshot is staged at once instead of at the next
+    snapshotInterval, and the JVM's commit, which applies the same rule
+    (``StoreSettings.bulkLoad``), asks for its upload, so that no later load replays it (a
+    restart right after a seed would otherwise replay the whole seed). Net growth, not
+    records: a steady query that rewrites most of its keys every batch is not a bulk load."""
+    return 0 < bulk_keys <= added and added >= num_keys - added

@@ -10,10 +10,6 @@ import java.util.concurrent.{ConcurrentHashMap, TimeUnit}
 
 import io.keyedstate.format.{Frames, ScanChunk, SplitChangelog, TtlCandidates, TtlScan}
 
-/** An exchange on the data channel took longer than the bridge timeout (the channel is closed). */
-final class DataChannelTimeoutException(val timeoutMs: Long)
-  extends IOException(s"no answer on the data channel within $timeoutMs ms")
-
 /**
  * One connection of the bulk data channel: [[Frames]] over a Unix domain socket (GB/s, ~16-60 us
  * per round trip, where py4j moves ~25 MB/s). It starts with a HELLO carrying the server's

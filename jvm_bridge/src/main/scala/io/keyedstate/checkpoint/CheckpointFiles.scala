@@ -18,21 +18,6 @@ import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileMana
 import io.keyedstate.format.{ChangelogFormat, ChangelogMeta, CheckpointLayout, CorruptChangelogException,
   CorruptManifestException, ManifestFormat, SnapshotFile, SnapshotManifest, UnsafePathException}
 
-/** A checkpoint file is unreadable, foreign or missing; the message names it. */
-class CheckpointFileException(message: String, cause: Throwable = null)
-  extends RuntimeException(message, cause)
-
-/** The local disk (not the checkpoint) failed, e.g. it is full; the message says where. */
-class LocalDiskException(message: String, cause: Throwable = null) extends IOException(message, cause)
-
-/** A store partition's files: (version, unique id) of every changelog and snapshot manifest. */
-final case class Listing(changelogFiles: Set[(Long, Option[String])], snapshotFiles: Set[(Long, Option[String])],
-    foreign: Seq[String], modified: Map[String, Long]) {
-  def changelogs: SortedSet[Long] = SortedSet(changelogFiles.map(_._1).toSeq: _*)
-  def snapshots: SortedSet[Long] = SortedSet(snapshotFiles.map(_._1).toSeq: _*)
-  def latest: Option[Long] = (changelogs ++ snapshots).lastOption
-}
-
 /**
  * One store partition's checkpoint directory ([[CheckpointLayout]]), through Spark's
  * `CheckpointFileManager` (the one `spark.sql.streaming.checkpointFileManagerClass` names, or
@@ -165,8 +150,8 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
   }
   private lazy val localDisk = fs.getScheme == "file"
 
-  private def open(path: Path, withLength: Boolean = false): CheckpointFiles.Opened =
-    CheckpointFiles.open(fs, path, withLength)(fm.open(_))
+  private def open(path: Path, withLength: Boolean = false): CheckpointReads.Opened =
+    CheckpointReads.open(fs, path, withLength)(fm.open(_))
 
   /** Copies a checkpoint file to local disk; a failure says which side failed. */
   def download(path: Path, local: java.nio.file.Path): Unit = {
@@ -192,7 +177,7 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
   private def readOrFail(in: InputStream, buf: Array[Byte], path: Path): Int =
     try in.read(buf) catch { case NonFatal(e) => throw unreadable(path, e) }
 
-  private def unreadable(path: Path, e: Throwable) = CheckpointFiles.unreadable(path, e)
+  private def unreadable(path: Path, e: Throwable) = CheckpointReads.unreadable(path, e)
 
   /** A changelog of the checkpoint, as format 1 on local disk (decompressed here, in the JVM, so
    *  that the state server replays it at full speed); returns its metadata. */
@@ -232,10 +217,10 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
     try { val s = fs.getFileStatus(resolve(f.path)); s.isFile && s.getLen == f.size } catch { case NonFatal(_) => false }
 
   /** A whole checkpoint file of `kind`, refused unread when it has more than `maxBytes` bytes
-   *  ([[CheckpointFiles.readAll]]). */
+   *  ([[CheckpointReads.readAll]]). */
   def readBytes(path: Path, maxBytes: Long, kind: String): Array[Byte] = {
     val opened = open(path, withLength = true)
-    try CheckpointFiles.readAll(opened, path, maxBytes, kind) finally opened.in.close()
+    try CheckpointReads.readAll(opened, path, maxBytes, kind) finally opened.in.close()
   }
 
   /** The metadata of a changelog, from its header alone (format 1: none). */
@@ -317,86 +302,8 @@ object CheckpointFiles {
   val MaxManifestBytes: Long = 16L << 20
   val MaxSparkMetadataBytes: Long = 16L << 20
   val MaxChangelogBytes: Long = ChangelogFormat.MaxBytes
-
-  /** An open checkpoint file, and its length when it was asked for (else -1). */
-  final class Opened(val in: InputStream, val length: Long)
-
-  private[checkpoint] def unreadable(path: Path, e: Throwable) = new CheckpointFileException(
-    s"keyedstate: cannot read $path from the checkpoint (${e.getMessage})", e)
-
-  /**
-   * Opens a checkpoint file (keyedstate's, or Spark's metadata), refusing a symbolic link (its
-   * bytes would come from outside the checkpoint, say another query's changelog) and anything
-   * but a regular file. On a local disk through java.nio, without following a link (O_NOFOLLOW):
-   * a link swapped in after the check is refused by the open itself. (Hadoop's checksum files
-   * beside local files are not verified on this path; every keyedstate format checks its own
-   * bytes.) On HDFS its link status is checked before `hadoopOpen` opens it: a link swapped in
-   * between is not caught there (Hadoop 3 disables HDFS links unless an administrator enables
-   * them). Object stores have no links. Every read of a checkpoint file in the JVM comes here.
-   */
-  def open(fs: FileSystem, path: Path, withLength: Boolean)(hadoopOpen: Path => InputStream): Opened = {
-    def link(target: => String) = new CheckpointFileException(s"keyedstate: $path in the checkpoint is a symbolic " +
-      s"link (to ${try target catch { case NonFatal(_) => "?" }}); keyedstate reads no file through one: replace it " +
-      "with the file itself")
-    try {
-      if (fs.getScheme == "file") {
-        val local = java.nio.file.Paths.get(fs.makeQualified(path).toUri)
-        val attributes = try Files.readAttributes(local, classOf[BasicFileAttributes], LinkOption.NOFOLLOW_LINKS)
-          catch { case _: NoSuchFileException => throw new FileNotFoundException(s"$path does not exist") }
-        if (attributes.isSymbolicLink) throw link(Files.readSymbolicLink(local).toString)
-        if (!attributes.isRegularFile) {
-          throw new CheckpointFileException(s"keyedstate: $path in the checkpoint is not a regular file; keyedstate " +
-            "reads only regular files there")
-        }
-        val channel = try Files.newByteChannel(local, StandardOpenOption.READ, LinkOption.NOFOLLOW_LINKS) catch {
-          case _: NoSuchFileException => throw new FileNotFoundException(s"$path does not exist")
-          // ELOOP ("... (NOFOLLOW_LINKS specified)"): a link was swapped in after the check, and
-          // may be gone again by now
-          case e: IOException if Files.isSymbolicLink(local) ||
-              Option(e.getMessage).exists(_.contains("NOFOLLOW_LINKS")) => throw link(Files.readSymbolicLink(local).toString)
-        }
-        new Opened(Channels.newInputStream(channel), if (withLength) channel.size() else -1L)
-      } else {
-        val status = if (fs.getScheme == "hdfs") Some(fs.getFileLinkStatus(path))
-          else if (withLength) Some(fs.getFileStatus(path)) else None
-        status.filter(_.isSymlink).foreach(s => throw link(s.getSymlink.toString))
-        new Opened(hadoopOpen(path), status.fold(-1L)(_.getLen))
-      }
-    } catch {
-      case e: CheckpointFileException => throw e
-      case NonFatal(e) => throw unreadable(path, e)
-    }
-  }
-
-  /**
-   * The whole of an opened file of `kind` (its length known): refused, naming it, when it is
-   * longer than `maxBytes`, before anything is allocated; read into one array of its length.
-   * Checkpoint files are immutable once published, so a file that changes while read is refused.
-   */
-  def readAll(opened: Opened, path: Path, maxBytes: Long, kind: String): Array[Byte] = {
-    if (opened.length > maxBytes) {
-      throw new CheckpointFileException(s"keyedstate: $path has ${opened.length} bytes, more than a $kind may have " +
-        s"($maxBytes): corrupt, or not a $kind; it is not read")
-    }
-    try {
-      val data = new Array[Byte](opened.length.toInt)
-      IOUtils.readFully(opened.in, data, 0, data.length)
-      if (opened.in.read() != -1) throw new IOException(s"it grew beyond ${data.length} bytes while it was read")
-      data
-    } catch { case NonFatal(e) => throw unreadable(path, e) }
-  }
 }
 
 private object LogHolder {
   val log = org.slf4j.LoggerFactory.getLogger(classOf[CheckpointFiles])
-}
-
-/** Failures of keyedstate's local working files, named as such (never as a checkpoint problem). */
-object LocalDisk {
-  def failed(path: java.nio.file.Path, e: IOException): LocalDiskException = {
-    val full = Option(e.getMessage).exists(_.contains("No space left"))
-    new LocalDiskException(s"keyedstate: cannot write $path on the executor's local disk" +
-      (if (full) " (the local disk is full; the checkpoint is fine: free space and the task's retry continues)"
-      else s" (${e.getMessage}); the checkpoint is not affected"), e)
-  }
 }

@@ -24,7 +24,7 @@ import scala.collection.mutable.ArrayBuffer
  *
  * `pageBytes` chooses each new page's size from the room it is given, so that small budgets get
  * small pages; pages stay below half of G1's smallest region (512 KiB) so they are never
- * humongous. So do the index's arrays ([[Slots]]): as two flat arrays, a 250k-key map's index
+ * humongous. So do the index's arrays ([[BytesIndex]]): as two flat arrays, a 250k-key map's index
  * was two humongous objects taking three 4 MiB regions for 6 MiB.
  */
 final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0, chunkBits: Int = BytesMap.ChunkBits) {
@@ -37,10 +37,8 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0, chunkBits: Int
   def this(pageSize: Int, expectedKeys: Int) = this(() => pageSize, expectedKeys)
   def this(pageSize: Int) = this(() => pageSize, 0)
 
-  // Index: addresses (0 = empty) and the keys' hashes, `mask + 1` slots.
-  private var index = new Slots(InitialSlots, chunkBits)
-  private var mask = InitialSlots - 1
-  private var count = 0
+  // Index: addresses (0 = empty) and the keys' hashes.
+  private val index = new BytesIndex(chunkBits, expectedKeys)
 
   // Pages, oldest first; page ids grow forever, `firstPage` is the id of `pages(0)`.
   private val pages = ArrayBuffer.empty[Array[Byte]]
@@ -50,11 +48,11 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0, chunkBits: Int
   private var pageTotal = 0L
   private var liveTotal = 0L
 
-  def size: Int = count
+  def size: Int = index.size
   /** Heap held: pages and index (0 when empty: an emptied map's small index is not counted, so a
    *  cleared cache that is dropped leaves nothing charged to the budget). */
   def memoryBytes: Long =
-    if (count == 0 && pages.isEmpty && index.length == InitialSlots) 0L else pageTotal + index.length.toLong * 12
+    if (index.size == 0 && pages.isEmpty && index.length == BytesIndex.InitialSlots) 0L else pageTotal + index.length.toLong * 12
   /** Bytes of records that are live (headers included). */
   def liveBytes: Long = liveTotal
   def pageCount: Int = pages.size
@@ -106,7 +104,7 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0, chunkBits: Int
       index.setAddress(slot, append(key, value, tomb))
       true
     } else {
-      insert(hash, append(key, value, tomb))
+      index.insert(hash, append(key, value, tomb))
       false
     }
   }
@@ -117,7 +115,7 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0, chunkBits: Int
     if (slot < 0) false
     else {
       kill(index.address(slot))
-      deleteSlot(slot)
+      index.delete(slot)
       true
     }
   }
@@ -129,17 +127,11 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0, chunkBits: Int
 
   /** The hash of every key in the index (tombstones' too), in slot order: what a filter over
    *  the keys needs, without reading a page. */
-  def foreachHash(f: Int => Unit): Unit = {
-    var slot = 0
-    while (slot <= mask) {
-      if (index.address(slot) != 0L) f(index.hash(slot))
-      slot += 1
-    }
-  }
+  def foreachHash(f: Int => Unit): Unit = index.foreachHash(f)
 
   /** Every live record in page order, as copies. */
   def toArray: Array[(Array[Byte], Array[Byte])] = {
-    val out = new Array[(Array[Byte], Array[Byte])](count)
+    val out = new Array[(Array[Byte], Array[Byte])](index.size)
     var i = 0
     foreach { (k, v) => out(i) = (k, v); i += 1 }
     out
@@ -161,14 +153,14 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0, chunkBits: Int
       val kl = readInt(page, off + 1)
       val vl = readInt(page, off + 5)
       val flags = page(off)
-      val slot = slotOfAddress(address(pageId, off), Bytes.hashOf(page, off + Header, kl))
+      val slot = index.slotOfAddress(address(pageId, off), Bytes.hashOf(page, off + Header, kl))
       page(off) = (flags | Dead).toByte
       if ((flags & Referenced) != 0 && !only) {
         val key = Arrays.copyOfRange(page, off + Header, off + Header + kl)
         val value = Arrays.copyOfRange(page, off + Header + kl, off + Header + kl + vl)
         index.setAddress(slot, append(key, value, (flags & Tombstone) != 0))
       } else {
-        deleteSlot(slot)
+        index.delete(slot)
         dropped += 1
       }
     }
@@ -198,7 +190,7 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0, chunkBits: Int
       val pageId = oldFirst + i
       liveRecords(page, if (i == oldPages.length - 1) oldUsed else page.length) { off =>
         val kl = readInt(page, off + 1)
-        val slot = slotOfAddress(address(pageId, off), Bytes.hashOf(page, off + Header, kl))
+        val slot = index.slotOfAddress(address(pageId, off), Bytes.hashOf(page, off + Header, kl))
         index.setAddress(slot, appendRaw(page, off, recordLength(page, off)))
       }
       i += 1
@@ -206,8 +198,7 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0, chunkBits: Int
   }
 
   def clear(): Unit = {
-    index = new Slots(InitialSlots, chunkBits); mask = InitialSlots - 1
-    count = 0
+    index.clear()
     firstPage += pages.size
     pages.clear()
     used = 0; pageTotal = 0; liveTotal = 0
@@ -295,7 +286,7 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0, chunkBits: Int
 
   // -- index ------------------------------------------------------------------------------------
   private def find(key: Array[Byte], hash: Int): Int = {
-    var slot = home(hash)
+    var slot = index.home(hash)
     while (true) {
       val a = index.address(slot)
       if (a == 0L) return -1
@@ -305,64 +296,10 @@ final class BytesMap(pageBytes: () => Int, expectedKeys: Int = 0, chunkBits: Int
         if (readInt(page, off + 1) == key.length &&
           Arrays.equals(page, off + Header, off + Header + key.length, key, 0, key.length)) return slot
       }
-      slot = (slot + 1) & mask
+      slot = index.next(slot)
     }
     -1
   }
-
-  private def slotOfAddress(a: Long, hash: Int): Int = {
-    var slot = home(hash)
-    while (index.address(slot) != a) {
-      if (index.address(slot) == 0L) throw new IllegalStateException("keyedstate: a live record is missing from the index")
-      slot = (slot + 1) & mask
-    }
-    slot
-  }
-
-  private def insert(hash: Int, a: Long): Unit = {
-    if (count == 0 && expectedKeys > mask + 1) resize(slotsFor(expectedKeys)) // the first insert: as expected
-    if ((count + 1).toLong * 10 > (mask + 1).toLong * 6) resize(index.length * 2)
-    var slot = home(hash)
-    while (index.address(slot) != 0L) slot = (slot + 1) & mask
-    index.set(slot, a, hash)
-    count += 1
-  }
-
-  /** Backward-shift deletion: no tombstones in the index, probes stay short. */
-  private def deleteSlot(slot: Int): Unit = {
-    var hole = slot
-    var j = slot
-    index.setAddress(hole, 0L)
-    while (true) {
-      j = (j + 1) & mask
-      if (index.address(j) == 0L) { count -= 1; return }
-      val h = home(index.hash(j))
-      // Move j into the hole when its home is not in (hole, j] (cyclically).
-      val movable = if (hole <= j) h <= hole || h > j else h <= hole && h > j
-      if (movable) {
-        index.set(hole, index.address(j), index.hash(j))
-        index.setAddress(j, 0L)
-        hole = j
-      }
-    }
-  }
-
-  private def resize(slots: Int): Unit = {
-    val old = index
-    index = new Slots(slots, chunkBits)
-    mask = slots - 1
-    var i = 0
-    while (i < old.length) {
-      if (old.address(i) != 0L) {
-        var slot = home(old.hash(i))
-        while (index.address(slot) != 0L) slot = (slot + 1) & mask
-        index.set(slot, old.address(i), old.hash(i))
-      }
-      i += 1
-    }
-  }
-
-  private def home(hash: Int): Int = (hash * 0x9E3779B9) >>> (32 - Integer.numberOfTrailingZeros(mask + 1)) & mask
 }
 
 object BytesMap {
@@ -372,13 +309,9 @@ object BytesMap {
   val MinPage = 1024
   /** Below half of G1's smallest region (1 MiB), so pages are never humongous. */
   val MaxPage: Int = 256 * 1024 - 64
-  private val InitialSlots = 64
   val Missing = 0
   val Deleted = 1
   val Present = 2
-  /** Slots (a power of two) for `keys` at a load factor below 0.6. */
-  private def slotsFor(keys: Int): Int =
-    math.min(1 << 30, Integer.highestOneBit(math.max(InitialSlots, (keys.toLong * 10 / 6).toInt)) * 2)
   private val Dead = 1
   private val Referenced = 2
   private val Tombstone = 4
@@ -390,24 +323,6 @@ object BytesMap {
 
   /** Index slots per chunk: 32,768, 256 KiB of addresses, below half of G1's smallest region. */
   final val ChunkBits = 15
-
-  /** The index's `length` slots (a power of two), each an address and a hash, in chunks of at
-   *  most `1 << bits` slots: none of its arrays is humongous. */
-  private final class Slots(val length: Int, bits: Int) {
-    private val mask = (1 << bits) - 1
-    private val chunkCount = math.max(1, length >>> bits)
-    private val addresses = Array.fill(chunkCount)(new Array[Long](math.min(length, 1 << bits)))
-    private val hashes = Array.fill(chunkCount)(new Array[Int](math.min(length, 1 << bits)))
-    def chunkSlots: Array[Int] = addresses.map(_.length)
-    def address(i: Int): Long = addresses(i >>> bits)(i & mask)
-    def hash(i: Int): Int = hashes(i >>> bits)(i & mask)
-    def setAddress(i: Int, a: Long): Unit = addresses(i >>> bits)(i & mask) = a
-    def set(i: Int, a: Long, h: Int): Unit = {
-      val c = i >>> bits
-      addresses(c)(i & mask) = a
-      hashes(c)(i & mask) = h
-    }
-  }
 
   private def readInt(a: Array[Byte], i: Int): Int =
     (a(i) & 0xff) << 24 | (a(i + 1) & 0xff) << 16 | (a(i + 2) & 0xff) << 8 | (a(i + 3) & 0xff)

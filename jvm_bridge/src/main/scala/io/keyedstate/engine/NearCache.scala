@@ -251,8 +251,6 @@ final class NearCache(fpp: Double) {
   def snapshot(): Array[(Array[Byte], Array[Byte])] = entries.toArray
 }
 
-final case class CacheCounters(hits: Long, absent: Long, misses: Long, evictions: Long)
-
 object NearCache {
   /** Marker for "surely absent"; never stored. */
   val Absent: Array[Byte] = new Array[Byte](0)

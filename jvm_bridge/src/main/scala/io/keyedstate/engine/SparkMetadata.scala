@@ -9,7 +9,7 @@ import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
 import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.Path
 
-import io.keyedstate.checkpoint.CheckpointFiles
+import io.keyedstate.checkpoint.{CheckpointFiles, CheckpointReads}
 import io.keyedstate.format.CheckpointLayout
 
 /**
@@ -50,12 +50,12 @@ object SparkMetadata {
       case NonFatal(e) => throw new IOException(s"keyedstate: $path is truncated or corrupt (${e.getMessage})", e)
     }
 
-  /** The text of Spark's file `path`, read as every checkpoint file is ([[CheckpointFiles.open]]:
+  /** The text of Spark's file `path`, read as every checkpoint file is ([[CheckpointReads.open]]:
    *  no link, bounded size) and refused unless it is UTF-8. */
   private def readText(path: Path, hadoopConf: Configuration): String = {
     val fs = path.getFileSystem(hadoopConf)
-    val opened = CheckpointFiles.open(fs, path, withLength = true)(fs.open(_))
-    val data = try CheckpointFiles.readAll(opened, path, CheckpointFiles.MaxSparkMetadataBytes, "Spark metadata file")
+    val opened = CheckpointReads.open(fs, path, withLength = true)(fs.open(_))
+    val data = try CheckpointReads.readAll(opened, path, CheckpointFiles.MaxSparkMetadataBytes, "Spark metadata file")
       finally opened.in.close()
     try CheckpointLayout.utf8(data, 0, data.length) catch {
       case NonFatal(e) => throw new IOException(s"keyedstate: $path is truncated or corrupt (${e.getMessage})", e)

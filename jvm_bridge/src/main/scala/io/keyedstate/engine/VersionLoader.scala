@@ -213,9 +213,6 @@ final class VersionLoader(files: CheckpointFiles, uploader: SnapshotUploader, de
   }
 }
 
-/** A snapshot cannot be used; an older one and the changelogs after it may be. */
-final class SnapshotUnusable(message: String) extends RuntimeException(message)
-
 object VersionLoader {
   private val log = LoggerFactory.getLogger(classOf[VersionLoader])
   private val Json = new ObjectMapper()

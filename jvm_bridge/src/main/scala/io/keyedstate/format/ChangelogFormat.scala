@@ -5,18 +5,10 @@ import java.nio.{ByteBuffer, ByteOrder}
 import java.nio.charset.StandardCharsets
 import java.util.zip.CRC32
 
-import scala.jdk.CollectionConverters._
 import scala.util.control.NonFatal
 
 import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
 import com.github.luben.zstd.Zstd
-
-/** A changelog is truncated, corrupt or foreign; the message names it. */
-class CorruptChangelogException(message: String) extends IllegalArgumentException(message)
-
-/** What a format-2 changelog says about itself beyond its records (see [[ChangelogFormat]]). */
-final case class ChangelogMeta(keyLayout: Option[KeyLayout] = None, uniqueId: Option[String] = None,
-    lineage: Seq[(Long, String)] = Nil, fromEmpty: Boolean = false, runId: Option[String] = None)
 
 /**
  * The changelog: one version's writes (spec: FORMATS.md, "Changelog"; the Python twin is
@@ -221,16 +213,7 @@ object ChangelogFormat {
    *  much of it as one array holds, for a body that may well need less); where the body starts. */
   private def headed(version: Long, keyGroups: Int, meta: ChangelogMeta, codec: Int, bodyBytes: Long,
       mayShrink: Boolean = false): (ByteBuffer, Int) = {
-    val tree = new java.util.LinkedHashMap[String, AnyRef]()
-    tree.put("version", Long.box(version))
-    tree.put("keyGroups", Int.box(keyGroups))
-    meta.keyLayout.foreach(l => tree.put("keyLayout", ManifestFormat.keyLayoutTree(l)))
-    meta.uniqueId.foreach(id => tree.put("uniqueId", id))
-    if (meta.fromEmpty) tree.put("fromEmpty", java.lang.Boolean.TRUE)
-    if (meta.lineage.nonEmpty) {
-      tree.put("lineage", meta.lineage.map { case (v, id) => java.util.List.of(Long.box(v), id) }.asJava)
-    }
-    meta.runId.foreach(run => tree.put("runId", run))
+    val tree = ChangelogMeta.tree(version, keyGroups, meta)
     val metaBytes = Json.writeValueAsBytes(tree)
     if (metaBytes.length > MaxMetaBytes) {
       throw new IllegalStateException(s"keyedstate: a changelog's metadata would be ${metaBytes.length} bytes, at most $MaxMetaBytes")
@@ -253,45 +236,8 @@ object ChangelogFormat {
       data: Array[Byte], source: String, val meta: ChangelogMeta) {
     /** The format-1 bytes. */
     private[format] def bytes: Array[Byte] = data
-    /** Every record in order; fails naming the file on any length, op or count that does not
-     *  fit (a CRC proves the bytes are the writer's, not that they parse). */
-    def iterator: Iterator[Record] = new Iterator[Record] {
-      private val b = ByteBuffer.wrap(data, HeaderBytes, data.length - HeaderBytes - TrailerBytes).slice()
-      private var count = 0L
-
-      override def hasNext: Boolean = b.hasRemaining || {
-        if (count != recordCount) {
-          throw new CorruptChangelogException(s"$source holds $count records but its trailer says $recordCount: corrupt")
-        }
-        false
-      }
-
-      override def next(): Record = {
-        if (!hasNext) throw new NoSuchElementException
-        val op = b.get()
-        val key = bytes(int("key length"), "key")
-        val record =
-          if (isPut(op)) Record(op, key, bytes(int("value length"), "value"))
-          else if (isDelete(op)) Record(op, key, null)
-          else throw new CorruptChangelogException(s"$source: unknown record op $op in record $count")
-        count += 1
-        record
-      }
-
-      private def bytes(n: Int, what: String): Array[Byte] = {
-        if (n < 0 || n > b.remaining()) {
-          throw new CorruptChangelogException(s"$source: record $count ($what of $n bytes) overruns the file")
-        }
-        val out = new Array[Byte](n)
-        b.get(out)
-        out
-      }
-
-      private def int(what: String): Int = {
-        if (b.remaining() < 4) throw new CorruptChangelogException(s"$source: record $count ($what) overruns the file")
-        b.getInt()
-      }
-    }
+    /** Every record in order ([[ChangelogRecords]]). */
+    def iterator: Iterator[Record] = new ChangelogRecords(data, recordCount, source)
   }
 
   /** Checks framing and checksum of a changelog of either format; `source` names the file in errors. */
@@ -335,18 +281,7 @@ object ChangelogFormat {
     val meta = try CheckpointLayout.JsonReader.readTree(CheckpointLayout.utf8(data, HeaderV2Bytes, metaLength)) catch {
       case NonFatal(e) => throw new CorruptChangelogException(s"$source has unreadable metadata (${e.getMessage})")
     }
-    val parsed = try ChangelogMeta(
-      Option(meta.get("keyLayout")).map(ManifestFormat.keyLayoutOf),
-      Option(meta.get("uniqueId")).filterNot(_.isNull).map(_.asText()),
-      Option(meta.get("lineage")).filterNot(_.isNull).map(_.elements().asScala.map(i => (i.get(0).asLong(), i.get(1).asText())).toSeq)
-        .getOrElse(Nil),
-      Option(meta.get("fromEmpty")).exists(_.asBoolean()),
-      Option(meta.get("runId")).filterNot(_.isNull).map { r =>
-        if (!r.isTextual) throw new IllegalArgumentException(s"field 'runId' is $r, expected a string")
-        r.asText()
-      }) catch {
-      case NonFatal(e) => throw new CorruptChangelogException(s"$source has unreadable metadata (${e.getMessage})")
-    }
+    val parsed = ChangelogMeta.parse(meta, source)
     (codec, headEnd.toInt + 4, parsed, meta)
   }
 

@@ -2,9 +2,6 @@ package io.keyedstate.format
 
 import scala.util.matching.Regex
 
-/** A checkpoint file names a path outside the directories keyedstate may touch. */
-class UnsafePathException(message: String) extends IllegalArgumentException(message)
-
 /**
  * The layout of one store partition's checkpoint directory (spec: FORMATS.md, "Checkpoint
  * layout"; the Python twin is `keyedstate/formats/layout.py`):

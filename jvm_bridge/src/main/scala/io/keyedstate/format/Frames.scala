@@ -3,17 +3,6 @@ package io.keyedstate.format
 import java.nio.ByteBuffer
 import java.nio.charset.StandardCharsets
 
-/** A frame whose lengths or fields do not fit. */
-class FrameException(message: String) extends IllegalStateException(message)
-
-final case class ScanChunk(keys: Array[Array[Byte]], values: Array[Array[Byte]], hasMore: Boolean)
-
-/** Every `interval` versions, after applying, look for up to `budget` entries written at or
- *  before `expireBefore` (epoch ms). */
-final case class TtlScan(expireBefore: Long, interval: Int, budget: Int)
-
-final case class TtlCandidates(version: Long, scanMs: Int, keys: Array[Array[Byte]])
-
 /**
  * Frames of the bulk data channel (spec: FORMATS.md, "Data-channel frames"; the Python twin is
  * `keyedstate/formats/frames.py`; golden files in `tests/golden/`), big-endian:

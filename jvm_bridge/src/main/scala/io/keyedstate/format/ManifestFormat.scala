@@ -5,27 +5,6 @@ import scala.util.control.NonFatal
 
 import com.fasterxml.jackson.databind.{JsonNode, ObjectMapper}
 
-/** A manifest is truncated, corrupt or foreign; the message names it. */
-class CorruptManifestException(message: String, cause: Throwable = null)
-  extends IllegalArgumentException(message, cause)
-
-final case class SnapshotFile(name: String, path: String, size: Long)
-
-/** How a store lays out its keys ([[KeyCodec]]): recorded so offline tools never guess it. */
-final case class KeyLayout(keyColumns: Int, partitionKeyColumns: Int, prefixColumns: Int)
-
-/**
- * Which files make up the RocksDB snapshot of one version. `replay`: a changelog that holds the
- * whole version, applied onto `files` taken as version `version - 1` (written by the offline
- * rescale). `ttl` and `rescale` are informational objects, kept as read. `runId`: the query run
- * that uploaded the snapshot (absent in offline writers' and older manifests); a load under
- * checkpoint format 1 uses the snapshot only while the version's changelog names the same run.
- */
-final case class SnapshotManifest(version: Long, keyGroups: Int, numKeys: Long, files: Seq[SnapshotFile],
-    replay: Option[SnapshotFile] = None, keyLayout: Option[KeyLayout] = None,
-    ttl: Option[java.util.Map[String, AnyRef]] = None, rescale: Option[JsonNode] = None,
-    runId: Option[String] = None)
-
 /**
  * The snapshot manifest (spec: FORMATS.md, "Snapshot manifest"; the Python twin is
  * `keyedstate/formats/manifest.py`): compact UTF-8 JSON, keys in this order:

@@ -2,13 +2,6 @@ package io.keyedstate.offline
 
 import io.keyedstate.checkpoint.{CheckpointFiles, Listing}
 
-/** Version `version` (batch `version - 1`, Spark's repartition batch) of a store partition was
- *  written by `keyedstate rescale`: its keys redistributed over `toPartitions` partitions, no
- *  value changed, and no changelog written. */
-final case class Rescale(version: Long, fromPartitions: Int, toPartitions: Int) {
-  def batch: Long = version - 1
-}
-
 /**
  * The rescales the state data source's readers meet, from the partition's own snapshot
  * manifests (their `rescale` object, FORMATS.md). Spark plans a read's partitions by the partition

@@ -1,0 +1,3 @@
+package io.keyedstate.format
+
+final case class TtlCandidates(version: Long, scanMs: Int, keys: Array[Array[Byte]])
