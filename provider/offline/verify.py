@@ -33,7 +33,7 @@ from ..formats import changelog, rocksdb
 from ..formats.keygroups import key_group_of_stored_key
 from ..formats.stored import PLAIN_VALUE, TIMED_VALUE, KeyLayout
 from .storage import open_storage
-from .stores import Checkpoint, CheckpointProblem, StorePartition, partition_key_layout
+from ..checkpoint import Checkpoint, CheckpointProblem, StorePartition, partition_key_layout
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -265,9 +265,9 @@ def test_a_version_written_from_empty_is_rebuilt_as_a_base_not_a_delta(tmp_path)
     rescale and inspect, and the one of verify, get and the processor's reads) replay it from
     empty, so the keys it dropped do not come back; with nothing older left (a migration from
     another provider), they rebuild it from that changelog alone."""
-    from keyedstate.offline import checkpoint as ckpt
+    from keyedstate import checkpoint as ckpt
     from keyedstate.offline.storage import LocalStorage
-    from keyedstate.offline.stores import Checkpoint
+    from keyedstate.checkpoint import Checkpoint
 
     part = tmp_path / "state" / "0" / "0"
     part.mkdir(parents=True)
