@@ -98,8 +98,9 @@ def latest_committed_batch(commits: Path) -> int | None:
 
 def operator_metadata(op_dir: Path) -> tuple[str | None, dict[str, int]]:
     """Spark's operator metadata of a local operator directory (:func:`.spark.operator_metadata`)."""
+    storage = LocalStorage(op_dir)
     try:
-        return spark.operator_metadata(LocalStorage(op_dir), str(LocalStorage(op_dir).root))
+        return spark.operator_metadata(storage, storage.root)
     except StorageError as exc:
         raise CheckpointError(str(exc)) from None
 

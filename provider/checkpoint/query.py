@@ -267,10 +267,10 @@ class Checkpoint:
                         return KeyLayout.from_json(node)
         return None
 
-    def rebuild(self, sp: StorePartition, version: int, uid: str | None = None,
-                workdir: str | None = None) -> contextlib.AbstractContextManager[Rebuilt]:
+    def rebuild(self, sp: StorePartition, version: int, uid: str | None = None, workdir: str | None = None,
+                skip_unusable: bool = True) -> contextlib.AbstractContextManager[Rebuilt]:
         """A private local RocksDB holding ``version`` (deleted on exit; :func:`.rebuilder.rebuild`)."""
-        return rebuild_.rebuild(self.storage, sp, version, uid, workdir)
+        return rebuild_.rebuild(self.storage, sp, version, uid, workdir, skip_unusable=skip_unusable)
 
 
 def _newest(vid: tuple[int, str | None]) -> tuple[int, str]:

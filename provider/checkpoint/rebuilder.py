@@ -25,7 +25,7 @@ from .errors import CheckpointError
 from .listing import StorePartition
 from .plans import NoPlan, Plan, plans
 from .snapshots import check_size, fetch_snapshot, read_partition_manifest
-from .storage import Storage
+from .storage import LocalStorage, Storage, inside
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +71,11 @@ def read_changelog(storage: Storage, sp: StorePartition, version: int, uid: str 
 
 
 def changelog_meta(storage: Storage, sp: StorePartition, version: int, uid: str | None) -> dict:
-    """A changelog's header (its body is decoded only as far as the header needs)."""
+    """A changelog's header; a local file's body is not read."""
     p = sp.changelog_path(storage, version, uid)
     try:
+        if isinstance(storage, LocalStorage):  # the header alone, opened without following a link
+            return changelog.read_file_meta(inside(storage.root, p))
         return changelog.read_meta(storage.read_bytes(p, layout.MAX_CHANGELOG_BYTES, "changelog"), p)
     except changelog.CorruptChangelogError as exc:
         raise CheckpointError(str(exc)) from None
@@ -108,9 +110,12 @@ def cannot_rebuild(sp: StorePartition, version: int, problems: list[str]) -> Che
 
 @contextlib.contextmanager
 def rebuild(storage: Storage, sp: StorePartition, version: int, uid: str | None = None,
-            workdir: str | None = None, manifests: dict | None = None) -> Iterator[Rebuilt]:
+            workdir: str | None = None, manifests: dict | None = None,
+            skip_unusable: bool = True) -> Iterator[Rebuilt]:
     """A private local RocksDB holding ``version`` (deleted on exit). ``manifests``: manifests
-    already read, by version (format 1; a value may be the error reading it gave)."""
+    already read, by version (format 1; a value may be the error reading it gave).
+    ``skip_unusable=False``: a base snapshot that cannot be used fails the rebuild, naming why
+    (for a check of that very snapshot); one of another run is still passed over."""
     problems: list[str] = []
     skipped: list[str] = []
     with tempfile.TemporaryDirectory(prefix="keyedstate-rebuild-", dir=workdir) as tmp:
@@ -126,6 +131,8 @@ def rebuild(storage: Storage, sp: StorePartition, version: int, uid: str | None 
             try:
                 found = plan, *_open_base(storage, sp, plan, uid, db_dir, manifests or {})
             except _Unusable as exc:
+                if not skip_unusable and not isinstance(exc, _OfAnotherRun):
+                    raise CheckpointError(str(exc)) from None
                 source = sp.manifest_path(storage, *plan[-1])
                 log.warning("skipping snapshot %s in favour of an older one plus changelogs: %s", source, exc)
                 skipped.append(f"snapshot {source} is unusable ({exc})")
@@ -152,6 +159,10 @@ class _Unusable(CheckpointError):
     """The plan's base snapshot cannot be used; the next plan may do."""
 
 
+class _OfAnotherRun(_Unusable):
+    """The plan's base snapshot is of another run's attempt of its version (format 1)."""
+
+
 def _open_base(storage: Storage, sp: StorePartition, plan: tuple, uid: str | None, db_dir: Path,
                manifests: dict) -> tuple[Any, mf.Manifest | None, int | None]:
     """The plan's base opened in ``db_dir`` (its replay applied): (db, manifest, key groups)."""
@@ -167,7 +178,7 @@ def _open_base(storage: Storage, sp: StorePartition, plan: tuple, uid: str | Non
         if uid is None:
             why = of_another_run(storage, sp, base_v, manifest)
             if why is not None:
-                raise CheckpointError(f"snapshot manifest {source}: {why}")
+                raise _OfAnotherRun(f"snapshot manifest {source}: {why}")
         fetch_snapshot(storage, sp, manifest, source, db_dir)
         replay = manifest.replay
         read_only = len(plan) == 1 and replay is None and bool(manifest.files)
@@ -175,6 +186,8 @@ def _open_base(storage: Storage, sp: StorePartition, plan: tuple, uid: str | Non
             db = rocksdb.open_read_only(db_dir) if read_only else rocksdb.open_db(db_dir)
         except Exception as exc:  # rocksdict raises plain exceptions for unreadable files
             raise CheckpointError(f"the RocksDB files of snapshot manifest {source} cannot be opened: {exc}") from exc
+    except _Unusable:
+        raise
     except CheckpointError as exc:
         raise _Unusable(str(exc)) from exc
     key_groups = manifest.key_groups

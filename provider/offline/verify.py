@@ -210,7 +210,7 @@ def _verify_store_partition(ck: Checkpoint, op, sp: StorePartition, key_schema, 
     for (v, uid), m in sorted(manifests.items(), key=lambda x: x[0][0]):
         path = sp.manifest_path(storage, v, uid)
         try:
-            with ck.rebuild(sp, v, uid) as rebuilt:
+            with ck.rebuild(sp, v, uid, skip_unusable=False) as rebuilt:  # this snapshot, not an older one
                 partitions = ck.recorded_partitions(v - 1)
                 n = 0
                 it = rebuilt.db.iter()
