@@ -7,8 +7,9 @@ socket (bulk data). Enable it with :func:`configure`, or with spark-submit::
     --jars $(keyedstate jar) \\
     --conf spark.sql.streaming.stateStore.providerClass=io.keyedstate.spark.KeyedStateProvider
 
-The package: :mod:`.formats` (byte formats shared with the JVM), :mod:`.server` (the state
-server), :mod:`.offline` (tools on stopped queries' checkpoints), :mod:`.shim` (the JVM jar).
+The package: :mod:`.formats` (byte formats shared with the JVM), :mod:`.checkpoint` (a
+checkpoint's files: listing, loading a version, snapshots), :mod:`.server` (the state server),
+:mod:`.offline` (tools on stopped queries' checkpoints), :mod:`.shim` (the JVM jar).
 """
 from __future__ import annotations
 
@@ -19,14 +20,13 @@ import urllib.parse
 from typing import TYPE_CHECKING, Any
 
 from . import conf, failures
-from .offline.checkpoint import CheckpointError
+from .checkpoint import CheckpointError, CheckpointProblem
 from .offline.inspection import InspectError, inspect
 from .offline.lookup import get
 from .offline.migration import MigrateError, migrate
 from .offline.processor import StateProcessor, StateProcessorError, state, undo
 from .offline.rescaling import RescaleError, rescale
-from .offline.storage import StorageError
-from .offline.stores import CheckpointProblem
+from .checkpoint.storage import StorageError
 from .offline.verify import verify
 from .shim import PROVIDER_CLASS
 from .shim.jar import jar_path

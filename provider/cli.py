@@ -44,11 +44,11 @@ class _Parser(argparse.ArgumentParser):
 def _user_errors() -> tuple[type[BaseException], ...]:
     """What the offline tools raise for a checkpoint or an argument they refuse (each names what
     and where); anything else is a bug and keeps its traceback."""
-    from .offline.checkpoint import CheckpointError
+    from .checkpoint import CheckpointError
     from .offline.migration import MigrateError
     from .offline.rescaling import RescaleError
     from .offline.storage import StorageError
-    from .offline.stores import CheckpointProblem
+    from .checkpoint import CheckpointProblem
 
     return CheckpointError, CheckpointProblem, MigrateError, RescaleError, StorageError, FileNotFoundError
 
@@ -148,7 +148,7 @@ def _main(argv: list[str] | None) -> int:
             return _error(exc)
         sys.stdout.write(json.dumps(report) + "\n" if args.json else render(report))
     elif args.command == "rescale":
-        from .offline.checkpoint import CheckpointError
+        from .checkpoint import CheckpointError
         from .offline.rescaling import RescaleError, rescale
 
         if args.partitions is None and not args.rollback:
@@ -187,7 +187,7 @@ def _anywhere(args, tool: str, *rest, **options):
 
 def _offline(args) -> int:
     from .offline.storage import StorageError, set_session_confs
-    from .offline.stores import CheckpointProblem
+    from .checkpoint import CheckpointProblem
 
     confs = {}
     for item in args.conf:

@@ -38,7 +38,7 @@ if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
 from keyedstate.formats import changelog, manifest  # noqa: E402
-from keyedstate.offline import checkpoint  # noqa: E402
+from keyedstate import checkpoint  # noqa: E402
 
 GOLDEN = TESTS / "golden"
 MEMORY_LIMIT = 64 << 20  # above baseline, per input

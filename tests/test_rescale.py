@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 import keyedstate
-from keyedstate.offline import checkpoint as ckpt
+from keyedstate import checkpoint as ckpt
 from keyedstate.offline import remote, rescaling
 from keyedstate.offline.storage import HadoopStorage, LocalStorage
-from keyedstate.offline.stores import Checkpoint
+from keyedstate.checkpoint import Checkpoint
 from support.constants import HDFS_PROVIDER, PROVIDER_CONF
 from support.driver import FileStream, assert_same_output, collect_into, run_query, session_confs
 from support.offline import kill_rescale_after, rescale_cli, to_objtest

@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from ..formats import keygroups, rocksdb
-from ..formats.layout import CHANGELOG_SUFFIX, MANIFEST_SUFFIX, json_of
+from ..formats.layout import CHANGELOG_SUFFIX, MANIFEST_SUFFIX, MAX_SPARK_METADATA_BYTES, json_of, read_file
 from ..formats.manifest import Manifest
-from .checkpoint import (CheckpointError, StoreFiles, bytes_on_disk, discover_stores, latest_committed_batch,
+from ..checkpoint import (CheckpointError, StoreFiles, bytes_on_disk, discover_stores, latest_committed_batch,
                          local_path, numbered_dirs, operator_metadata, read_manifest, rebuild, refuse_links)
 from .storage import LocalStorage
-from .stores import Checkpoint, CheckpointProblem
+from ..checkpoint import Checkpoint, CheckpointProblem
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def _committed_partition_count(root, committed: int | None) -> int | None:
         return None
     path = root / "offsets" / str(committed)
     try:
-        lines = path.read_text(encoding="utf-8").split("\n")
+        lines = read_file(path, MAX_SPARK_METADATA_BYTES, "Spark metadata file").decode("utf-8").split("\n")
         value = json_of(lines[1]).get("conf", {}).get("spark.sql.shuffle.partitions")
         return int(value) if value is not None else None
     except (OSError, ValueError, IndexError, AttributeError):

@@ -4,7 +4,7 @@ No Spark, no JVM for a local checkpoint: the key is encoded as Spark's ``UnsafeP
 would (:mod:`.rows`), hashed with Spark's partition hash (:mod:`.sparkhash`) to find its
 partition and key group, and looked up in that one store partition only:
 
-1. the version is ``batch + 1``; its chain (:meth:`.stores.Checkpoint.chain`) is the changelogs
+1. the version is ``batch + 1``; its chain (:meth:`..checkpoint.query.Checkpoint.chain`) is the changelogs
    after the newest snapshot at or below it (format 2: the lineage of the committed unique id);
 2. the changelogs are searched newest first, and a changelog is parsed only when its payload
    contains the key's length-prefixed bytes (a C-speed substring search), so the records of
@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..formats import changelog, rocksdb
-from ..formats.layout import DEFAULT_STORE
+from ..formats.layout import DEFAULT_STORE, MAX_CHANGELOG_BYTES
 from ..formats.stored import TIMED_VALUE, KeyLayout
+from ..checkpoint import Checkpoint, CheckpointProblem, Operator, partition_key_layout
 from . import rows
 from .storage import open_storage
-from .stores import Checkpoint, CheckpointProblem, Operator, partition_key_layout
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -141,7 +141,8 @@ def get(checkpoint: str | os.PathLike, operator: int, key: Any, *, store: str | 
         if manifest.replay is not None:
             rpath = storage.join(sp.path, manifest.replay.path)
             try:
-                record = _last_record(changelog.decode(storage.read_bytes(rpath), rpath), skey)
+                data = storage.read_bytes(rpath, MAX_CHANGELOG_BYTES, "changelog")
+                record = _last_record(changelog.decode(data, rpath), skey)
             except changelog.CorruptChangelogError as exc:
                 raise CheckpointProblem(str(exc)) from None
             if record is not _NO_RECORD:

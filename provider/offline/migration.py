@@ -38,10 +38,11 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..formats.layout import UnsafePathError, checked_store_name, json_of, number_of
+from ..checkpoint import spark as spark_files
+from ..formats.layout import number_of
 from .progress import tracked
 from .storage import HadoopStorage, LocalStorage, Storage, active_or_new_session, is_local
-from .stores import Checkpoint, CheckpointProblem
+from ..checkpoint import Checkpoint, CheckpointProblem
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -153,20 +154,17 @@ def plan(ck: Checkpoint, target: str, *, change: bool = True) -> Plan:
 
 
 def _operator_metadata(ck: Checkpoint, op_path: str) -> tuple[str | None, list[tuple[str, int, int]]] | None:
+    """The operator's name and stores (:func:`..checkpoint.spark.parse_operator_stores`); None
+    when the operator has no metadata file."""
     p = ck.storage.join(op_path, "_metadata", "metadata")
     try:
-        text = ck.storage.read_bytes(p).decode("utf-8")
+        data = spark_files.read_spark_file(ck.storage, p)
     except OSError:
         return None
     try:
-        meta = json_of(text.split("\n", 1)[1])
-        return (meta["operatorInfo"]["operatorName"],
-                [(checked_store_name(s["storeName"], p), int(s["numPartitions"]), int(s.get("numColsPrefixKey", 0)))
-                 for s in meta["stateStoreInfo"]])
-    except UnsafePathError as exc:  # the name becomes a directory that _retire deletes from
+        return spark_files.parse_operator_stores(data, p)
+    except CheckpointProblem as exc:  # a store name becomes a directory that _retire deletes from
         raise MigrateError(str(exc)) from None
-    except (IndexError, ValueError, KeyError, TypeError) as exc:
-        raise MigrateError(f"operator metadata {p} is truncated or corrupt ({exc})") from None
 
 
 def migrate(checkpoint: str | os.PathLike, provider: str, spark: "SparkSession | None" = None, *,
@@ -264,7 +262,7 @@ def _uri(storage: Storage, root: str) -> str:
 def _switch(ck: Checkpoint, the_plan: Plan) -> None:
     """Rewrite offsets/B with the target provider: the migration's one atomic commit."""
     path = ck.path("offsets", str(the_plan.batch))
-    text = ck.storage.read_bytes(path).decode("utf-8")
+    text = spark_files.read_spark_file(ck.storage, path).decode("utf-8")
     head, sep, rest = text.partition("\n")
     line, nl, tail = rest.partition("\n")
     meta = json.loads(line)

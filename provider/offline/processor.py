@@ -63,7 +63,8 @@ from .migration import (DEFAULT_PROVIDER, MigrateError, Plan, StorePlan, plan as
                         write_store)
 from .progress import tracked
 from .storage import HadoopStorage, LocalStorage, Storage, is_local, open_storage
-from .stores import Checkpoint, partition_key_layout
+from ..checkpoint import Checkpoint, partition_key_layout
+from ..checkpoint.spark import read_spark_file
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -255,7 +256,7 @@ class StateProcessor:
         try:
             offsets = self.ck.path("offsets", str(batch))
             if not self.storage.exists(offsets):
-                self.storage.write_atomic(offsets, self.storage.read_bytes(self.ck.path("offsets", str(p.batch))))
+                self.storage.write_atomic(offsets, read_spark_file(self.storage, self.ck.path("offsets", str(p.batch))))
             _, meta, _ = self.ck.offset_entry(batch)
             confs = {k: str(v) for k, v in (meta.get("conf") or {}).items()
                      if k != "spark.sql.streaming.stateStore.providerClass"}
@@ -269,7 +270,7 @@ class StateProcessor:
                 written.append({"operator": s.operator, "store": s.store, "rows": n})
             if value_schema != changed.value_schema:
                 self._write_schema(changed, value_schema, batch)
-            commit = self.storage.read_bytes(self.ck.path("commits", str(p.batch)))
+            commit = read_spark_file(self.storage, self.ck.path("commits", str(p.batch)))
             self.storage.write_atomic(self.ck.path("commits", str(batch)), commit)
         except BaseException as failure:
             log.warning("%s: the %s of batch %d failed (%s); removing what it wrote", self.ck.root, operation,
@@ -293,7 +294,7 @@ class StateProcessor:
             _chunks(json.dumps(value_schema, separators=(",", ":")))
         backup = f"{path}.before-batch-{batch}"
         if not self.storage.exists(backup):  # Spark keeps one schema per store: keep the old one
-            self.storage.write_atomic(backup, self.storage.read_bytes(path))
+            self.storage.write_atomic(backup, read_spark_file(self.storage, path))
         self.storage.replace(path, data)
 
 
@@ -478,7 +479,7 @@ def _read_record(ck: Checkpoint, batch: int) -> dict[str, Any]:
     is Spark's)."""
     path = _record_path(ck, batch)
     try:
-        record = json.loads(ck.storage.read_bytes(path))
+        record = json.loads(read_spark_file(ck.storage, path))
         if record["batch"] != batch or not isinstance(record["names"], list):
             raise ValueError("it names another batch")
         if not all(isinstance(n, str) for n in record["names"]):
@@ -548,7 +549,7 @@ def _begin(ck: Checkpoint, p: Plan, changed: StorePlan, value_schema: dict, oper
     schemas = {}
     if value_schema != changed.value_schema:
         path = _schema_path(ck, changed)
-        schemas[path[len(ck.root) + 1:]] = base64.b64encode(ck.storage.read_bytes(path)).decode("ascii")
+        schemas[path[len(ck.root) + 1:]] = base64.b64encode(read_spark_file(ck.storage, path)).decode("ascii")
     record = {"batch": batch, "lastCommitted": p.batch, "operation": operation, "operator": changed.operator,
               "store": changed.store, "startedAt": time.time(), "schemas": schemas, "names": _names(ck)}
     ck.storage.write_atomic(_record_path(ck, batch), json.dumps(record).encode("utf-8"), overwrite=True)
@@ -598,7 +599,7 @@ def _roll_back(ck: Checkpoint, record: dict[str, Any]) -> int:
     storage.delete(ck.path("commits", str(batch)))  # from here on the change has not happened
     for rel, data in record["schemas"].items():
         original = base64.b64decode(data)
-        if storage.read_bytes(ck.path(rel)) != original:
+        if read_spark_file(storage, ck.path(rel)) != original:
             storage.replace(ck.path(rel), original)
     last = f"offsets/{batch}"
 
@@ -645,8 +646,8 @@ def _refuse_changed_since(ck: Checkpoint, record: dict[str, Any]) -> None:
     else changed it since (``keyedstate migrate`` rewrites the last offsets entry and retires the
     old provider's files), as the result would be neither the state before nor after."""
     batch = record["batch"]
-    if ck.storage.read_bytes(ck.path("offsets", str(batch))) != \
-            ck.storage.read_bytes(ck.path("offsets", str(record["lastCommitted"]))):
+    if read_spark_file(ck.storage, ck.path("offsets", str(batch))) != \
+            read_spark_file(ck.storage, ck.path("offsets", str(record["lastCommitted"]))):
         raise StateProcessorError(f"{ck.path('offsets', str(batch))} was rewritten after the state processor's change "
                                   f"of batch {batch} (by keyedstate migrate?): undo cannot restore the checkpoint; "
                                   "nothing was undone")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from .storage import HadoopStorage, Storage, StorageError, open_storage
-from .stores import Checkpoint
+from ..checkpoint import Checkpoint
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -56,10 +56,11 @@ from ..formats import layout
 from ..formats.layout import CHANGELOG_SUFFIX, DEFAULT_STORE, FILES_DIR, MANIFEST_SUFFIX
 from ..formats.stored import KeyLayout
 from ..shim import PROVIDER_CLASS
-from . import checkpoint as ckpt
+from .. import checkpoint as ckpt
+from ..checkpoint import Checkpoint
+from ..checkpoint.keylayout import legacy_key_layout as _legacy_key_layout
+from ..checkpoint.storage import LocalStorage
 from .routing import route_by_key_group
-from .storage import LocalStorage
-from .stores import Checkpoint
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -487,7 +488,7 @@ def _skipped_batches(journal: dict, batch: int) -> list[int]:
 
 def _read_journal(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
+        return json.loads(layout.read_file(path, layout.MAX_SPARK_METADATA_BYTES, "rescale journal"))
     except (OSError, ValueError):
         return {}
 
@@ -542,7 +543,10 @@ def _publish(staged: Path, target: Path, version: int, root: Path) -> None:
         raise RescaleError(f"{staged / name} is missing: no task staged snapshot {version} of {target}")
     # The manifest published is the one read here, whose files were moved: a late attempt of
     # the same task (speculation, a kill not yet delivered) may restage the partition meanwhile.
-    data = (staged / name).read_bytes()
+    try:
+        data = layout.read_file(staged / name, layout.MAX_MANIFEST_BYTES, "snapshot manifest")
+    except layout.TooLargeError as exc:
+        raise ckpt.CheckpointError(str(exc)) from None
     manifest = ckpt.decode_manifest(data, staged / name, version)
     ckpt.check_inside(target / FILES_DIR, root)
     (target / FILES_DIR).mkdir(parents=True, exist_ok=True)
@@ -566,7 +570,8 @@ def _set_metadata_partitions(op_dir: Path, partitions: int) -> None:
     _, stores = ckpt.operator_metadata(op_dir)  # refuses a corrupt file
     if all(n == partitions for n in stores.values()):
         return
-    version, _, body = path.read_text(encoding="utf-8").partition("\n")
+    version, _, body = layout.read_file(path, layout.MAX_SPARK_METADATA_BYTES, "Spark metadata file").decode(
+        "utf-8").partition("\n")
     meta = json.loads(body)
     for store in meta.get("stateStoreInfo", []):
         store["numPartitions"] = partitions
@@ -597,16 +602,6 @@ def _json_or_none(layout: KeyLayout | None) -> dict | None:
 
 def _layout_or_none(node: dict | None) -> KeyLayout | None:
     return None if node is None else KeyLayout.from_json(node)
-
-
-def _legacy_key_layout(store: str, operator: str, fields: int) -> KeyLayout:
-    """The key layout of a checkpoint written before manifests recorded it, as KeyCodec.scala
-    chose it then: a join's index store and session windows do not hash their last column."""
-    if store.endswith("keyWithIndexToValue"):
-        return KeyLayout(fields, fields - 1)
-    if "session" in operator.lower():
-        return KeyLayout(fields, fields - 1, prefix_columns=fields - 1)
-    return KeyLayout(fields, fields)
 
 
 # -- the tasks (run on executors; plain data in, plain data out) ------------------------------------
@@ -829,7 +824,7 @@ def _replay_split(files: ckpt.StoreFiles, task: _SplitTask, temp: Path) -> dict:
     """Direct split of a partition whose version is changelogs only (no snapshot yet, as in a
     young query): its records are routed by key group into one changelog per new partition
     (see offline/routing.py), staged right here as that partition's snapshot to
-    replay (checkpoint.write_snapshot), so these partitions need no merge task. No RocksDB is built: a flush would sort every key
+    replay (checkpoint.snapshots.write_snapshot), so these partitions need no merge task. No RocksDB is built: a flush would sort every key
     (~3 us each here), and the restarted query replays the file the way it replays any
     changelog."""
     # From the newest version written from empty (a base: routing replays from empty), else 1.

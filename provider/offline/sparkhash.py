@@ -25,6 +25,10 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
+from ..checkpoint.spark import parse_schema_json
+from ..checkpoint.storage import link_refused
+from ..formats import layout
+
 __all__ = ["RowHasher", "UnsupportedKeyType", "read_key_schema"]
 
 SEED = 42
@@ -364,33 +368,6 @@ class RowHasher:
 
 # --- state schema files -----------------------------------------------------------------------
 
-def _read_utf(data: bytes, pos: int) -> tuple[str, int]:
-    """Java ``DataInput.readUTF``: u16 big-endian byte count, then modified UTF-8."""
-    if pos + 2 > len(data):
-        raise ValueError(f"truncated at byte {pos} (expected a string length)")
-    (n,) = struct.unpack_from(">H", data, pos)
-    raw = data[pos + 2:pos + 2 + n]
-    if len(raw) != n:
-        raise ValueError(f"truncated at byte {pos}: string of {n} bytes, {len(raw)} left")
-    # modified UTF-8 writes U+0000 as C0 80 and supplementary characters as two 3-byte
-    # surrogates; the surrogates are rejoined once all chunks are concatenated
-    return raw.replace(b"\xc0\x80", b"\x00").decode("utf-8", "surrogatepass"), pos + 2 + n
-
-
-def _read_chunks(data: bytes, pos: int) -> tuple[str, int]:
-    if pos + 4 > len(data):
-        raise ValueError(f"truncated at byte {pos} (expected a chunk count)")
-    (count,) = struct.unpack_from(">i", data, pos)
-    if count < 0:
-        raise ValueError(f"negative chunk count {count} at byte {pos}")
-    pos += 4
-    parts = []
-    for _ in range(count):
-        part, pos = _read_utf(data, pos)
-        parts.append(part)
-    return "".join(parts), pos
-
-
 def read_key_schema(schema_file: str | os.PathLike) -> dict:
     """The key StructType (as ``StructType.jsonValue()``) from a state ``_metadata/schema`` file.
 
@@ -399,23 +376,16 @@ def read_key_schema(schema_file: str | os.PathLike) -> dict:
     (transformWithState's column-family list) is refused. Errors name the file.
     """
     path = os.fspath(schema_file)
-    with open(path, "rb") as f:
-        data = f.read()
     try:
-        version, pos = _read_utf(data, 0)
-        if version == "v1":
-            key_json, pos = _read_utf(data, pos)
-            _read_utf(data, pos)  # value schema: read only to reject truncated files
-        elif version == "v2":
-            key_json, pos = _read_chunks(data, pos)
-            _read_chunks(data, pos)
-        elif version == "v3":
-            raise ValueError("schema format v3 (transformWithState column families) is not "
-                             "supported: only single-store operators (v1/v2) can be rescaled")
-        else:
-            raise ValueError(f"unknown schema format version {version[:20]!r} "
-                             f"(expected v1 or v2)")
-        key_json = key_json.encode("utf-16-le", "surrogatepass").decode("utf-16-le")
+        data = layout.read_file(path, layout.MAX_SPARK_METADATA_BYTES, "Spark state schema file")
+    except layout.TooLargeError as exc:
+        raise ValueError(str(exc)) from None
+    except OSError as exc:
+        if os.path.islink(path):
+            raise ValueError(link_refused(path)) from None
+        raise
+    try:
+        key_json, _ = parse_schema_json(data)  # the value schema is read only to reject truncated files
         schema = json.loads(key_json)
         _fields_of(schema, "key schema")
     except (ValueError, UnicodeError, RecursionError) as e:  # JSONDecodeError is a ValueError

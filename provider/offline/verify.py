@@ -35,7 +35,7 @@ from ..formats.keygroups import key_group_of_stored_key
 from ..formats.stored import PLAIN_VALUE, TIMED_VALUE, KeyLayout
 from .progress import Steps
 from .storage import open_storage
-from .stores import Checkpoint, CheckpointProblem, StorePartition, partition_key_layout
+from ..checkpoint import Checkpoint, CheckpointProblem, StorePartition, partition_key_layout
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -218,7 +218,7 @@ def _verify_store_partition(ck: Checkpoint, op, sp: StorePartition, key_schema, 
     for (v, uid), m in sorted(manifests.items(), key=lambda x: x[0][0]):
         path = sp.manifest_path(storage, v, uid)
         try:
-            with ck.rebuild(sp, v, uid) as rebuilt:
+            with ck.rebuild(sp, v, uid, skip_unusable=False) as rebuilt:  # this snapshot, not an older one
                 partitions = ck.recorded_partitions(v - 1)
                 n = 0
                 it = rebuilt.db.iter()

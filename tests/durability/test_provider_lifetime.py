@@ -26,9 +26,9 @@ from contextlib import contextmanager
 
 import pytest
 
-from keyedstate.offline import checkpoint as ckpt
+from keyedstate import checkpoint as ckpt
 from keyedstate.offline.storage import LocalStorage
-from keyedstate.offline.stores import Checkpoint
+from keyedstate.checkpoint import Checkpoint
 from support import testjar
 from support.constants import PFX, STATE_PREFIX
 from support.durability import (OBJECT_STORE_RULES, RUN_ID_KEY, deactivate, disarm, arm, objtest_location,

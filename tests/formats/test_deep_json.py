@@ -10,7 +10,7 @@ import pytest
 
 from keyedstate.formats import changelog, layout, manifest
 from keyedstate.offline.storage import LocalStorage
-from keyedstate.offline.stores import Checkpoint, CheckpointProblem
+from keyedstate.checkpoint import Checkpoint, CheckpointProblem
 
 DEEP = "[" * 200_000 + "]" * 200_000
 

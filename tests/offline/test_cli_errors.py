@@ -145,7 +145,7 @@ def test_tools_say_another_providers_checkpoint_is_not_keyedstates(checkpoints, 
     assert said and cls in said[0] and "CORRUPT" not in result.stdout, result.stdout + result.stderr
     assert result.stderr.strip().splitlines() == [said[0]], result.stderr  # no Spark started, no log lines
     if tool == "verify":
-        from keyedstate.offline.stores import NotKeyedstateCheckpoint
+        from keyedstate.checkpoint import NotKeyedstateCheckpoint
 
         with pytest.raises(NotKeyedstateCheckpoint, match=cls):
             verify(ck)

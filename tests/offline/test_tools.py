@@ -124,8 +124,20 @@ def _unknown_value_format(ck: Path) -> Path:
     return path
 
 
+def _unopenable_snapshot_file(ck: Path) -> Path:
+    """An SST file of the right size whose footer RocksDB refuses: the snapshot cannot be opened
+    (a load takes an older one; verify must report this one, not check an older one instead)."""
+    manifest = sorted((ck / "state/0/0").glob("*.ks-snapshot"))[-1]
+    sst = next(f for f in json.loads(manifest.read_text())["files"] if f["name"].endswith(".sst"))
+    path = ck / "state/0/0" / sst["path"]
+    data = bytearray(path.read_bytes())
+    data[-8:] = b"\0" * 8  # the table's magic number
+    path.write_bytes(bytes(data))
+    return manifest
+
+
 CORRUPTIONS = [_corrupt_changelog_byte, _truncate_snapshot_file, _delete_snapshot_file, _wrong_key_count,
-               _key_in_wrong_partition, _unknown_value_format]
+               _key_in_wrong_partition, _unknown_value_format, _unopenable_snapshot_file]
 
 
 def test_verify_passes_clean_checkpoints(checkpoints):
@@ -268,9 +280,9 @@ def test_a_version_written_from_empty_is_rebuilt_as_a_base_not_a_delta(tmp_path)
     rescale and inspect, and the one of verify, get and the processor's reads) replay it from
     empty, so the keys it dropped do not come back; with nothing older left (a migration from
     another provider), they rebuild it from that changelog alone."""
-    from keyedstate.offline import checkpoint as ckpt
+    from keyedstate import checkpoint as ckpt
     from keyedstate.offline.storage import LocalStorage
-    from keyedstate.offline.stores import Checkpoint
+    from keyedstate.checkpoint import Checkpoint
 
     part = tmp_path / "state" / "0" / "0"
     part.mkdir(parents=True)

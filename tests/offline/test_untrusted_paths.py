@@ -23,7 +23,7 @@ from keyedstate.formats import changelog, layout
 from keyedstate.offline import migration
 from keyedstate.offline.processor import _chunks, _utf
 from keyedstate.offline.storage import HadoopStorage, LocalStorage, StorageError
-from keyedstate.offline.stores import Checkpoint, CheckpointProblem, versioned_name
+from keyedstate.checkpoint import Checkpoint, CheckpointProblem, versioned_name
 
 pytestmark = pytest.mark.timeout(300)
 

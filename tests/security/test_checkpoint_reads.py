@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from keyedstate.formats import changelog, layout
-from keyedstate.offline import checkpoint as ckpt
+from keyedstate import checkpoint as ckpt
 from keyedstate.offline.storage import LocalStorage
-from keyedstate.offline.stores import Checkpoint, StorePartition
+from keyedstate.checkpoint import Checkpoint, StorePartition
 
 from support import golden
 
