@@ -14,7 +14,7 @@ import io.keyedstate.format.CheckpointLayout
 
 /**
  * What the engine reads of Spark's own checkpoint files (the offline tools' twin is
- * `keyedstate/offline/checkpoint.py`). Executors have no SparkSession, so Spark's
+ * `keyedstate/checkpoint/spark.py`). Executors have no SparkSession, so Spark's
  * OffsetSeqLog cannot be used here; both files start with a version line and then JSON.
  */
 object SparkMetadata {
