@@ -117,19 +117,23 @@ final class SnapshotUploader(files: CheckpointFiles, describe: String, runId: Op
 
   /**
    * Under checkpoint format 1, replaces the manifest of `version` found in the checkpoint with this
-   * run's `manifest` when it is of another run's attempt ([[CheckpointFiles.otherRun]]; this run's
-   * changelog is the version): kept, a load would skip it and this run's snapshot would be lost.
-   * False when the manifest found stays (this run's, an offline writer's, or unreadable).
+   * run's `manifest` when it is of another run's attempt: kept, a load would skip it and this run's
+   * snapshot would be lost. Only on evidence read back: the found manifest names another run and
+   * the version's changelog names this one. False when the manifest found stays (this run's, an
+   * offline writer's, or one that cannot be checked: a failed read proves nothing).
    */
-  private def replacedStale(version: Long, id: Option[String], manifest: SnapshotManifest): Boolean = id.isEmpty && {
-    val found = try Some(files.readManifest(version, None)) catch { case _: CheckpointFileException => None }
-    found.flatMap(m => files.otherRun(version, m.runId)).exists { why =>
-      log.info(s"keyedstate: the snapshot manifest of version $version of $describe in the checkpoint $why; " +
-        "replacing it with this run's")
-      files.delete(files.manifest(version, None))
-      files.writeManifest(manifest, None)
+  private def replacedStale(version: Long, id: Option[String], manifest: SnapshotManifest): Boolean =
+    id.isEmpty && runId.isDefined && {
+      val found = try files.readManifest(version, None).runId catch { case _: CheckpointFileException => None }
+      val committed = try files.readChangelogMeta(version, None).runId catch { case _: CheckpointFileException => None }
+      found.exists(run => !runId.contains(run)) && committed == runId && {
+        log.info(s"keyedstate: the snapshot manifest of version $version of $describe in the checkpoint was " +
+          s"uploaded by run ${found.get}, but ${files.changelog(version, None)} was committed by run ${runId.get}: " +
+          "a snapshot of another attempt of the version; replacing it with this run's")
+        files.delete(files.manifest(version, None))
+        files.writeManifest(manifest, None)
+      }
     }
-  }
 
   /**
    * Whether the changelog of `version` in the checkpoint is this run's ([[SnapshotUploader]]). An
