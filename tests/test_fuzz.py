@@ -122,6 +122,8 @@ def _metadata_cases() -> dict[str, tuple[list[tuple[bytes, str]], int]]:
             (changelog.encode(inner_version, (1 << 31) - 1, records), "keyGroups 2^31-1 in the header"),
             (changelog.encode(inner_version, 1 << 31, records), "keyGroups 2^31 in the header (u32, signed in Java)"),
             (changelog.encode(inner_version, (1 << 32) - 1, records), "keyGroups 2^32-1 in the header"),
+            (changelog.encode((1 << 63) - 1, inner_groups, records), "version 2^63-1 in the header"),
+            (changelog.encode(1 << 63, inner_groups, records), "version 2^63 in the header (u64, signed in Java)"),
         ], 2),
         "changelog-v2-none": ([
             (good_changelog, "the golden file"),

@@ -289,6 +289,9 @@ def _decode_v1(view: memoryview, source: str, meta: dict[str, Any] | None = None
             f"{source} is truncated or corrupt (trailer or CRC-32 mismatch, {len(view)} bytes)")
     if key_groups > 0x7FFFFFFF:  # a u32 field holding 0..2^31-1 (FORMATS.md; the JVM's readV1 refuses the same)
         raise CorruptChangelogError(f"{source} is corrupt ({key_groups} key groups in its header, at most 2147483647)")
+    if version > (1 << 63) - 1 or count > (1 << 63) - 1:  # u64 fields holding 0..2^63-1 (the JVM's Long)
+        raise CorruptChangelogError(f"{source} is corrupt (version {version}, {count} records: each at most "
+                                    "9223372036854775807)")
     if in_place is not None:
         mapping, offset = in_place
         return Changelog(version, key_groups, count, mapping, source, meta or {},

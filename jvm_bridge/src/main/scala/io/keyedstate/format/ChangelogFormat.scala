@@ -353,6 +353,10 @@ object ChangelogFormat {
       throw new CorruptChangelogException(s"$source is corrupt (${keyGroups & 0xFFFFFFFFL} key groups in its header, " +
         "at most 2147483647)")
     }
+    if (version < 0 || count < 0) { // u64 fields holding 0..2^63-1 (Python's _decode_v1 refuses the same)
+      throw new CorruptChangelogException(s"$source is corrupt (version ${java.lang.Long.toUnsignedString(version)}, " +
+        s"${java.lang.Long.toUnsignedString(count)} records: each at most 9223372036854775807)")
+    }
     new Changelog(version, keyGroups, count, data, source, meta)
   }
 }
