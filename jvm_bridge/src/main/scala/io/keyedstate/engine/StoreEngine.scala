@@ -15,7 +15,7 @@ import org.apache.spark.sql.types.StructType
 import org.slf4j.LoggerFactory
 
 import io.keyedstate.bridge.{ServerLaunch, StateServerProcess}
-import io.keyedstate.checkpoint.{CheckpointCleanup, CheckpointFileException, CheckpointFiles}
+import io.keyedstate.checkpoint.{CheckpointFileException, CheckpointFiles, StoreCleanup}
 import io.keyedstate.format.{ChangelogFormat, ChangelogMeta, Frames, KeyCodec}
 
 /** What a commit produced: the new version, its changelog size, its TTL cleanup. */
@@ -55,6 +55,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     Json.writeValueAsString(scala.jdk.CollectionConverters.MapHasAsJava(confs).asJava), describe, () => invalidate())
   val fence = new RunFence(id, hadoopConf)
   private val uploader = new SnapshotUploader(files, describe, fence.runId)
+  private val fileCleanup = new StoreCleanup(files)
   private val loader = new VersionLoader(files, uploader, describe)
   private val clock = TtlClocks.forQuery(new Path(id.checkpointRootLocation).getParent, hadoopConf)
   private val maintenanceMutex = new Object // snapshot upload vs cleanup
@@ -529,7 +530,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     val head = asOf.getOrElse(loaded -> loadedId)
     if (head._1 <= 0) return // nothing committed held: the newest file listed may be an uncommitted attempt
     retriedLater("cleanup") {
-      val deleted = CheckpointCleanup.run(files, storeConf.minVersionsToRetain, head, byLineage = uniqueIds)
+      val deleted = fileCleanup.run(storeConf.minVersionsToRetain, head._1, head._2, lastSnapshot, byLineage = uniqueIds)
       if (deleted > 0) log.info(s"keyedstate: cleanup deleted $deleted files of $describe")
     }
   }
