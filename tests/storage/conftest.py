@@ -81,9 +81,9 @@ def storage_session(s3, s3_proxy, tmp_path_factory, request):
     """A SparkSession (child process) with the s3a client of ``s3``, through ``s3_proxy``; hdfs://
     files it creates get the cluster's replication, 2. It starts while the MiniDFSCluster does,
     which is up once the session is (the session needs none of the cluster's addresses)."""
-    # Spark's default maintenance interval (60 s), not the 1 s other sessions use: each tick lists
-    # every loaded store's directory (a LIST on s3a, and HEADs), which doubled an s3a run's
-    # requests; keyedstate uploads snapshots at commit, so restarts load them all the same.
+    # Spark's default maintenance interval (60 s), not the 1 s other sessions use: the first tick
+    # after a store's commit cleans it up (a LIST on s3a, and HEADs), which at 1 s is once per
+    # batch; keyedstate uploads snapshots at commit, so restarts load them all the same.
     confs = {**s3.s3a_confs(), "spark.hadoop.fs.s3a.endpoint": s3_proxy.endpoint,
              "spark.hadoop.dfs.replication": "2",
              "spark.sql.streaming.stateStore.maintenanceInterval": "60s"}

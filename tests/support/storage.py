@@ -183,9 +183,12 @@ class MiniHdfs(_Server):
 
 
 MOTO_SCRIPT = r'''
+import functools
 import sys
+import threading
 import werkzeug.serving
-from moto.server import ThreadedMotoServer
+import moto.core.serialize
+from moto.server import create_backend_app
 
 # werkzeug answers every request that has "Expect: 100-continue" with an interim "100 Continue",
 # which the AWS SDK's async client (s3a's copyFromLocalFile: Spark's RocksDB provider uploading
@@ -198,12 +201,21 @@ def run_wsgi(self):
     return _run_wsgi(self)
 
 werkzeug.serving.WSGIRequestHandler.run_wsgi = run_wsgi
-server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-server.start()
-host, port = server.get_host_and_port()
+
+# A LIST answer gives every key's LastModified, which moto keeps as text and parses again (with
+# dateutil) for every key of every LIST: the same few texts, parsed once each.
+_parse = moto.core.serialize.parse_to_aware_datetime
+_parsed = functools.lru_cache(maxsize=1 << 16)(_parse)
+moto.core.serialize.parse_to_aware_datetime = lambda value: _parsed(value) if isinstance(value, str) else _parse(value)
+
+# S3's app alone (threaded), not moto's dispatcher of every service: that one looks up the
+# service of each request under a lock, scanning all of moto's modules.
+server = werkzeug.serving.make_server("127.0.0.1", 0, create_backend_app("s3"), threaded=True)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+host, port = server.server_address[:2]
 print(f"S3-READY http://{host}:{port}", flush=True)
 sys.stdin.read()  # runs until stdin closes
-server.stop()
+server.shutdown()
 '''
 
 

@@ -188,3 +188,28 @@ def file_hashes(spark, checkpoint: str) -> dict[str, str]:
     walk(storage.root, "")
     return out
 
+
+
+def store_cleanups(spark, checkpoint: str, partition_dir: str, min_versions: int,
+                   runs: list[list[int]]) -> list[dict]:
+    """One store partition's cleanups by a StoreCleanup (what a StoreEngine's maintenance runs), in
+    this process's JVM: one per ``[head version, newest snapshot]`` of ``runs`` (checkpoint format
+    1); per run its start and end (time.time()) and the files it deleted."""
+    jvm = spark._jvm
+    path = jvm.org.apache.hadoop.fs.Path(f"{checkpoint.rstrip('/')}/{partition_dir}")
+    files = jvm.io.keyedstate.checkpoint.CheckpointFiles(path, spark._jsc.hadoopConfiguration())
+    cleanup = jvm.io.keyedstate.checkpoint.StoreCleanup(files)
+    out = []
+    for head, newest_snapshot in runs:
+        start = time.time()
+        deleted = cleanup.run(min_versions, head, jvm.scala.Option.apply(None), newest_snapshot, False)
+        out.append({"start": start, "end": time.time(), "deleted": deleted})
+    return out
+
+
+def store_files(spark, checkpoint: str, partition_dir: str) -> list[str]:
+    """The names of the files of a store partition's directory (not its ks-files/)."""
+    from keyedstate.offline.storage import open_storage
+
+    storage = open_storage(checkpoint, spark)
+    return sorted(e.name for e in storage.list(storage.join(storage.root, partition_dir)) if not e.is_dir)

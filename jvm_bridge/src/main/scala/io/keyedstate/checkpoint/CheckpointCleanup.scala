@@ -27,12 +27,19 @@ object CheckpointCleanup {
    *  an hour; deleting a live one would only fail that write, and its task would retry). */
   val TempFileGraceMs: Long = 60L * 60 * 1000
 
-  /** Returns the number of files deleted. */
-  def run(files: CheckpointFiles, minVersionsToRetain: Int, head: (Long, Option[String]), byLineage: Boolean): Int = {
+  /** What one cleanup did: files deleted, and whether it left nothing for a later cleanup of the
+   *  same checkpoint state (no failed delete, no file kept only for its age, every manifest read). */
+  final case class Outcome(deleted: Int, settled: Boolean)
+
+  def run(files: CheckpointFiles, minVersionsToRetain: Int, head: (Long, Option[String]),
+      byLineage: Boolean): Outcome = {
     val l = files.listing()
     var deleted = 0
+    var settled = true
     def delete(p: org.apache.hadoop.fs.Path): Unit =
-      try { files.delete(p); deleted += 1 } catch { case NonFatal(e) => log.warn(s"keyedstate: cannot delete $p", e) }
+      try { files.delete(p); deleted += 1 } catch {
+        case NonFatal(e) => settled = false; log.warn(s"keyedstate: cannot delete $p", e)
+      }
     val killedBefore = System.currentTimeMillis() - TempFileGraceMs
     val temps = l.modified.filter { case (name, _) => TempFile.matches(name) }
     temps.foreach { case (name, modified) => if (modified < killedBefore) delete(new org.apache.hadoop.fs.Path(files.dir, name)) }
@@ -42,7 +49,12 @@ object CheckpointCleanup {
     val candidates =
       if (byLineage) committedChain(files, l, head, oldestRetained).filter(e => e._1 <= oldestRetained && l.snapshotFiles.contains(e))
       else l.snapshotFiles.filter(_._1 <= oldestRetained).toSeq.sortBy(-_._1)
-    val (base, baseId) = candidates.find { case (v, id) => verified(files, v, id) }.getOrElse(return deleted)
+    // A temporary file kept for its age, or a snapshot that did not verify (unreadable for now,
+    // or broken for good), leaves work for a later cleanup of the same checkpoint state.
+    val young = (before: Long) => temps.exists { case (_, modified) => modified >= killedBefore && modified >= before }
+    val found = candidates.find { case (v, id) => verified(files, v, id) }
+    if (found != candidates.headOption) settled = false
+    val (base, baseId) = found.getOrElse(return Outcome(deleted, settled && !young(Long.MaxValue)))
     l.changelogFiles.filter(_._1 <= base).foreach { case (v, id) => delete(files.changelog(v, id)) }
     l.snapshotFiles.filter { case (v, id) => v < base || (v == base && id != baseId) }
       .foreach { case (v, id) => delete(files.manifest(v, id)) }
@@ -55,17 +67,20 @@ object CheckpointCleanup {
     } catch {
       case e: CheckpointFileException =>
         log.warn(s"keyedstate: cleanup of ${files.dir} keeps every snapshot file: ${e.getMessage}")
+        settled = false
         None
     }
     referenced.foreach { kept =>
       files.snapshotFiles().foreach { case (rel, (_, modified)) =>
-        if (!kept.contains(rel) && !rel.endsWith(".crc") && modified < horizon) delete(files.resolve(rel))
+        if (!kept.contains(rel) && !rel.endsWith(".crc")) {
+          if (modified < horizon) delete(files.resolve(rel)) else settled = false
+        }
       }
     }
     temps.foreach { case (name, modified) =>
       if (modified >= killedBefore && modified < horizon) delete(new org.apache.hadoop.fs.Path(files.dir, name))
     }
-    deleted
+    Outcome(deleted, settled && !young(horizon))
   }
 
   /**
@@ -100,4 +115,27 @@ object CheckpointCleanup {
         s"as its base: it $why"))
       stale.isEmpty && (m.files ++ m.replay).forall(files.holds)
     } catch { case _: CheckpointFileException => false }
+}
+
+/**
+ * The cleanups of one store partition by its engine: a cleanup is skipped while what it runs on
+ * is unchanged since one that settled ([[CheckpointCleanup.Outcome]]): the committed head, the
+ * newest snapshot this engine uploaded, and the retention. Such a cleanup would list and read the
+ * same files and delete nothing; once head or snapshot move, the next one runs in full. Files
+ * other writers add meanwhile (a stopped run's last upload) wait for that run, or the next run's
+ * first cleanup.
+ */
+final class StoreCleanup(files: CheckpointFiles) {
+  @volatile private var settledAt: Option[(Int, (Long, Option[String]), Long, Boolean)] = None
+
+  /** Cleanup counting back from the committed version `head` (its unique id `headId` under format
+   *  2); the number of files deleted (0 when skipped). */
+  def run(minVersionsToRetain: Int, head: Long, headId: Option[String], newestSnapshot: Long, byLineage: Boolean): Int = {
+    val state = (minVersionsToRetain, (head, headId), newestSnapshot, byLineage)
+    if (settledAt.contains(state)) return 0
+    settledAt = None
+    val outcome = CheckpointCleanup.run(files, minVersionsToRetain, head -> headId, byLineage)
+    if (outcome.settled) settledAt = Some(state)
+    outcome.deleted
+  }
 }

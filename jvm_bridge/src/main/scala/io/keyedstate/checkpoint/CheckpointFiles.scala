@@ -89,7 +89,8 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
    * deletes, and a task killed in between leaves this attempt's own complete file.
    */
   def createOnce(path: Path, data: ByteBuffer): Boolean = {
-    if (fm.exists(path)) return false
+    // No probe first: the rename that publishes the file refuses an existing one (Spark's
+    // createAtomic without overwrite), and the close below tells that case apart.
     val out = try fm.createAtomic(path, false) catch { case NonFatal(e) => throw unwritable(path, e) }
     try {
       out.write(data.array(), data.arrayOffset() + data.position(), data.remaining())
@@ -125,7 +126,8 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
 
   private def list(path: Path): Array[FileStatus] = {
     refuseLinks(path)
-    try { if (fm.exists(path)) fm.list(path) else Array.empty } catch { case _: FileNotFoundException => Array.empty }
+    // A missing directory lists as FileNotFoundException: no existence probe first.
+    try fm.list(path) catch { case _: FileNotFoundException => Array.empty }
   }
 
   /** Fails when a directory a snapshot's files go to is a symbolic link ([[refuseLinks]]). */
@@ -264,11 +266,11 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
    */
   def otherRun(version: Long, snapshotRun: Option[String]): Option[String] = snapshotRun.flatMap { run =>
     val path = changelog(version, None)
-    if (!exists(path)) None
-    else {
-      val committed = try readChangelogMeta(version, None).runId catch {
-        case e: CheckpointFileException => return Some(s"cannot be checked against $path: ${e.getMessage}")
-      }
+    val committed = try Some(readChangelogMeta(version, None).runId) catch {
+      case e: CheckpointFileException if CheckpointFiles.missing(e) => None
+      case e: CheckpointFileException => return Some(s"cannot be checked against $path: ${e.getMessage}")
+    }
+    committed.flatMap { committed =>
       if (committed.contains(run)) None
       else Some(s"was uploaded by run $run, but $path was committed by ${committed.fold("no query run")(r => s"run $r")}: " +
         "a snapshot of another attempt of the version")
@@ -302,6 +304,9 @@ object CheckpointFiles {
   val MaxManifestBytes: Long = 16L << 20
   val MaxSparkMetadataBytes: Long = 16L << 20
   val MaxChangelogBytes: Long = ChangelogFormat.MaxBytes
+
+  /** Whether a failed read found no file: the open tells, so no existence probe goes first. */
+  def missing(e: CheckpointFileException): Boolean = e.getCause.isInstanceOf[FileNotFoundException]
 }
 
 private object LogHolder {

@@ -66,6 +66,7 @@ final class SnapshotUploader(files: CheckpointFiles, describe: String, runId: Op
         val id = uniqueIdOf(version).getOrElse(throw new IllegalStateException(s"the unique id of version $version is unknown"))
         if (!committedHere(version, id)) throw new Replaced(version)
         val dir = Paths.get(snap.get("dir").asText())
+        var reused = Vector.empty[SnapshotFile]
         val entries = snap.get("files").elements().asScala.map { f =>
           val name = f.get("name").asText()
           val size = f.get("size").asLong()
@@ -80,16 +81,19 @@ final class SnapshotUploader(files: CheckpointFiles, describe: String, runId: Op
             filesUploaded.incrementAndGet()
             rel
           }
-          if (reusable.isDefined) filesReused.incrementAndGet()
-          SnapshotFile(name, path, size)
-        }.toSeq
+          val entry = SnapshotFile(name, path, size)
+          if (reusable.isDefined) { filesReused.incrementAndGet(); reused :+= entry }
+          entry
+        }.toVector
         val manifest = SnapshotManifest(version, keyGroups, snap.get("numKeys").asLong(), entries,
           keyLayout = Some(keyLayout), ttl = ttl, runId = runId)
         if (!files.writeManifest(manifest, id) && !replacedStale(version, id, manifest)) {
           log.info(s"keyedstate: version $version of $describe already has a snapshot; keeping it")
-        } else if (!entries.forall(files.holds)) {
-          // A file vanished between the check and the manifest (a concurrent cleanup): the
-          // manifest would not load. Remove it; loads use an older snapshot and changelogs.
+        } else if (!reused.forall(files.holds)) {
+          // A reused file vanished between its check and the manifest (a concurrent cleanup): the
+          // manifest would not load. Remove it; loads use an older snapshot and changelogs. A file
+          // this upload wrote has the size its writer counted; loads and cleanup check every
+          // listed file anyway, so a snapshot broken later costs a replay, never the version.
           files.delete(files.manifest(version, id))
           throw new IllegalStateException(s"a listed file vanished while the manifest was written")
         } else if (!committedHere(version, id)) {
@@ -141,8 +145,9 @@ final class SnapshotUploader(files: CheckpointFiles, describe: String, runId: Op
    * its write, which deletes the manifest again after the write): only another run's file refuses.
    */
   private def committedHere(version: Long, id: Option[String]): Boolean =
-    id.isDefined || !files.exists(files.changelog(version, None)) ||
-      (try files.readChangelogMeta(version, None).runId == runId catch { case _: CheckpointFileException => false })
+    id.isDefined || (try files.readChangelogMeta(version, None).runId == runId catch {
+      case e: CheckpointFileException => CheckpointFiles.missing(e)
+    })
 }
 
 object SnapshotUploader {

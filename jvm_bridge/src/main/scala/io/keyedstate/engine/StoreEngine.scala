@@ -301,7 +301,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   /** Deletes what no retained version needs (maintenance thread, [[StoreMaintenance.cleanUp]]),
    *  counting back from `asOf` (a version loaded earlier), else from the version held now. */
   def cleanupFiles(asOf: Option[(Long, Option[String])] = None): Unit =
-    maintenance.cleanUp(() => asOf.getOrElse(loaded -> loadedId), byLineage = uniqueIds)
+    maintenance.cleanUp(() => asOf.getOrElse(loaded -> loadedId), () => lastSnapshot, byLineage = uniqueIds)
 
   def close(): Unit = synchronized {
     if (closed) return

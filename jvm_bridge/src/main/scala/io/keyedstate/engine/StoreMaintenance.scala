@@ -4,7 +4,7 @@ import scala.util.control.NonFatal
 
 import org.slf4j.LoggerFactory
 
-import io.keyedstate.checkpoint.{CheckpointCleanup, CheckpointFiles}
+import io.keyedstate.checkpoint.{CheckpointFiles, StoreCleanup}
 import io.keyedstate.format.KeyLayout
 
 /**
@@ -22,6 +22,7 @@ private[engine] final class StoreMaintenance(session: ServerSession, uploader: S
   import StoreMaintenance.log
 
   private val mutex = new Object // snapshot upload vs cleanup
+  private val fileCleanup = new StoreCleanup(files)
 
   /**
    * Uploads the snapshots the server staged; `uploaded` gets the newest version now in the
@@ -42,17 +43,19 @@ private[engine] final class StoreMaintenance(session: ServerSession, uploader: S
 
   /**
    * Deletes what no retained version needs, if active ([[RunFence]]), counting back from the
-   * version `head` gives (read once no upload runs).
+   * version `head` gives (read once no upload runs); skipped while the head, the newest snapshot
+   * (`newestSnapshot`) and the retention are those of the last cleanup that settled ([[StoreCleanup]]).
    */
-  def cleanUp(head: () => (Long, Option[String]), byLineage: Boolean): Unit = mutex.synchronized {
-    if (closed() || !fence.isActive) return
-    val from = head()
-    if (from._1 <= 0) return // nothing committed held: the newest file listed may be an uncommitted attempt
-    retriedLater("cleanup") {
-      val deleted = CheckpointCleanup.run(files, minVersionsToRetain, from, byLineage = byLineage)
-      if (deleted > 0) log.info(s"keyedstate: cleanup deleted $deleted files of $describe")
+  def cleanUp(head: () => (Long, Option[String]), newestSnapshot: () => Long, byLineage: Boolean): Unit =
+    mutex.synchronized {
+      if (closed() || !fence.isActive) return
+      val from = head()
+      if (from._1 <= 0) return // nothing committed held: the newest file listed may be an uncommitted attempt
+      retriedLater("cleanup") {
+        val deleted = fileCleanup.run(minVersionsToRetain, from._1, from._2, newestSnapshot(), byLineage = byLineage)
+        if (deleted > 0) log.info(s"keyedstate: cleanup deleted $deleted files of $describe")
+      }
     }
-  }
 
   private def retriedLater(what: String)(f: => Unit): Unit =
     try f catch {

@@ -1,0 +1,97 @@
+"""What keyedstate asks of S3 (issue 48, item 4), counted by the proxy in front of moto
+(support/s3proxy.py): a store partition's cleanup lists and reads its directory only when what it
+would delete can have changed, and a commit probes no more than Spark's RocksDB provider's commit
+of the same changelog does. benchmarks/faults_storage.py's ``requests`` run reports the counts per
+batch beside Spark's providers."""
+from __future__ import annotations
+
+import collections
+import re
+import time
+
+import pytest
+
+from support.constants import KS, PFX, ROCKSDB_PROVIDER, STATE_PREFIX
+from support.scenarios import KV_STEPS
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+PARTITION = "state/0/0"
+
+
+def _key_prefix(uri: str) -> str:
+    """The object key prefix of ``s3a://bucket/<key>``, as the proxy records keys."""
+    return uri.split("://", 1)[1].split("/", 1)[1].rstrip("/") + "/"
+
+
+def _versions(names: list[str], suffix: str) -> list[int]:
+    return sorted(int(m.group(1)) for n in names if (m := re.fullmatch(rf"(\d+){re.escape(suffix)}", n)))
+
+
+def test_cleanup_runs_again_only_when_head_or_snapshot_moved(storage_session, storage_roots, s3_proxy,
+                                                             candidate_provider, tmp_path):
+    if candidate_provider != KS:
+        pytest.skip(f"runs keyedstate's cleanup, which {candidate_provider} has none of")
+    checkpoint = f"{storage_roots['s3a']}/requests/cleanup"
+    storage_session.run_scenario("aggregation-update", KS, checkpoint, tmp_path / "run",
+                                 confs={PFX + "snapshotInterval": "2"})
+    names = storage_session.tool("store_files", checkpoint=checkpoint, partition_dir=PARTITION)
+    changelogs, snapshots = _versions(names, ".ks-changelog"), _versions(names, ".ks-snapshot")
+    head = changelogs[-1]
+    assert head == len(KV_STEPS) and snapshots and snapshots[-1] <= head - 1, names
+    rows = storage_session.offline("state_rows", checkpoint)
+
+    # retain 1 version: the newest snapshot below head is the base, everything older goes
+    runs = storage_session.tool("store_cleanups", checkpoint=checkpoint, partition_dir=PARTITION, min_versions=1,
+                                runs=[[head, snapshots[-1]], [head, snapshots[-1]], [head, snapshots[-1] + 1]])
+    prefix = _key_prefix(f"{checkpoint}/{PARTITION}")
+    asked = [collections.Counter(r.op for r in s3_proxy.since(run["start"], run["end"]) if r.key.startswith(prefix))
+             for run in runs]
+    base = snapshots[-1]
+    left = storage_session.tool("store_files", checkpoint=checkpoint, partition_dir=PARTITION)
+    assert runs[0]["deleted"] > 0 and asked[0]["LIST"] >= 1, (runs, asked)
+    assert _versions(left, ".ks-changelog") == [v for v in changelogs if v > base], left
+    assert _versions(left, ".ks-snapshot") == [base], left
+    # the same head and snapshot: what the first one settled is not listed or read again
+    assert runs[1]["deleted"] == 0 and sum(asked[1].values()) == 0, (runs, asked)
+    # a newer snapshot: a full cleanup again (nothing left to delete)
+    assert runs[2]["deleted"] == 0 and asked[2]["LIST"] >= 1, (runs, asked)
+    assert storage_session.offline("state_rows", checkpoint) == rows
+
+
+def _state_requests(proxy, start: float, end: float, checkpoint: str) -> collections.Counter:
+    """(op, what) of the requests for the checkpoint's store directories and changelogs: snapshot
+    files and manifests (which the two providers upload at different times) left out."""
+    prefix = _key_prefix(f"{checkpoint}/state")
+    out: collections.Counter = collections.Counter()
+    for r in proxy.since(start, end):
+        if not r.key.startswith(prefix):
+            continue
+        name = r.key.rstrip("/").rsplit("/", 1)[-1]
+        if "changelog" in name:
+            out[(r.op, "changelog (temp)" if name.endswith(".tmp") else "changelog")] += 1
+        elif "." not in name and "/ks-files" not in r.key and "/SSTs" not in r.key and "_metadata" not in r.key:
+            out[(r.op, "store directory")] += 1
+    return out
+
+
+def test_commit_and_load_probe_no_more_than_rocksdb(storage_session, storage_roots, s3_proxy, candidate_provider,
+                                                   tmp_path):
+    """The same query, restarted after every step, with Spark's RocksDB provider (changelog
+    checkpointing) and with keyedstate: the same versions committed and loaded, so at most as many
+    HEADs and LISTs of changelogs and store directories."""
+    if candidate_provider != KS:
+        pytest.skip(f"compares keyedstate with RocksDB, not {candidate_provider}")
+    counts = {}
+    for label, provider, confs in [
+            ("rocksdb", ROCKSDB_PROVIDER, {STATE_PREFIX + "rocksdb.changelogCheckpointing.enabled": "true"}),
+            ("keyedstate", KS, {PFX + "snapshotInterval": "1000"})]:  # snapshots counted elsewhere
+        checkpoint = f"{storage_roots['s3a']}/requests/commit-{label}"
+        start = time.time()
+        storage_session.run_scenario("aggregation-update", provider, checkpoint, tmp_path / label,
+                                     restart_every_step=True, confs=confs)
+        counts[label] = _state_requests(s3_proxy, start, time.time(), checkpoint)
+    rocksdb, keyedstate = counts["rocksdb"], counts["keyedstate"]
+    for what in ("changelog", "store directory"):
+        for op in ("HEAD", "LIST"):
+            assert keyedstate[(op, what)] <= rocksdb[(op, what)], (op, what, dict(keyedstate), dict(rocksdb))
