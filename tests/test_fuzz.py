@@ -124,7 +124,7 @@ def _metadata_cases() -> dict[str, tuple[list[tuple[bytes, str]], int]]:
             (changelog.encode(inner_version, (1 << 32) - 1, records), "keyGroups 2^32-1 in the header"),
             (changelog.encode((1 << 63) - 1, inner_groups, records), "version 2^63-1 in the header"),
             (changelog.encode(1 << 63, inner_groups, records), "version 2^63 in the header (u64, signed in Java)"),
-        ], 2),
+        ], 3),
         "changelog-v2-none": ([
             (good_changelog, "the golden file"),
             (changelog_raw(padded), "metadata of MAX_META_BYTES (16 MiB)"),
