@@ -12,7 +12,7 @@ as an OutOfMemoryError.
     python3 -m tests.fuzz --count 100000            # from the repository root
     python3 -m tests.fuzz --count 500 --seconds 20 --readers manifest --no-jvm
 
-tests/test_fuzz.py runs it in CI for a bounded time.
+tests/formats/test_fuzz.py runs it in CI for a bounded time.
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@
   provider whose maintenance threw, even while one of its stores is in use.
 * OpenStores, keyed by run: a state data source reader of a running join's store must not stop
   that join's TTL cleanup (which consults the sibling store of the same run); tested with the
-  join's TTL in tests/test_ttl.py.
+  join's TTL in tests/queries/test_ttl.py.
 * Short runs: availableNow runs shorter than the maintenance interval still get snapshots (as
   soon as they are staged, and from the commit when none came for two intervals) and cleanup
   (once at each run's first load), so changelogs stay bounded.

@@ -121,7 +121,7 @@ def test_manifest_both_codecs(fmt, name, case):
 
 def test_a_manifest_listing_a_file_name_twice_is_refused_by_both_codecs(fmt):
     """Each name is a file of the restored RocksDB directory: a manifest naming one twice is
-    corrupt (the load then falls back to an older snapshot, tests/test_checkpoint_files.py)."""
+    corrupt (the load then falls back to an older snapshot, tests/queries/test_checkpoint_files.py)."""
     node = json.loads(read("manifest-v1.json"))
     node["files"].append(dict(node["files"][1], path=node["files"][0]["path"]))
     data = json.dumps(node, separators=(",", ":")).encode()

@@ -21,7 +21,7 @@ Caveat for several watermarked inputs: Spark checkpoints only the global waterma
 input's, and after a restart an input counts as watermark 0 until it has data again. With the
 default "min" policy a restart then delays a watermark advance by a batch unless, at the restart
 point, the input published first in a step is not the one holding the global watermark back.
-Design multi-source steps accordingly (see the join data in test_operators.py).
+Design multi-source steps accordingly (see the join data in queries/test_operators.py).
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The operator scenarios: every stateful operator keyedstate serves, with input steps designed so
-that a restart half way and a rescale must preserve every row (see test_operators.py).
+that a restart half way and a rescale must preserve every row (see queries/test_operators.py).
 
 Within-batch determinism: where an operator's choice among rows of one batch is arbitrary
 (dropDuplicates keeps "a" row per key, a limit keeps "some" rows), the rows it chooses between

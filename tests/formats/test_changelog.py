@@ -5,6 +5,7 @@ import pytest
 
 from keyedstate.formats import changelog as cl
 from keyedstate.offline import routing
+from support.golden import GOLDEN
 
 
 def sample():
@@ -279,9 +280,7 @@ def test_decode_reads_a_format_1_changelog_in_place_and_gives_back_what_was_appl
 def test_read_meta_reads_the_header_alone(tmp_path):
     """A changelog's metadata comes from its header (checked by its own CRC-32), as the JVM's
     ``readMeta``: a corrupt body, which ``decode`` refuses, does not stop it; a corrupt header does."""
-    from pathlib import Path
-
-    golden = (Path(__file__).parent / "golden" / "changelog-v2-run.bin").read_bytes()
+    golden = (GOLDEN / "changelog-v2-run.bin").read_bytes()
     corrupt = bytearray(golden)
     corrupt[-1] ^= 0xFF
     with pytest.raises(cl.CorruptChangelogError):
@@ -290,7 +289,7 @@ def test_read_meta_reads_the_header_alone(tmp_path):
     path.write_bytes(bytes(corrupt))
     meta = cl.decode(golden, "golden").meta
     assert meta[cl.RUN_ID] and cl.read_meta(bytes(corrupt), "corrupt body") == meta == cl.read_file_meta(str(path))
-    assert cl.read_meta((Path(__file__).parent / "golden" / "changelog-v1.bin").read_bytes(), "v1") == {}
+    assert cl.read_meta((GOLDEN / "changelog-v1.bin").read_bytes(), "v1") == {}
     bad_header = bytearray(golden)
     bad_header[cl.HEADER_V2.size] ^= 0xFF
     with pytest.raises(cl.CorruptChangelogError, match="header CRC-32"):
