@@ -107,7 +107,7 @@ def inspect_anywhere(checkpoint: str | os.PathLike, spark: "SparkSession | None"
 def rescale_anywhere(checkpoint: str | os.PathLike, partitions: int, *, spark: "SparkSession | None" = None,
                      **options: Any):
     """``keyedstate.rescale`` on any scheme (a local one directly); see the module doc."""
-    from .rescaling import refuse_checkpoint_format_2, rescale
+    from .rescale import refuse_checkpoint_format_2, rescale
 
     storage = open_storage(checkpoint, spark)
     if storage.local:
