@@ -25,7 +25,7 @@ from .offline.inspection import InspectError, inspect
 from .offline.lookup import get
 from .offline.migration import MigrateError, migrate
 from .offline.processor import StateProcessor, StateProcessorError, state, undo
-from .offline.rescaling import RescaleError, rescale
+from .offline.rescale import RescaleError, rescale
 from .checkpoint.storage import StorageError
 from .offline.verify import verify
 from .shim import PROVIDER_CLASS

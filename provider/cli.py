@@ -46,7 +46,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     and where); anything else is a bug and keeps its traceback."""
     from .checkpoint import CheckpointError
     from .offline.migration import MigrateError
-    from .offline.rescaling import RescaleError
+    from .offline.rescale import RescaleError
     from .offline.storage import StorageError
     from .checkpoint import CheckpointProblem
 
@@ -149,7 +149,7 @@ def _main(argv: list[str] | None) -> int:
         sys.stdout.write(json.dumps(report) + "\n" if args.json else render(report))
     elif args.command == "rescale":
         from .checkpoint import CheckpointError
-        from .offline.rescaling import RescaleError, rescale
+        from .offline.rescale import RescaleError, rescale
 
         if args.partitions is None and not args.rollback:
             parser.error("rescale needs --partitions (or --rollback)")
@@ -174,7 +174,7 @@ def _anywhere(args, tool: str, *rest, **options):
             from .offline.inspection import inspect
 
             return inspect(args.checkpoint)
-        from .offline.rescaling import rescale
+        from .offline.rescale import rescale
 
         return rescale(args.checkpoint, *rest, **options)
     set_session_confs(dict(item.partition("=")[::2] for item in args.conf))

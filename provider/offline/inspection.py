@@ -35,12 +35,15 @@ InspectError = CheckpointError
 """The checkpoint is missing, not keyedstate's, or holds a corrupt file (named in the message)."""
 
 
-def refuse_checkpoint_format_2(ck: Checkpoint, committed: int) -> None:
-    """inspect reads state files by version alone; format 2 names them ``<version>_<unique id>``."""
+def refuse_checkpoint_format_2(ck: Checkpoint, committed: int, *, error: type[Exception] = InspectError,
+                               reason: str = "checkpoint format version 2 (state files named <version>_<unique "
+                                             "id>): keyedstate inspect reads format 1 only; keyedstate verify "
+                                             "reads both") -> None:
+    """Raise ``error`` naming the commit if batch ``committed`` runs under checkpoint format 2.
+    The offline tools that handle format 1 only (inspect reads state files by version alone;
+    rescale and migrate rewrite the commit log) share this check, each with its ``reason``."""
     if ck.checkpoint_format(committed) == 2:
-        raise InspectError(f"{ck.path('commits', str(committed))}: checkpoint format version 2 (state files named "
-                           "<version>_<unique id>): keyedstate inspect reads format 1 only; keyedstate verify "
-                           "reads both")
+        raise error(f"{ck.path('commits', str(committed))}: {reason}")
 
 
 def inspect(checkpoint: str | os.PathLike) -> dict[str, Any]:

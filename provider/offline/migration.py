@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..checkpoint import spark as spark_files
 from ..formats.layout import number_of
+from .inspection import refuse_checkpoint_format_2
 from .progress import tracked
 from .storage import HadoopStorage, LocalStorage, Storage, active_or_new_session, is_local
 from ..checkpoint import Checkpoint, CheckpointProblem
@@ -130,10 +131,11 @@ def plan(ck: Checkpoint, target: str, *, change: bool = True) -> Plan:
         raise MigrateError(f"{ck.path('offsets', str(offsets[-1]))}: batch {offsets[-1]} started but did not commit "
                            "(the query is running, or failed): stop the query, or restart it once so that it "
                            "completes the batch, then migrate")
-    if change and ck.checkpoint_format(batch) == 2:
-        raise MigrateError(f"{ck.path('commits', str(batch))}: checkpoint format version 2 (the commit log pins the "
-                           "unique ids of the provider's files) is not supported by migrate or the state "
-                           "processor's changes (its reads are)")
+    if change:
+        refuse_checkpoint_format_2(ck, batch, error=MigrateError,
+                                   reason="checkpoint format version 2 (the commit log pins the unique ids of the "
+                                          "provider's files) is not supported by migrate or the state processor's "
+                                          "changes (its reads are)")
     source = ck.provider_at(batch) or DEFAULT_PROVIDER
     if source == PROVIDERS["keyedstate"] and (foreign := ck.not_keyedstate("migrate")):
         raise MigrateError(foreign)  # the data source would fail on it in Spark, naming no file

@@ -48,19 +48,17 @@ the next change or :func:`undo` recognises the leftover by its record and remove
 """
 from __future__ import annotations
 
-import base64
 import functools
 import json
 import logging
 import os
-import re
 import struct
-import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..formats import layout
-from .migration import (DEFAULT_PROVIDER, MigrateError, Plan, StorePlan, plan as plan_of, require_state_migrator,
+from .migration import (DEFAULT_PROVIDER, Plan, StorePlan, plan as plan_of, require_state_migrator,
                         write_store)
+from .changes import (CHANGES_DIR, StateProcessorError, begin, roll_back, schema_path,  # noqa: F401
+                      short, undo_last, unfinished_change)
 from .progress import tracked
 from .storage import HadoopStorage, LocalStorage, Storage, is_local, open_storage
 from ..checkpoint import Checkpoint, partition_key_layout
@@ -71,12 +69,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CHANGES_DIR = "_keyedstate_changes"  # at the checkpoint's root: one record per change, <batch>.json
 _SAMPLE = 5
-
-
-class StateProcessorError(MigrateError):
-    """A state change cannot be made as asked; the message says why and what to do."""
 
 
 def state(spark: "SparkSession", checkpoint: str | os.PathLike) -> "StateProcessor":
@@ -87,7 +80,7 @@ def state(spark: "SparkSession", checkpoint: str | os.PathLike) -> "StateProcess
 def undo(checkpoint: str | os.PathLike, spark: "SparkSession | None" = None) -> dict[str, Any]:
     """Take back the last change (transform, bootstrap) made to the stopped query's checkpoint,
     exactly (see the module doc); a local checkpoint needs no Spark. Returns what was undone."""
-    return _undo(Checkpoint(open_storage(checkpoint, spark)))
+    return undo_last(Checkpoint(open_storage(checkpoint, spark)))
 
 
 class StateProcessor:
@@ -145,11 +138,11 @@ class StateProcessor:
                     value = user(r.key.asDict(recursive=True), r.value.asDict(recursive=True))
                 except Exception as exc:
                     yield r.key, key, r.value.asDict(recursive=True), None, r.partition_id, \
-                        f"raised {type(exc).__name__}: {_short(str(exc))}"
+                        f"raised {type(exc).__name__}: {short(str(exc))}"
                     continue
                 why = None if value is None else _misfit(new_value, value, "")
                 yield r.key, key, r.value.asDict(recursive=True), value, r.partition_id, \
-                    why and f"returned {_short(repr(value))}: {why}"
+                    why and f"returned {short(repr(value))}: {why}"
 
         current = self.read(operator, target.store, p.batch)
         results = current.rdd.mapPartitions(apply).persist(StorageLevel.MEMORY_AND_DISK)
@@ -162,7 +155,7 @@ class StateProcessor:
                 key, why = counts["first"]
                 raise StateProcessorError(
                     f"{where}: the transform's function gave {counts['bad']} of {counts['rows']} value(s) that do "
-                    f"not fit the value schema {new_value.simpleString()}; the first: key {_short(repr(key))} "
+                    f"not fit the value schema {new_value.simpleString()}; the first: key {short(repr(key))} "
                     f"{why}. Nothing was written")
             out = {"checkpoint": self.ck.root, "operator": operator, "store": target.store,
                    "rows": counts["rows"], "kept": counts["kept"], "dropped": counts["rows"] - counts["kept"]}
@@ -213,11 +206,11 @@ class StateProcessor:
 
     def undo(self) -> dict[str, Any]:
         """Take back the last change to this checkpoint (see :func:`undo`)."""
-        return _undo(self.ck)
+        return undo_last(self.ck)
 
     # -- internals -----------------------------------------------------------------------------
     def _plan(self, take_over: bool = True) -> Plan:
-        leftover = _leftover(self.ck)
+        leftover = unfinished_change(self.ck)
         if leftover is not None:
             batch = leftover["batch"]
             if not take_over:
@@ -227,7 +220,7 @@ class StateProcessor:
                     f"`keyedstate undo --checkpoint {self.ck.root}` does")
             log.warning("%s: removing the unfinished %s of batch %d that a state processor call left behind",
                         self.ck.root, leftover["operation"], batch)
-            _roll_back(self.ck, leftover)
+            roll_back(self.ck, leftover)
         p = plan_of(self.ck, "")
         p.target = p.source
         return p
@@ -252,7 +245,7 @@ class StateProcessor:
         batch = p.batch + 1
         provider = p.source or DEFAULT_PROVIDER
         require_state_migrator(self.spark, StateProcessorError)
-        journal = _begin(self.ck, p, changed, value_schema, operation)
+        journal = begin(self.ck, p, changed, value_schema, operation)
         try:
             offsets = self.ck.path("offsets", str(batch))
             if not self.storage.exists(offsets):
@@ -276,7 +269,7 @@ class StateProcessor:
             log.warning("%s: the %s of batch %d failed (%s); removing what it wrote", self.ck.root, operation,
                         batch, type(failure).__name__)
             try:
-                _roll_back(self.ck, journal)
+                roll_back(self.ck, journal)
             except BaseException as exc:
                 log.error("%s: could not remove what the failed %s wrote (%s); the next change or `keyedstate "
                           "undo` removes it", self.ck.root, operation, exc)
@@ -289,7 +282,7 @@ class StateProcessor:
         keeps one schema per store, so the state data source then reads the batches before the
         change with the new schema: the previous file is kept beside it as
         ``schema.before-batch-<batch>`` (to read those batches)."""
-        path = _schema_path(self.ck, s)
+        path = schema_path(self.ck, s)
         data = _utf("v2") + _chunks(json.dumps(s.key_schema, separators=(",", ":"))) + \
             _chunks(json.dumps(value_schema, separators=(",", ":")))
         backup = f"{path}.before-batch-{batch}"
@@ -341,7 +334,7 @@ def _misfit(schema: Any, value: Any, path: str) -> str | None:
                 return f"{where} has {len(value)} fields, {schema.simpleString()} has {len(schema.fields)}"
             items = list(zip(schema.fields, value))
         else:
-            return f"{where} is {type(value).__name__} {_short(repr(value))}, not {schema.simpleString()}"
+            return f"{where} is {type(value).__name__} {short(repr(value))}, not {schema.simpleString()}"
         for f, v in items:
             why = _misfit_nullable(f.dataType, v, f.nullable, _at(path, f.name))
             if why:
@@ -349,7 +342,7 @@ def _misfit(schema: Any, value: Any, path: str) -> str | None:
         return None
     if isinstance(schema, T.ArrayType):
         if not isinstance(value, (list, tuple)):
-            return f"{where} is {type(value).__name__} {_short(repr(value))}, not {schema.simpleString()}"
+            return f"{where} is {type(value).__name__} {short(repr(value))}, not {schema.simpleString()}"
         for i, v in enumerate(value):
             why = _misfit_nullable(schema.elementType, v, schema.containsNull, f"{where}[{i}]")
             if why:
@@ -357,7 +350,7 @@ def _misfit(schema: Any, value: Any, path: str) -> str | None:
         return None
     if isinstance(schema, T.MapType):
         if not isinstance(value, dict):
-            return f"{where} is {type(value).__name__} {_short(repr(value))}, not {schema.simpleString()}"
+            return f"{where} is {type(value).__name__} {short(repr(value))}, not {schema.simpleString()}"
         for k, v in value.items():
             why = _misfit_nullable(schema.keyType, k, False, f"{where} key {k!r}") or \
                 _misfit_nullable(schema.valueType, v, schema.valueContainsNull, f"{where}[{k!r}]")
@@ -367,7 +360,7 @@ def _misfit(schema: Any, value: Any, path: str) -> str | None:
     try:  # a leaf: PySpark's own check (Python types, integer ranges), as its createDataFrame applies it
         _leaf_verifier(schema)(value)
     except (TypeError, ValueError):
-        return f"{where} is {type(value).__name__} {_short(repr(value))}, not {schema.simpleString()}"
+        return f"{where} is {type(value).__name__} {short(repr(value))}, not {schema.simpleString()}"
     return None
 
 
@@ -387,10 +380,6 @@ def _leaf_verifier(schema: Any) -> Callable[[Any], None]:
 def _at(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
-
-def _short(text: str, limit: int = 200) -> str:
-    text = " ".join(text.split())  # the message stays one line
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _summarise(results):
@@ -419,7 +408,7 @@ def _written(schema: Any) -> Callable:
         if why is None:
             why = _misfit(schema, value, "")
         if why is not None:
-            raise StateProcessorError(f"the transform's function gave key {_short(repr(key))} a value that does not "
+            raise StateProcessorError(f"the transform's function gave key {short(repr(key))} a value that does not "
                                       f"fit the value schema {schema.simpleString()} when run again: {why}")
         return key_row, _row_of(schema, value), partition
     return row
@@ -435,230 +424,6 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
-
-
-# -- the change's record, and taking a change back -------------------------------------------------
-
-def _schema_path(ck: Checkpoint, s: StorePlan) -> str:
-    base = ck.path("state", str(s.operator), "0")
-    return ck.storage.join(base, "_metadata", "schema") if s.store == "default" else \
-        ck.storage.join(base, s.store, "_metadata", "schema")
-
-
-def _names(ck: Checkpoint) -> list[str]:
-    """Every file and directory under the checkpoint (but the change records), relative to it."""
-    out: list[str] = []
-
-    def walk(path: str, rel: str) -> None:
-        for e in ck.storage.list(path):
-            child = f"{rel}/{e.name}" if rel else e.name
-            if child == CHANGES_DIR:
-                continue
-            out.append(child)
-            if e.is_dir:
-                walk(ck.storage.join(path, e.name), child)
-
-    walk(ck.root, "")
-    return out
-
-
-def _record_path(ck: Checkpoint, batch: int) -> str:
-    return ck.path(CHANGES_DIR, f"{batch}.json")
-
-
-def _records(ck: Checkpoint) -> list[int]:
-    return sorted(n for e in ck.storage.list(ck.path(CHANGES_DIR))
-                  if not e.is_dir and e.name.endswith(".json") and (n := layout.number_of(e.name[:-5])) is not None)
-
-
-def _read_record(ck: Checkpoint, batch: int) -> dict[str, Any]:
-    """The record of the change of ``batch``. It is read from the checkpoint, so it is checked
-    like any file there: the one schema it may restore is the changed store's own schema file
-    (:func:`_schema_path` of its operator and plain store name), never a path it names itself
-    (``../other-query/...`` resolves outside the checkpoint on Hadoop file systems, ``offsets/0``
-    is Spark's)."""
-    path = _record_path(ck, batch)
-    try:
-        record = json.loads(read_spark_file(ck.storage, path))
-        if record["batch"] != batch or not isinstance(record["names"], list):
-            raise ValueError("it names another batch")
-        if not all(isinstance(n, str) for n in record["names"]):
-            raise ValueError("a name is not a string")
-        operator, store, schemas = record["operator"], record["store"], record["schemas"]
-        if not isinstance(operator, int) or operator < 0 or not isinstance(store, str) or \
-                not isinstance(schemas, dict):
-            raise ValueError("its operator, store or schemas are not what a change records")
-        if schemas:
-            if "/" in store or store in ("", ".", ".."):
-                raise ValueError(f"the store {store!r} is not a plain name")
-            own = _schema_path(ck, _Named(operator, store))  # type: ignore[arg-type]
-            own = own[len(ck.root) + 1:]
-            if set(schemas) != {own}:
-                raise ValueError(f"it restores {sorted(schemas)[:3]}, not the changed store's schema {own}")
-            for data in schemas.values():
-                base64.b64decode(data, validate=True)
-        return record
-    except (ValueError, KeyError, TypeError, RecursionError) as exc:
-        raise StateProcessorError(f"{path}: the record of the state processor's change of batch {batch} is "
-                                  f"unreadable ({_short(str(exc))}); the change cannot be taken back by "
-                                  "keyedstate") from None
-
-
-class _Named:
-    """The (operator, store) a record names, for :func:`_schema_path`."""
-
-    def __init__(self, operator: int, store: str) -> None:
-        self.operator, self.store = operator, store
-
-
-_VERSIONED = re.compile(r"([0-9]{1,19})[._]")
-_SHARED_DIRS = ("SSTs", "logs", "ks-files")  # immutable files under fresh names, of the store's providers
-
-
-def _may_have_written(rel: str, is_dir: bool, batch: int) -> bool:
-    """Whether the change of ``batch`` can have added ``rel`` (a name undo deletes): its own log
-    entries ``offsets/<batch>``, ``commits/<batch>`` (with Hadoop's ``.crc`` and temporary names),
-    and under ``state/`` the files of its version ``batch + 1``, new files of the stores' shared
-    directories, the kept schema ``schema.before-batch-<batch>``, directories (checked by their
-    contents). Anything else was not written by the change: a query that ran or runs since, or a
-    record that omits names present before it."""
-    parts = rel.split("/")
-    name = parts[-1]
-    bare = name.lstrip(".")
-    if parts[0] in ("offsets", "commits"):
-        return len(parts) == 2 and not is_dir and (name == str(batch) or bare.startswith(f"{batch}."))
-    if parts[0] != "state" or len(parts) < 2:
-        return False
-    if is_dir:
-        return True
-    if bare.removesuffix(".crc") == f"schema.before-batch-{batch}" and parts[-2] == "_metadata":
-        return True
-    if len(parts) >= 3 and parts[-2] in _SHARED_DIRS:
-        return True
-    m = _VERSIONED.match(bare)
-    return m is not None and int(m.group(1)) == batch + 1
-
-
-def _begin(ck: Checkpoint, p: Plan, changed: StorePlan, value_schema: dict, operation: str) -> dict[str, Any]:
-    """Record what a change of batch ``p.batch + 1`` may need to take back; records of changes
-    that batches have run on top of are no longer needed and go."""
-    batch = p.batch + 1
-    for old in _records(ck):
-        if old < p.batch:
-            ck.storage.delete(_record_path(ck, old))
-    schemas = {}
-    if value_schema != changed.value_schema:
-        path = _schema_path(ck, changed)
-        schemas[path[len(ck.root) + 1:]] = base64.b64encode(read_spark_file(ck.storage, path)).decode("ascii")
-    record = {"batch": batch, "lastCommitted": p.batch, "operation": operation, "operator": changed.operator,
-              "store": changed.store, "startedAt": time.time(), "schemas": schemas, "names": _names(ck)}
-    ck.storage.write_atomic(_record_path(ck, batch), json.dumps(record).encode("utf-8"), overwrite=True)
-    return record
-
-
-def _leftover(ck: Checkpoint) -> dict[str, Any] | None:
-    """The record of a change whose batch started (``offsets``) but never committed: left by a
-    call that was cut short before it could take the change back."""
-    offsets, committed = ck.offset_batches(), ck.committed_batches()
-    if not offsets or (committed and offsets[-1] <= committed[-1]) or offsets[-1] not in _records(ck):
-        return None
-    record = _read_record(ck, offsets[-1])
-    return record if committed and record["lastCommitted"] == committed[-1] else None
-
-
-def _roll_back(ck: Checkpoint, record: dict[str, Any]) -> int:
-    """Take back the change ``record`` describes: commit, schema, added names, offsets entry,
-    record, in that order (see the module doc); returns the names removed."""
-    storage, batch = ck.storage, record["batch"]
-    before = set(record["names"])
-    added: list[str] = []
-    foreign: list[str] = []
-
-    def walk(path: str, rel: str, new: bool) -> None:
-        for e in storage.list(path):
-            child = f"{rel}/{e.name}" if rel else e.name
-            if child == CHANGES_DIR:
-                continue
-            fresh = new or child not in before
-            if fresh and not new:
-                added.append(child)
-            if fresh and not _may_have_written(child, e.is_dir, batch):
-                foreign.append(child)
-            if e.is_dir:
-                walk(storage.join(path, e.name), child, fresh)
-
-    # Every name to delete is checked before anything is: undo deletes only what the change can
-    # have written, so neither a query's later batch nor a record that leaves names out costs
-    # the checkpoint anything the change did not add.
-    walk(ck.root, "", False)
-    if foreign:
-        raise StateProcessorError(
-            f"{ck.path(foreign[0])} and {len(foreign) - 1} other name(s) are not in the record of the state "
-            f"processor's change of batch {batch} and are not files that change writes (did a query run or does "
-            "one run on this checkpoint?): undo would delete them; nothing was undone")
-    storage.delete(ck.path("commits", str(batch)))  # from here on the change has not happened
-    for rel, data in record["schemas"].items():
-        original = base64.b64decode(data)
-        if read_spark_file(storage, ck.path(rel)) != original:
-            storage.replace(ck.path(rel), original)
-    last = f"offsets/{batch}"
-
-    def order(rel: str) -> tuple[bool, bool, str]:
-        name = rel.rsplit("/", 1)[-1].removesuffix(".crc")
-        return rel in (last, f"offsets/.{batch}.crc"), not name.endswith(("snapshot", ".zip")), rel
-
-    for rel in sorted(added, key=order):
-        log.info("%s: removing %s, written by the %s of batch %d", ck.root, rel, record["operation"], batch)
-        storage.delete(ck.path(rel))
-    storage.delete(_record_path(ck, batch))
-    if not storage.list(ck.path(CHANGES_DIR)):
-        storage.delete(ck.path(CHANGES_DIR))
-    return len(added)
-
-
-def _undo(ck: Checkpoint) -> dict[str, Any]:
-    committed, offsets = ck.committed_batches(), ck.offset_batches()
-    latest = max(committed[-1:] + offsets[-1:], default=-1)
-    records = _records(ck)
-    for stale in (b for b in records if b > latest):  # a rollback cut short after its offsets entry went
-        ck.storage.delete(_record_path(ck, stale))
-    records = [b for b in records if b <= latest]
-    if not records:
-        raise StateProcessorError(f"{ck.root}: nothing to undo: no change of the state processor (transform, "
-                                  f"bootstrap) is recorded in {ck.path(CHANGES_DIR)} (last batch {latest})")
-    batch = records[-1]
-    if batch < latest:
-        raise StateProcessorError(
-            f"{ck.path('offsets', str(latest))}: the query has run batch(es) {batch + 1}..{latest} on top of the "
-            f"state processor's change of batch {batch}; undoing the change would lose them: nothing was undone")
-    record = _read_record(ck, batch)
-    was_committed = batch in committed
-    if was_committed:
-        _refuse_changed_since(ck, record)
-    deleted = _roll_back(ck, record)
-    log.info("%s: undid the %s of batch %d", ck.root, record["operation"], batch)
-    return {"checkpoint": ck.root, "batch": batch, "operation": record["operation"], "committed": was_committed,
-            "lastCommitted": record["lastCommitted"], "deleted": deleted}
-
-
-def _refuse_changed_since(ck: Checkpoint, record: dict[str, Any]) -> None:
-    """Undo restores the checkpoint by removing what the change added: refused when something
-    else changed it since (``keyedstate migrate`` rewrites the last offsets entry and retires the
-    old provider's files), as the result would be neither the state before nor after."""
-    batch = record["batch"]
-    if read_spark_file(ck.storage, ck.path("offsets", str(batch))) != \
-            read_spark_file(ck.storage, ck.path("offsets", str(record["lastCommitted"]))):
-        raise StateProcessorError(f"{ck.path('offsets', str(batch))} was rewritten after the state processor's change "
-                                  f"of batch {batch} (by keyedstate migrate?): undo cannot restore the checkpoint; "
-                                  "nothing was undone")
-    own = (f"{batch + 1}.", f"{batch + 1}_")  # the change's own version: it replaced such leftovers itself
-    current = set(_names(ck))
-    gone = [n for n in record["names"] if n not in current
-            and not n.rsplit("/", 1)[-1].removeprefix(".").startswith(own)]
-    if gone:
-        raise StateProcessorError(f"{ck.path(gone[0])} and {len(gone) - 1} other name(s) present before the state "
-                                  f"processor's change of batch {batch} are gone: something else changed the "
-                                  "checkpoint since, and undo cannot restore them; nothing was undone")
 
 
 def _utf(text: str) -> bytes:

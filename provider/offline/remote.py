@@ -1,6 +1,6 @@
 """``inspect`` and ``rescale`` on checkpoints that are not on a local disk.
 
-Those two tools (``inspection.py``, ``rescaling.py``) read and write a local directory with
+Those two tools (``inspection.py``, the ``rescale`` package) read and write a local directory with
 pathlib, and the rescale's split/merge tasks run in Python workers, which have no py4j. Until
 they are ported to :mod:`.storage`, a non-local checkpoint is handled on the driver: the files
 they read are downloaded to a local temporary directory (through :class:`.storage.HadoopStorage`:
@@ -107,7 +107,7 @@ def inspect_anywhere(checkpoint: str | os.PathLike, spark: "SparkSession | None"
 def rescale_anywhere(checkpoint: str | os.PathLike, partitions: int, *, spark: "SparkSession | None" = None,
                      **options: Any):
     """``keyedstate.rescale`` on any scheme (a local one directly); see the module doc."""
-    from .rescaling import refuse_checkpoint_format_2, rescale
+    from .rescale import refuse_checkpoint_format_2, rescale
 
     storage = open_storage(checkpoint, spark)
     if storage.local:

@@ -1,0 +1,68 @@
+"""The commit step's file moves: the new partitions' snapshots from the outbox into the
+checkpoint, and the partition count in each operator's metadata."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+from ...formats import layout
+from ...formats.layout import FILES_DIR
+from ... import checkpoint as ckpt
+from .errors import RescaleError
+from .sparklogs import LOGGER
+
+log = logging.getLogger(LOGGER)
+
+
+def publish(staged: Path, target: Path, version: int, root: Path) -> None:
+    """Move the snapshot ``version`` of one new store partition from the outbox into the
+    checkpoint ``root``: the files it lists first, its manifest last (the commit point of a
+    snapshot), through no link. Only the driver calls this, after the job that staged it
+    succeeded: no task writes into the checkpoint. Idempotent: a rerun after a kill finds part
+    of it moved."""
+    name = layout.manifest_name(version)
+    if not (staged / name).is_file():
+        if (target / name).is_file():
+            return  # published by the run this one resumes
+        raise RescaleError(f"{staged / name} is missing: no task staged snapshot {version} of {target}")
+    # The manifest published is the one read here, whose files were moved: a late attempt of
+    # the same task (speculation, a kill not yet delivered) may restage the partition meanwhile.
+    try:
+        data = layout.read_file(staged / name, layout.MAX_MANIFEST_BYTES, "snapshot manifest")
+    except layout.TooLargeError as exc:
+        raise ckpt.CheckpointError(str(exc)) from None
+    manifest = ckpt.decode_manifest(data, staged / name, version)
+    ckpt.check_inside(target / FILES_DIR, root)
+    (target / FILES_DIR).mkdir(parents=True, exist_ok=True)
+    for f in (*manifest.files, *([manifest.replay] if manifest.replay else [])):
+        if (staged / f.path).is_file():
+            os.replace(staged / f.path, target / f.path)
+        elif not (target / f.path).is_file():
+            raise RescaleError(f"{staged / f.path} is missing: snapshot {version} of {target} is incomplete")
+    ckpt.write_atomically(target / name, data)
+    (staged / name).unlink(missing_ok=True)
+
+
+def set_metadata_partitions(op_dir: Path, partitions: int) -> None:
+    """Give every store in the operator's metadata v1 (``v1`` line, then Spark's compact JSON)
+    the partition count ``partitions``; Hadoop's checksum beside it goes (Spark then reads the
+    file unchecked, as it reads one an object store holds)."""
+    path = op_dir / "_metadata" / "metadata"
+    if not path.is_file():
+        return
+    ckpt.check_inside(path, op_dir)
+    _, stores = ckpt.operator_metadata(op_dir)  # refuses a corrupt file
+    if all(n == partitions for n in stores.values()):
+        return
+    version, _, body = layout.read_file(path, layout.MAX_SPARK_METADATA_BYTES, "Spark metadata file").decode(
+        "utf-8").partition("\n")
+    meta = json.loads(body)
+    for store in meta.get("stateStoreInfo", []):
+        store["numPartitions"] = partitions
+    ckpt.write_atomically(path, f"{version}\n{json.dumps(meta, separators=(',', ':'))}".encode())
+    (path.parent / f".{path.name}.crc").unlink(missing_ok=True)
+    log.info("%s: numPartitions %d", path, partitions)
+
+

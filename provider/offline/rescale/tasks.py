@@ -1,0 +1,148 @@
+"""The split task (run on executors; plain data in, plain data out): rebuild one old store
+partition's committed version and cut it into its heirs' SST files; a direct split (a scale-up
+by a multiple) stages its heirs itself, so they need no merge task."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...formats import changelog
+from ...formats.layout import CHANGELOG_SUFFIX
+from ... import checkpoint as ckpt
+from ..routing import route_by_key_group
+from .merge import layout_or_none, stage_ingested
+from .routing import HeirFiles, write_by_hash, write_by_key_group
+
+@dataclass(frozen=True)
+class SplitTask:
+    operator: int
+    store: str
+    store_path: str
+    partition: int
+    version: int
+    staging: str  # this old partition's output directory
+    partitions: int
+    key_groups: int
+    hash_spec: dict | None  # None: route by key group
+    direct: bool  # cut the new partitions from the rebuilt old one itself, no merge task (see run)
+    from_partitions: int
+    target_version: int  # the version the new partitions get
+    targets: str  # the operator's state directory, holding the new partitions
+    origin: dict  # what the published snapshots record about the rescale
+    key_layout: dict | None  # recorded in the published snapshots' manifests
+
+
+def split(task: SplitTask) -> dict:
+    """Cut one old store partition into per-new-partition SST files (reused if already done);
+    a direct split stages its new partitions itself."""
+    out = Path(task.staging)
+    done = out / "done.json"
+    if done.is_file():
+        result = json.loads(done.read_text())
+        if not task.direct or "published" in result:
+            return result
+        # A direct split finished by an older keyedstate, which left its old partition for
+        # merge tasks to cut: redo it here (the old state is untouched).
+        shutil.rmtree(out)
+    temp = out.with_name(f"{out.name}.{uuid.uuid4().hex}.tmp")  # one per attempt (speculation)
+    temp.mkdir()  # not its parents: see driver.Rescale._run_jobs
+    try:
+        return finish_split(temp, out, split_into(task, temp))
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)  # a copy of the partition's data: never leave it
+        raise
+
+
+def split_into(task: SplitTask, temp: Path) -> dict:
+    files = ckpt.list_store(Path(task.store_path), task.partition)
+    if files is None:
+        raise ckpt.CheckpointError(f"{task.store_path} holds no keyedstate files")
+    if task.direct and not any(v <= task.version for v in files.snapshots):
+        return replay_split(files, task, temp)
+    started = time.monotonic()
+    heirs = range(task.partition, task.partitions, task.from_partitions) if task.direct else None
+    with ckpt.rebuild(files, task.version, workdir=temp) as rebuilt:
+        check_key_groups(rebuilt, task)
+        ttl = rebuilt.manifest.ttl if rebuilt.manifest else None
+        rebuilt_at = time.monotonic()
+        out = HeirFiles(temp, len(heirs) if heirs is not None else task.partitions)
+        if task.hash_spec is None:
+            counts = write_by_key_group(rebuilt.db, task, out)
+        else:
+            counts = write_by_hash(rebuilt.db, task, out)
+        written = out.finish()
+    if heirs is None:
+        return {"keys": {str(q): c for q, c in counts.items()}, "ttl": ttl}
+    written_at = time.monotonic()
+    for q in heirs:
+        stage_ingested(written.get(q, []), temp / f"to-{q}", ckpt.store_dir(Path(task.targets), q, task.store),
+                        task.target_version, task.key_groups, counts.get(q, 0), ttl, task.origin,
+                        layout_or_none(task.key_layout), move=True)
+    return {"keys": {str(q): counts.get(q, 0) for q in heirs}, "ttl": ttl, "published": list(heirs),
+            "seconds": {"rebuild": rebuilt_at - started, "split": written_at - rebuilt_at,
+                        "stage": time.monotonic() - written_at}}
+
+
+def replay_split(files: ckpt.StoreFiles, task: SplitTask, temp: Path) -> dict:
+    """Direct split of a partition whose version is changelogs only (no snapshot yet, as in a
+    young query): its records are routed by key group into one changelog per new partition
+    (see offline/routing.py), staged right here as that partition's snapshot to
+    replay (checkpoint.snapshots.write_snapshot), so these partitions need no merge task. No RocksDB is built: a flush would sort every key
+    (~3 us each here), and the restarted query replays the file the way it replays any
+    changelog."""
+    # From the newest version written from empty (a base: routing replays from empty), else 1.
+    needed = range(ckpt.written_from_empty(files, task.version) or 1, task.version + 1)
+    missing = [v for v in needed if v not in files.changelogs]
+    if missing:
+        raise ckpt.CheckpointError(
+            f"cannot read version {task.version} of {files.path}: missing "
+            f"{', '.join(str(files.changelog_path(v)) for v in missing[:3])}{' ...' if len(missing) > 3 else ''}")
+    logs = [ckpt.read_changelog(files.changelog_path(v), v, task.key_groups) for v in needed]
+    try:
+        routed = route_by_key_group(logs, task.partitions, task.target_version, task.key_groups)
+    except changelog.CorruptChangelogError as exc:
+        raise ckpt.CheckpointError(f"{files.path}: {exc}") from exc
+    heirs = range(task.partition, task.partitions, task.from_partitions)
+    strays = set(routed) - set(heirs)
+    if strays:
+        raise ckpt.CheckpointError(
+            f"changelogs of {files.path} hold keys of key groups that partition {task.partition} "
+            f"of {task.from_partitions} does not own (for new partitions {sorted(strays)[:5]}): corrupt or misplaced")
+    counts = {}
+    for q in heirs:  # staged here: a merge task would only copy the file
+        data, counts[str(q)] = routed.get(q) or (changelog.encode(task.target_version, task.key_groups, []), 0)
+        routed_file = temp / f"to-{q}{CHANGELOG_SUFFIX}"
+        routed_file.write_bytes(changelog.compress(data, {"keyLayout": task.key_layout} if task.key_layout else {}))
+        ckpt.write_snapshot(None, ckpt.store_dir(Path(task.targets), q, task.store), task.target_version,
+                            task.key_groups, counts[str(q)], None, rescale=task.origin, replay=routed_file,
+                            key_layout=layout_or_none(task.key_layout))
+    return {"keys": counts, "ttl": None, "published": list(heirs)}
+
+
+def check_key_groups(rebuilt: ckpt.RebuiltVersion, task: SplitTask) -> None:
+    if rebuilt.key_groups is not None and rebuilt.key_groups != task.key_groups:
+        raise ckpt.CheckpointError(f"{task.store_path} has {rebuilt.key_groups} key groups, other stores "
+                                   f"{task.key_groups}: corrupt or mixed checkpoint")
+
+
+def finish_split(temp: Path, out: Path, result: dict) -> dict:
+    """Publish a split's output directory whole (rename), so a rerun reuses it or redoes it;
+    the first of two attempts of the same split (speculation, a rerun) to finish wins."""
+    (temp / "done.json").write_text(json.dumps(result))
+    if not (out / "done.json").is_file():
+        shutil.rmtree(out, ignore_errors=True)  # an unfinished one (not written by this code)
+        try:
+            os.replace(temp, out)
+            return result
+        except OSError:
+            if not (out / "done.json").is_file():
+                raise
+    shutil.rmtree(temp, ignore_errors=True)
+    return json.loads((out / "done.json").read_text())
+
+
