@@ -47,14 +47,15 @@ object CheckpointCleanup {
     // versions kept are the `minVersionsToRetain` before it too (Spark's HDFS provider counts so).
     val oldestRetained = head._1 - minVersionsToRetain
     val candidates =
-      if (byLineage) committedChain(files, l, head, oldestRetained).filter(e => e._1 <= oldestRetained && l.snapshotFiles.contains(e))
+      if (byLineage) committedChain(files, l, head, oldestRetained, () => settled = false)
+        .filter(e => e._1 <= oldestRetained && l.snapshotFiles.contains(e))
       else l.snapshotFiles.filter(_._1 <= oldestRetained).toSeq.sortBy(-_._1)
     // A temporary file kept for its age, or a snapshot that did not verify (unreadable for now,
     // or broken for good), leaves work for a later cleanup of the same checkpoint state.
     val young = (before: Long) => temps.exists { case (_, modified) => modified >= killedBefore && modified >= before }
     val found = candidates.find { case (v, id) => verified(files, v, id) }
     if (found != candidates.headOption) settled = false
-    val (base, baseId) = found.getOrElse(return Outcome(deleted, settled && !young(Long.MaxValue)))
+    val (base, baseId) = found.getOrElse(return Outcome(deleted, settled && !young(Long.MinValue)))
     l.changelogFiles.filter(_._1 <= base).foreach { case (v, id) => delete(files.changelog(v, id)) }
     l.snapshotFiles.filter { case (v, id) => v < base || (v == base && id != baseId) }
       .foreach { case (v, id) => delete(files.manifest(v, id)) }
@@ -85,10 +86,11 @@ object CheckpointCleanup {
 
   /**
    * The committed (version, id) chain from `head` back to the first snapshot at or below
-   * `downTo` (or as far as the changelogs go), newest first.
+   * `downTo` (or as far as the changelogs go), newest first; `unreadable` is called when a
+   * changelog's header cannot be read (the chain then stops short, for now).
    */
   private def committedChain(files: CheckpointFiles, l: Listing, head: (Long, Option[String]),
-      downTo: Long): Seq[(Long, Option[String])] = {
+      downTo: Long, unreadable: () => Unit): Seq[(Long, Option[String])] = {
     var chain = Vector(head)
     var done = false
     while (!done) {
@@ -96,7 +98,9 @@ object CheckpointCleanup {
       if (v <= downTo && l.snapshotFiles.contains((v, id))) done = true
       else if (v <= 1 || !l.changelogFiles.contains((v, id))) done = true
       else {
-        val older = try files.readChangelogMeta(v, id).lineage.filter(_._1 < v) catch { case _: CheckpointFileException => Nil }
+        val older = try files.readChangelogMeta(v, id).lineage.filter(_._1 < v) catch {
+          case _: CheckpointFileException => unreadable(); Nil
+        }
         if (older.isEmpty || older.head._1 != v - 1) done = true
         else chain = chain ++ older.map { case (ov, oid) => ov -> Option(oid) }
       }
