@@ -64,8 +64,8 @@ def _wait_for_killed_tasks(timeout: float = 10.0) -> None:
             return
         jsc = sc._jsc.sc()
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            jsc.listenerBus().waitUntilEmpty(int(timeout * 1000))
+        while (left := deadline - time.monotonic()) > 0:
+            jsc.listenerBus().waitUntilEmpty(max(1, int(left * 1000)))
             executors = jsc.statusStore().executorList(True)
             if sum(executors.apply(i).activeTasks() for i in range(executors.size())) == 0:
                 return
