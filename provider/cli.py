@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    from . import __version__
+    from .version import __version__
 
     parser = _Parser(prog="keyedstate", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"keyedstate {__version__}")

@@ -17,6 +17,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from .version import __version__
+
 PREFIX = "spark.sql.streaming.stateStore.keyedstate."
 
 
@@ -338,8 +340,6 @@ def check_main() -> None:
     """The driver's check (``KeyedStateProvider.supportedCustomMetrics``): reads the query's
     keyedstate confs as a JSON object on stdin and prints ``{"error": <message or null>,
     "version": <keyedstate's>}`` (the JVM uses no answer of another version than its jar's)."""
-    from . import __version__
-
     confs = json.load(sys.stdin)
     try:
         parse(confs)

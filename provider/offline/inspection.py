@@ -26,6 +26,7 @@ from ..formats.layout import CHANGELOG_SUFFIX, MANIFEST_SUFFIX, MAX_SPARK_METADA
 from ..formats.manifest import Manifest
 from ..checkpoint import (CheckpointError, StoreFiles, bytes_on_disk, discover_stores, latest_committed_batch,
                          local_path, numbered_dirs, operator_metadata, read_manifest, rebuild, refuse_links)
+from .checkpoint_format import refuse_checkpoint_format_2
 from .storage import LocalStorage
 from ..checkpoint import Checkpoint, CheckpointProblem
 
@@ -35,15 +36,9 @@ InspectError = CheckpointError
 """The checkpoint is missing, not keyedstate's, or holds a corrupt file (named in the message)."""
 
 
-def refuse_checkpoint_format_2(ck: Checkpoint, committed: int, *, error: type[Exception] = InspectError,
-                               reason: str = "checkpoint format version 2 (state files named <version>_<unique "
-                                             "id>): keyedstate inspect reads format 1 only; keyedstate verify "
-                                             "reads both") -> None:
-    """Raise ``error`` naming the commit if batch ``committed`` runs under checkpoint format 2.
-    The offline tools that handle format 1 only (inspect reads state files by version alone;
-    rescale and migrate rewrite the commit log) share this check, each with its ``reason``."""
-    if ck.checkpoint_format(committed) == 2:
-        raise error(f"{ck.path('commits', str(committed))}: {reason}")
+FORMAT_2_REASON = ("checkpoint format version 2 (state files named <version>_<unique id>): keyedstate inspect "
+                   "reads format 1 only; keyedstate verify reads both")
+"""Why inspect refuses a checkpoint under format 2 (:func:`.checkpoint_format.refuse_checkpoint_format_2`)."""
 
 
 def inspect(checkpoint: str | os.PathLike) -> dict[str, Any]:
@@ -68,7 +63,8 @@ def inspect(checkpoint: str | os.PathLike) -> dict[str, Any]:
     try:
         committed = latest_committed_batch(root / "commits")
         if committed is not None:
-            refuse_checkpoint_format_2(Checkpoint(LocalStorage(root)), committed)
+            refuse_checkpoint_format_2(Checkpoint(LocalStorage(root)), committed, error=InspectError,
+                                       reason=FORMAT_2_REASON)
         partitions = _committed_partition_count(root, committed)
         operators = [_inspect_operator(op_dir, committed, partitions)
                      for op_dir in sorted(numbered_dirs(state), key=lambda p: int(p.name))]

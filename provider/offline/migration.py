@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..checkpoint import spark as spark_files
 from ..formats.layout import number_of
-from .inspection import refuse_checkpoint_format_2
+from .checkpoint_format import refuse_checkpoint_format_2
 from .progress import tracked
 from .storage import HadoopStorage, LocalStorage, Storage, active_or_new_session, is_local
 from ..checkpoint import Checkpoint, CheckpointProblem

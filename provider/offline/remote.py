@@ -14,6 +14,7 @@ non-local rescale needs a local-mode session (the command line starts one).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import tempfile
 from pathlib import Path
@@ -93,12 +94,13 @@ def sync_back(storage: Storage, root: str, local: Path, before: dict[str, int]) 
 
 def inspect_anywhere(checkpoint: str | os.PathLike, spark: "SparkSession | None" = None) -> dict[str, Any]:
     """``keyedstate.inspect`` on any scheme (a local one directly)."""
-    from .inspection import inspect, refuse_checkpoint_format_2
+    from .checkpoint_format import refuse_checkpoint_format_2
+    from .inspection import FORMAT_2_REASON, inspect
 
     storage = open_storage(checkpoint, spark)
     if storage.local:
         return inspect(checkpoint)
-    _refuse_before_download(storage, refuse_checkpoint_format_2, "inspect")
+    _refuse_before_download(storage, functools.partial(refuse_checkpoint_format_2, reason=FORMAT_2_REASON), "inspect")
     with local_copy(storage, storage.root) as (local, _):
         report = inspect(local)
     return _renamed(report, str(local), storage.root)

@@ -67,17 +67,22 @@ def _mix_k1(k: int) -> int:
 _K1_OF_BYTE = tuple(_mix_k1(b | 0xFFFFFF00 if b & 0x80 else b) for b in range(256))
 
 
-def _hash_k1(k1: int, h: int) -> int:
-    """``hashInt`` from an already mixed ``k1`` (see ``_K1_OF_BYTE``)."""
-    h ^= k1
-    h = (h << 13) | (h >> 19)
-    h = (h * 5 + 0xE6546B64) & 0xFFFFFFFF
-    h ^= 4
+def _fmix(h: int, length: int) -> int:
+    """Murmur3's finalization (``fmix``) of ``h`` after ``length`` bytes: every hash below ends
+    here but ``_hash_int``, which inlines it as the hash of most fixed-width columns."""
+    h ^= length
     h ^= h >> 16
     h = (h * 0x85EBCA6B) & 0xFFFFFFFF
     h ^= h >> 13
     h = (h * 0xC2B2AE35) & 0xFFFFFFFF
     return h ^ (h >> 16)
+
+
+def _hash_k1(k1: int, h: int) -> int:
+    """``hashInt`` from an already mixed ``k1`` (see ``_K1_OF_BYTE``)."""
+    h ^= k1
+    h = (h << 13) | (h >> 19)
+    return _fmix((h * 5 + 0xE6546B64) & 0xFFFFFFFF, 4)
 
 
 def _hash_int(k: int, h: int) -> int:
@@ -106,13 +111,7 @@ def _hash_long(low: int, high: int, h: int) -> int:
     k = (k << 15) | (k >> 17)
     h ^= (k * 0x1B873593) & 0xFFFFFFFF
     h = (h << 13) | (h >> 19)
-    h = (h * 5 + 0xE6546B64) & 0xFFFFFFFF
-    h ^= 8
-    h ^= h >> 16
-    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
-    h ^= h >> 13
-    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
-    return h ^ (h >> 16)
+    return _fmix((h * 5 + 0xE6546B64) & 0xFFFFFFFF, 8)
 
 
 def _hash_bytes(buf: Buffer, pos: int, length: int, h: int) -> int:
@@ -134,12 +133,7 @@ def _hash_bytes(buf: Buffer, pos: int, length: int, h: int) -> int:
         h ^= _K1_OF_BYTE[buf[i]]
         h = (h << 13) | (h >> 19)
         h = (h * 5 + 0xE6546B64) & 0xFFFFFFFF
-    h ^= length
-    h ^= h >> 16
-    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
-    h ^= h >> 13
-    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
-    return h ^ (h >> 16)
+    return _fmix(h, length)
 
 
 # --- per-type readers over UnsafeRow / UnsafeArrayData bytes ---------------------------------

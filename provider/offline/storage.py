@@ -39,7 +39,7 @@ def active_or_new_session() -> "SparkSession":
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
-    from .. import configure  # the package root's: it selects the provider and puts its jar on the path
+    from ..shim.session import configure  # selects the provider and puts its jar on the path
 
     builder = (SparkSession.builder.master("local[1]").appName("keyedstate-offline")
                .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false"))

@@ -27,6 +27,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from ..version import __version__
+
 log = logging.getLogger(__name__)
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent  # the keyedstate package
@@ -59,16 +61,10 @@ def source_dir() -> Path:
     raise JarBuildError(f"JVM shim sources not found (looked in {', '.join(map(str, _SOURCE_DIRS))})")
 
 
-def _keyedstate_version() -> str:
-    from .. import __version__  # at call time: keyedstate imports this module before defining it
-
-    return __version__
-
-
 def _sources_hash(sources: list[Path], root: Path) -> str:
     """The sources and keyedstate's version (which the jar's manifest records) as a jar name's hash."""
     digest = hashlib.sha256()
-    digest.update(_keyedstate_version().encode())
+    digest.update(__version__.encode())
     for path in sources:
         digest.update(str(path.relative_to(root)).encode())
         digest.update(path.read_bytes())
@@ -249,7 +245,7 @@ def _build(sources: list[Path], target: Path) -> None:
         with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as jar:
             # Implementation-Version: the keyedstate whose Python the jar expects (DriverConfCheck)
             jar.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\nCreated-By: keyedstate\nImplementation-Title: "
-                         f"keyedstate\nImplementation-Version: {_keyedstate_version()}\n")
+                         f"keyedstate\nImplementation-Version: {__version__}\n")
             for path in sorted(classes.rglob("*.class")):
                 jar.write(path, str(path.relative_to(classes)))
         digest = _sha256(partial)

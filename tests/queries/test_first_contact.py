@@ -143,7 +143,7 @@ def test_configure_adds_keyedstate_jar_once_however_spark_jars_names_it(tmp_path
     """The jars configure() passes on: keyedstate's jar given already as a relative path, a
     ``file:`` URI (percent-encoded, as spark-submit writes one) or a path with ``..`` is listed
     once; another jar of the same file name in another directory is kept."""
-    from keyedstate import _merged_jars
+    from keyedstate.shim.session import _merged_jars
 
     jar = Path(keyedstate.jar_path())
     work = tmp_path / "a dir"

@@ -1,5 +1,5 @@
 """Issue 46, reading checkpoint files: every read in the JVM goes through one
-``CheckpointFiles.open`` (no link followed, a regular file only) and is bounded by the size a
+``CheckpointReads.open`` (no link followed, a regular file only) and is bounded by the size a
 file of its kind may have (FORMATS.md, "File sizes"); the offline tools apply the same bounds.
 
 * Spark's own metadata (offsets, operator metadata) read by the engine refuses a link like

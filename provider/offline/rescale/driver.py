@@ -19,7 +19,7 @@ from ...shim import PROVIDER_CLASS
 from ... import checkpoint as ckpt
 from ...checkpoint import Checkpoint
 from ...checkpoint.storage import LocalStorage
-from .. import inspection
+from .. import checkpoint_format
 from ..progress import tracked
 from .commit import publish, set_metadata_partitions
 from .errors import RescaleError
@@ -98,7 +98,7 @@ def rescale(checkpoint: str | os.PathLike, partitions: int, *, spark: "SparkSess
 
 
 refuse_checkpoint_format_2 = functools.partial(
-    inspection.refuse_checkpoint_format_2, error=RescaleError,
+    checkpoint_format.refuse_checkpoint_format_2, error=RescaleError,
     reason=f"the query runs with {FORMAT_KEY}=2 (the commit log pins each state file by its unique id); "
            "keyedstate rescale handles checkpoint format 1 only")
 """Under format 2 the commit log pins each state file by its unique id: a rescale cannot

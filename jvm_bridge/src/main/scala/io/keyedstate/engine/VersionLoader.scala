@@ -12,7 +12,7 @@ import org.slf4j.LoggerFactory
 
 import io.keyedstate.bridge.{LocalFiles, ServerLaunch, StateServerDiedException}
 import io.keyedstate.checkpoint.{CheckpointFileException, CheckpointFiles, Listing, LocalDisk, LocalDiskException}
-import io.keyedstate.format.SnapshotFile
+import io.keyedstate.format.{CheckpointLayout, SnapshotFile}
 
 /**
  * Brings the state server's store to a version from the checkpoint: the newest snapshot at or
@@ -68,13 +68,15 @@ final class VersionLoader(files: CheckpointFiles, uploader: SnapshotUploader, de
 
   /**
    * The ways to rebuild a version, best first, each the chain of (version, id) from it down to a
-   * snapshot (or to 0: empty), or why a way does not exist. Format 1: every snapshot at or below
-   * the version, then none. Format 2: the version's own lineage, read from the changelogs'
-   * headers as far back as needed, with the snapshots written under those very ids.
+   * snapshot (or to 0: empty), or why a way does not exist: FORMATS.md "Loading a version", held
+   * with Python's `checkpoint/plans.py` to the golden cases. Format 1: every format-1 snapshot at
+   * or below the version, then none, then a changelog written from empty. Format 2: the version's
+   * own lineage, read from the changelogs' headers as far back as needed, with the snapshots
+   * written under those very ids.
    */
   private def plans(listing: Listing, version: Long, id: Option[String]): Iterator[Either[String, List[(Long, Option[String])]]] =
     if (id.isEmpty) {
-      val bases = listing.snapshots.filter(_ <= version).toSeq.reverse :+ 0L
+      val bases = listing.snapshotFiles.collect { case (v, None) if v <= version => v }.toSeq.sorted.reverse :+ 0L
       def missing(base: Long) = (base + 1 to version).filterNot(v => listing.changelogFiles.contains((v, None)))
       val usable = bases.filter(missing(_).isEmpty).map(base => Right((version to base by -1).map(_ -> Option.empty[String]).toList))
       val gap = missing(bases.head)
@@ -83,39 +85,54 @@ final class VersionLoader(files: CheckpointFiles, uploader: SnapshotUploader, de
         else s"missing ${gap.take(3).map(files.changelog(_)).mkString(", ")}${if (gap.size > 3) " ..." else ""}"))
     } else new Iterator[Either[String, List[(Long, Option[String])]]] {
       // The chain grows backwards from the version through the lineage in changelog headers.
-      private var chain = List(version -> id)
+      private var chain = Vector(version -> id)
       private var pending: Option[Either[String, List[(Long, Option[String])]]] = None
       private var exhausted = false
       private var checked = 0
       override def hasNext: Boolean = { advance(); pending.isDefined }
       override def next(): Either[String, List[(Long, Option[String])]] = { advance(); val n = pending.get; pending = None; n }
+      private def end(plan: Either[String, List[(Long, Option[String])]]): Unit = { pending = Some(plan); exhausted = true }
       private def advance(): Unit = while (pending.isEmpty && !exhausted) {
         if (checked < chain.size) {
-          val (v, vid) = chain(checked)
           checked += 1
-          if (listing.snapshotFiles.contains((v, vid))) pending = Some(Right(chain.take(checked)))
+          if (listing.snapshotFiles.contains(chain(checked - 1))) pending = Some(Right(chain.take(checked).toList))
         } else {
           val (oldest, oldestId) = chain.last
-          if (oldest == 0) { pending = Some(Right(chain)); exhausted = true }
-          else if (!listing.changelogFiles.contains((oldest, oldestId))) {
-            pending = Some(Left(s"missing ${files.changelog(oldest, oldestId)}")); exhausted = true
-          } else {
-            val meta = try Some(files.readChangelogMeta(oldest, oldestId)) catch {
-              case e: CheckpointFileException => pending = Some(Left(e.getMessage)); exhausted = true; None
+          if (oldest == 0) end(Right(chain.toList))
+          else if (!listing.changelogFiles.contains((oldest, oldestId))) end(Left(s"missing ${files.changelog(oldest, oldestId)}"))
+          else if (oldest == 1) chain :+= (0L -> None)
+          else try {
+            val meta = files.readChangelogMeta(oldest, oldestId)
+            if (meta.fromEmpty) chain :+= (0L -> None) // a base: nothing older is needed
+            else {
+              val source = files.changelog(oldest, oldestId).toString
+              olderLineage(meta.lineage, oldest, source) match {
+                case Left(why) => end(Left(why))
+                case Right(older) =>
+                  // The last entry is checked when the chain reaches it; every other must be listed.
+                  older.init.find(e => !listing.snapshotFiles.contains(e) && !listing.changelogFiles.contains(e)) match {
+                    case Some((v, vid)) => end(Left(s"$source records version $v with id ${vid.get} in its lineage, " +
+                      s"and ${files.changelog(v, vid)} is missing"))
+                    case None => chain ++= older
+                  }
+              }
             }
-            val lineage = meta.map(_.lineage).getOrElse(Nil)
-            if (!exhausted) {
-              val older = lineage.filter(_._1 < oldest).map { case (v, u) => v -> Option(u) }
-              if (oldest == 1 || meta.exists(_.fromEmpty)) chain = chain :+ (0L -> None) // nothing older is needed
-              else if (older.isEmpty || older.head._1 != oldest - 1 || older.zip(older.tail).exists { case (a, b) => b._1 != a._1 - 1 }) {
-                pending = Some(Left(s"${files.changelog(oldest, oldestId)} records the lineage ${lineage.mkString(", ")}, " +
-                  s"which does not continue version $oldest: invalid lineage")); exhausted = true
-              } else chain = chain ++ older
-            }
-          }
+          } catch { case e: CheckpointFileException => end(Left(e.getMessage)) }
         }
       }
     }
+
+  /**
+   * The (version, id) pairs below `version` in the lineage of changelog `source`'s header:
+   * consecutive from `version - 1` down, each id a UUID (an id becomes part of a file name).
+   */
+  private def olderLineage(lineage: Seq[(Long, String)], version: Long, source: String): Either[String, List[(Long, Option[String])]] = {
+    val older = lineage.filter(_._1 < version).toList
+    if (older.nonEmpty && older.head._1 == version - 1 && older.zip(older.tail).forall { case (a, b) => b._1 == a._1 - 1 } &&
+        older.forall { case (_, u) => u != null && CheckpointLayout.UniqueId.matches(u) }) Right(older.map { case (v, u) => v -> Some(u) })
+    else Left(s"$source records the lineage ${lineage.map { case (v, u) => s"[$v, $u]" }.mkString("[", ", ", "]")}, which is not " +
+      s"the versions before $version with their unique ids: the changelog is corrupt or was tampered with")
+  }
 
   /**
    * Format 1's last way: the changelogs back from `version` to one written from empty by an
