@@ -77,7 +77,7 @@ def clipped_heir(parent: Any, scratch: Path, q: int, partitions: int, key_groups
     db_dir, snapshot = scratch / "db", scratch / "snapshot"
     scratch.mkdir()
     Checkpoint(parent).create_checkpoint(str(db_dir))
-    db = rocksdb.open_db(db_dir, bulk_load=False)
+    db = rocksdb.open_db(db_dir, bulk_load=False, compactions=False)  # the parent's files stay as they are
     try:
         batch = WriteBatch(raw_mode=True)
         for begin, end in not_owned_ranges(q, partitions, key_groups):
