@@ -1,8 +1,9 @@
 """What keyedstate asks of S3 (issue 48, item 4), counted by the proxy in front of moto
 (support/s3proxy.py): a store partition's cleanup lists and reads its directory only when what it
-would delete can have changed, and a commit probes no more than Spark's RocksDB provider's commit
-of the same changelog does. benchmarks/faults_storage.py's ``requests`` run reports the counts per
-batch beside Spark's providers."""
+would delete can have changed, a snapshot file is uploaded in one PUT (no rename), and a commit
+probes no more than Spark's RocksDB provider's commit of the same changelog does.
+benchmarks/faults_storage.py's ``requests`` run reports the counts per batch beside Spark's
+providers."""
 from __future__ import annotations
 
 import collections
@@ -57,6 +58,34 @@ def test_cleanup_runs_again_only_when_head_or_snapshot_moved(storage_session, st
     # a newer snapshot: a full cleanup again (nothing left to delete)
     assert runs[2]["deleted"] == 0 and asked[2]["LIST"] >= 1, (runs, asked)
     assert storage_session.offline("state_rows", checkpoint) == rows
+
+
+def test_snapshot_files_are_uploaded_without_a_rename(storage_session, storage_roots, s3_proxy, candidate_provider,
+                                                      tmp_path):
+    """A snapshot file goes to the checkpoint under its final name in one PUT: no temporary
+    object, so no COPY and DELETE (s3a's rename), and no probe of the new name first. The
+    restarted query loads those snapshots, and verify finds every file its manifests list."""
+    if candidate_provider != KS:
+        pytest.skip(f"uploads keyedstate's snapshots, which {candidate_provider} has none of")
+    checkpoint = f"{storage_roots['s3a']}/requests/snapshot-upload"
+    storage_session.run_scenario("aggregation-update", KS, checkpoint, tmp_path / "run", restart_every_step=True,
+                                 confs={PFX + "snapshotInterval": "2"})
+    prefix = _key_prefix(f"{checkpoint}/state")
+    files = [r for r in s3_proxy.since(0) if r.key.startswith(prefix) and "/ks-files/" in r.key
+             and not r.key.endswith("/ks-files/")]
+    uploaded = [r.key for r in files if r.op == "PUT"]
+    names = [k.rsplit("/", 1)[-1] for k in uploaded]
+    assert not [n for n in names if n.startswith(".") or n.endswith(".tmp")], names  # temporary objects
+    assert len(uploaded) >= 4 and any(n.endswith(".sst") for n in names), names
+    assert collections.Counter(r.op for r in files)["COPY"] == 0, collections.Counter(r.op for r in files)
+    put_at = {r.key: r.time for r in files if r.op == "PUT"}
+    probed_first = [(r.op, r.key) for r in files if r.op in ("HEAD", "LIST")
+                    and r.key.rstrip("/") in put_at and r.time <= put_at[r.key.rstrip("/")]]
+    assert not probed_first, probed_first
+    assert any(n.endswith(".ks-snapshot") for n in
+               storage_session.tool("store_files", checkpoint=checkpoint, partition_dir=PARTITION))
+    report = storage_session.offline("verify", checkpoint)
+    assert report["ok"], report
 
 
 def _state_requests(proxy, start: float, end: float, checkpoint: str) -> collections.Counter:
