@@ -11,7 +11,7 @@ import scala.collection.immutable.SortedSet
 import scala.util.control.NonFatal
 
 import org.apache.hadoop.conf.Configuration
-import org.apache.hadoop.fs.{FileStatus, FileSystem, Path}
+import org.apache.hadoop.fs.{FileStatus, FileSystem, Path, StreamCapabilities}
 import org.apache.hadoop.io.IOUtils
 import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
 
@@ -25,7 +25,8 @@ import io.keyedstate.format.{ChangelogFormat, ChangelogMeta, CheckpointLayout, C
  * stores included (Spark's `RocksDBFileManager` is the model): listing versions, reading and
  * writing changelogs and manifests, uploading and downloading snapshot files, cleanup.
  *
- * A file appears whole under its final name (`createAtomic`), and a committed file is never
+ * A changelog or manifest appears whole under its final name (`createAtomic`; snapshot files are
+ * read only once a manifest lists them, [[upload]]), and a committed file is never
  * replaced or deleted before nothing needs it: a second writer of the same name finds it there
  * and keeps it ([[createOnce]]), so there is no moment in which a committed version is absent.
  * Only an attempt Spark never committed is replaced ([[replace]]).
@@ -204,18 +205,46 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration, defaultSto
     Files.newByteChannel(local, java.util.Set.of(StandardOpenOption.CREATE_NEW, StandardOpenOption.WRITE),
       PosixFilePermissions.asFileAttribute(PosixFilePermissions.fromString("rw-------")))
 
-  /** Copies a local file into the checkpoint under a name no one else uses. */
+  /**
+   * Copies a local file into the checkpoint as the snapshot file `path` (a name no one else uses,
+   * [[newSnapshotFilePath]]). Off a local disk it is written under that name directly: no
+   * temporary name, no rename (which is a copy and a delete on object stores). That is safe for
+   * snapshot files alone: one is read only once a manifest lists it, and a manifest is written
+   * after its files' writes returned, so a partial file (a write in progress, or a killed one on a
+   * store that shows files before they are closed) is listed by no manifest; cleanup deletes such
+   * a file once it is older than the manifest it keeps as its base ([[CheckpointCleanup]]), as it
+   * does a temporary file. A local disk keeps `createAtomic`: its rename is atomic and cheap, and
+   * Hadoop's local file system would write a checksum file beside a plain one.
+   */
   def upload(local: java.nio.file.Path, path: Path): Unit = {
-    val out = try fm.createAtomic(path, false) catch { case NonFatal(e) => throw unwritable(path, e) }
+    val (out, abandon) = try {
+      if (localDisk) {
+        val atomic = fm.createAtomic(path, false)
+        (atomic, () => atomic.cancel())
+      } else {
+        // The name is new: s3a skips its probes of it (a HEAD and a LIST); other stores ignore the option.
+        val plain = fs.createFile(path).overwrite(false).recursive().opt(CheckpointFiles.S3aCreatePerformance, true).build()
+        (plain, () => abandoned(plain, path))
+      }
+    } catch { case NonFatal(e) => throw unwritable(path, e) }
     try {
       Files.copy(local, out)
       out.close()
     } catch {
       case NonFatal(e) =>
-        try out.cancel() catch { case NonFatal(_) => }
+        try abandon() catch { case NonFatal(_) => }
         throw unwritable(path, e)
     }
   }
+
+  /** Ends a plain write that failed: an object store publishes nothing (an aborted stream, never
+   *  closed); a file system shows what was written, deleted here (by cleanup if this fails too). */
+  private def abandoned(out: org.apache.hadoop.fs.FSDataOutputStream, path: Path): Unit =
+    if (out.hasCapability(StreamCapabilities.ABORTABLE_STREAM)) out.abort()
+    else {
+      try out.close() catch { case NonFatal(_) => }
+      fs.delete(path, false)
+    }
 
   /** Whether a snapshot file is in the checkpoint with the size a manifest says. */
   def holds(f: SnapshotFile): Boolean =
@@ -332,6 +361,9 @@ object CheckpointFiles {
 
   /** Whether a failed read found no file: the open tells, so no existence probe goes first. */
   def missing(e: CheckpointFileException): Boolean = e.getCause.isInstanceOf[FileNotFoundException]
+
+  /** s3a's create option that skips its probes of the path (an optional one: other stores ignore it). */
+  private val S3aCreatePerformance = "fs.s3a.create.performance"
 }
 
 private object LogHolder {
