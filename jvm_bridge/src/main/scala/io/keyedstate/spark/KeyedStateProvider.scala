@@ -1,10 +1,12 @@
 package io.keyedstate.spark
 
 import org.apache.hadoop.conf.Configuration
+import org.apache.spark.keyedstate.SparkErrors
 import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.types.StructType
 
 import io.keyedstate.bridge.ServerLaunch
+import io.keyedstate.checkpoint.CheckpointFileException
 import io.keyedstate.engine.{Metrics, OpenStores, StoreEngine}
 import io.keyedstate.offline.{ChangeFeed, SnapshotReplay}
 
@@ -43,9 +45,14 @@ class KeyedStateProvider extends StateStoreProvider with SupportsFineGrainedRepl
 
   override def stateStoreId: StateStoreId = storeId
 
+  /** A version the checkpoint cannot rebuild is Spark's `CANNOT_LOAD_STATE_STORE.UNCATEGORIZED`,
+   *  its message keyedstate's one line naming the files. */
   override def getStore(version: Long, uniqueId: Option[String], forceSnapshotOnCommit: Boolean,
       loadEmpty: Boolean): StateStore =
-    new KeyedStateStore(engine, version, uniqueId, forceSnapshotOnCommit, loadEmpty, hadoopConf)
+    try new KeyedStateStore(engine, version, uniqueId, forceSnapshotOnCommit, loadEmpty, hadoopConf) catch {
+      case e: CheckpointFileException =>
+        throw SparkErrors.cannotLoadStateStore(e)
+    }
 
   override def getReadStore(version: Long, uniqueId: Option[String]): ReadStateStore =
     getStore(version, uniqueId, forceSnapshotOnCommit = false, loadEmpty = false)

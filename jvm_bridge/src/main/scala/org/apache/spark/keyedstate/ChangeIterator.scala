@@ -3,8 +3,8 @@ package org.apache.spark.keyedstate
 import org.apache.spark.util.NextIterator
 
 /**
- * The one keyedstate class in Spark's namespace, and why: Spark's change-feed SPI
- * (`SupportsFineGrainedReplay.getStateStoreChangeDataReader`) returns
+ * One of two keyedstate classes in Spark's namespace (the other: [[SparkErrors]]), and why:
+ * Spark's change-feed SPI (`SupportsFineGrainedReplay.getStateStoreChangeDataReader`) returns
  * `org.apache.spark.util.NextIterator`, which is `private[spark]`, so code in `io.keyedstate`
  * cannot name or extend it. This adapter extends it and exposes two public hooks; everything
  * else lives in `io.keyedstate.offline` ([[io.keyedstate.offline.ChangeFeed]]).
