@@ -159,12 +159,22 @@ def test_configure_adds_keyedstate_jar_once_however_spark_jars_names_it(tmp_path
 
 
 UNREADABLE_SCRIPT = r'''
-import sys
+import json, sys
 from pyspark.sql import SparkSession
 import keyedstate
 spark = keyedstate.configure(SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
                              .config("spark.ui.showConsoleProgress", "false")).getOrCreate()
-spark.read.format("statestore").options(**dict(o.split("=") for o in sys.argv[2:])).load(sys.argv[1]).collect()
+try:
+    spark.read.format("statestore").options(**dict(o.split("=") for o in sys.argv[2:])).load(sys.argv[1]).collect()
+except Exception as exc:  # Spark's error classes along the cause chain (None: not a SparkThrowable)
+    from py4j.java_gateway import is_instance_of
+    conditions, origin = [], getattr(exc, "_origin", None) or getattr(exc, "java_exception", None)
+    while origin is not None:
+        throwable = is_instance_of(spark.sparkContext._gateway, origin, "org.apache.spark.SparkThrowable")
+        conditions.append(origin.getCondition() if throwable else None)
+        origin = origin.getCause()
+    print("CONDITIONS " + json.dumps(conditions), flush=True)
+    raise
 '''
 
 
@@ -193,7 +203,7 @@ def test_state_source_read_in_a_fresh_session_logs_no_keyedstate_warning(tmp_pat
              for case in cases}
     for case, proc in procs.items():
         try:
-            _, stderr = proc.communicate(timeout=1200)
+            stdout, stderr = proc.communicate(timeout=1200)
         except subprocess.TimeoutExpired:
             proc.kill()
             raise
@@ -201,6 +211,9 @@ def test_state_source_read_in_a_fresh_session_logs_no_keyedstate_warning(tmp_pat
         assert proc.returncode != 0, stderr[-3000:]
         assert [line for line in last if line.startswith("keyedstate: ") and cases[case] in line], \
             f"{case}: the last lines are\n" + "\n".join(last)
+        # Spark's class for a state the checkpoint cannot serve, as its HDFS provider's change feed raises it
+        conditions = json.loads(stdout.split("CONDITIONS ", 1)[1].splitlines()[0])
+        assert "CANNOT_LOAD_STATE_STORE.UNCATEGORIZED" in conditions, (case, conditions)
 
 
 FAILING_SCRIPT = r'''
@@ -227,7 +240,7 @@ except Exception as exc:  # what the query says, its error classes, and whether 
     from py4j.java_gateway import is_instance_of
     sc = spark.sparkContext._jsc.sc()
     sc.listenerBus().waitUntilEmpty()
-    conditions, origin = [], exc._origin
+    conditions, origin = [], getattr(exc, "_origin", None) or getattr(exc, "java_exception", None)
     while origin is not None:  # getCondition() along the cause chain (None: not a SparkThrowable)
         throwable = is_instance_of(spark.sparkContext._gateway, origin, "org.apache.spark.SparkThrowable")
         conditions.append(origin.getCondition() if throwable else None)

@@ -45,14 +45,15 @@ class KeyedStateProvider extends StateStoreProvider with SupportsFineGrainedRepl
 
   override def stateStoreId: StateStoreId = storeId
 
-  /** A version the checkpoint cannot rebuild is Spark's `CANNOT_LOAD_STATE_STORE.UNCATEGORIZED`,
-   *  its message keyedstate's one line naming the files. */
   override def getStore(version: Long, uniqueId: Option[String], forceSnapshotOnCommit: Boolean,
       loadEmpty: Boolean): StateStore =
-    try new KeyedStateStore(engine, version, uniqueId, forceSnapshotOnCommit, loadEmpty, hadoopConf) catch {
-      case e: CheckpointFileException =>
-        throw SparkErrors.cannotLoadStateStore(e)
-    }
+    loading(new KeyedStateStore(engine, version, uniqueId, forceSnapshotOnCommit, loadEmpty, hadoopConf))
+
+  /** A version, snapshot or changelog the checkpoint cannot serve is Spark's
+   *  `CANNOT_LOAD_STATE_STORE.UNCATEGORIZED`, its message keyedstate's one line naming the files
+   *  (the change feed's later reads: [[ChangeIterator]]). */
+  private def loading[T](f: => T): T =
+    try f catch { case e: CheckpointFileException => throw SparkErrors.cannotLoadStateStore(e) }
 
   override def getReadStore(version: Long, uniqueId: Option[String]): ReadStateStore =
     getStore(version, uniqueId, forceSnapshotOnCommit = false, loadEmpty = false)
@@ -91,7 +92,7 @@ class KeyedStateProvider extends StateStoreProvider with SupportsFineGrainedRepl
   /** The state data source's `snapshotStartBatchId` (see [[SnapshotReplay]]). */
   override def replayStateFromSnapshot(snapshotVersion: Long, endVersion: Long, readOnly: Boolean,
       snapshotVersionStateStoreCkptId: Option[String], endVersionStateStoreCkptId: Option[String]): StateStore = {
-    SnapshotReplay.check(engine, snapshotVersion, endVersion, engine.idOf(snapshotVersionStateStoreCkptId))
+    loading(SnapshotReplay.check(engine, snapshotVersion, endVersion, engine.idOf(snapshotVersionStateStoreCkptId)))
     getStore(endVersion, endVersionStateStoreCkptId, forceSnapshotOnCommit = false, loadEmpty = false)
   }
 
@@ -101,8 +102,8 @@ class KeyedStateProvider extends StateStoreProvider with SupportsFineGrainedRepl
     colFamilyNameOpt.filter(_ != StateStore.DEFAULT_COL_FAMILY_NAME).foreach { cf =>
       throw new UnsupportedOperationException(s"keyedstate has no column families (asked for '$cf')")
     }
-    new ChangeFeed(engine.files, engine.codec, startVersion, endVersion,
-      engine.idOf(endVersionStateStoreCkptId), engine.describe)
+    loading(new ChangeFeed(engine.files, engine.codec, startVersion, endVersion,
+      engine.idOf(endVersionStateStoreCkptId), engine.describe))
   }
 
   /** Spark asks on the driver while planning a stateful operator, before any task: the confs

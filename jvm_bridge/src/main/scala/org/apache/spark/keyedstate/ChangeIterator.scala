@@ -2,6 +2,8 @@ package org.apache.spark.keyedstate
 
 import org.apache.spark.util.NextIterator
 
+import io.keyedstate.checkpoint.CheckpointFileException
+
 /**
  * One of two keyedstate classes in Spark's namespace (the other: [[SparkErrors]]), and why:
  * Spark's change-feed SPI (`SupportsFineGrainedReplay.getStateStoreChangeDataReader`) returns
@@ -16,7 +18,10 @@ abstract class ChangeIterator[U] extends NextIterator[U] {
   /** Called once, when Spark closes the iterator (also after an error). */
   protected def release(): Unit
 
-  override protected def getNext(): U = advance() match {
+  // A changelog that cannot be read is Spark's CANNOT_LOAD_STATE_STORE, as when the feed opens.
+  override protected def getNext(): U = (try advance() catch {
+    case e: CheckpointFileException => throw SparkErrors.cannotLoadStateStore(e)
+  }) match {
     case Some(u) => u
     case None =>
       finished = true
