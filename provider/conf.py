@@ -23,7 +23,13 @@ PREFIX = "spark.sql.streaming.stateStore.keyedstate."
 
 
 class ConfError(ValueError):
-    """A keyedstate conf has a value we cannot accept."""
+    """A keyedstate conf has a value we cannot accept. ``key`` and ``value`` name the conf when the
+    value alone is at fault (the driver then raises Spark's ``INVALID_CONF_VALUE``)."""
+
+    def __init__(self, message: str, key: str | None = None, value: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+        self.value = value
 
 
 def _parse_int(lo: int, hi: int) -> Callable[[str], int]:
@@ -319,14 +325,14 @@ def parse(confs: Mapping[str, str]) -> dict[str, Any]:
             try:
                 overrides[name[len("ttl."):]] = parse_ttl(str(raw))
             except ValueError as exc:
-                raise ConfError(f"Invalid value '{raw}' for conf '{key}': expected {exc}") from None
+                raise ConfError(f"Invalid value '{raw}' for conf '{key}': expected {exc}", key, str(raw)) from None
             continue
         if knob is None:
             raise ConfError(f"Unknown keyedstate conf '{key}'{_nearest(name)}")
         try:
             values[name] = knob.parse(str(raw))
         except ValueError as exc:
-            raise ConfError(f"Invalid value '{raw}' for conf '{key}': expected {exc}") from None
+            raise ConfError(f"Invalid value '{raw}' for conf '{key}': expected {exc}", key, str(raw)) from None
     explicit = set(values)
     for knob in KNOBS:
         if knob.name not in values:
@@ -339,14 +345,17 @@ def parse(confs: Mapping[str, str]) -> dict[str, Any]:
 def check_main() -> None:
     """The driver's check (``KeyedStateProvider.supportedCustomMetrics``): reads the query's
     keyedstate confs as a JSON object on stdin and prints ``{"error": <message or null>,
-    "version": <keyedstate's>}`` (the JVM uses no answer of another version than its jar's)."""
+    "version": <keyedstate's>, "conf": <key>, "value": <value>}``, the last two when one conf's
+    value alone is refused (the JVM uses no answer of another version than its jar's)."""
     confs = json.load(sys.stdin)
+    answer: dict[str, Any] = {"error": None, "version": __version__}
     try:
         parse(confs)
-        error = None
     except ConfError as exc:
-        error = str(exc)
-    print(json.dumps({"error": error, "version": __version__}), flush=True)
+        answer["error"] = str(exc)
+        if exc.key is not None:
+            answer.update(conf=exc.key, value=exc.value)
+    print(json.dumps(answer), flush=True)
 
 
 def _nearest(name: str) -> str:

@@ -19,14 +19,19 @@ from .shim import PROVIDER_CLASS
 _JAR_HINT = ('add the keyedstate jar: spark-submit --jars "$(keyedstate jar)", or build the session '
              'with keyedstate.configure(SparkSession.builder)')
 # A conf the state server refused (keyedstate/conf.py), or one the JVM checks (TTL overrides,
-# launch knobs): each is one line naming the conf.
-_CONF = re.compile(r"(?:keyedstate\.conf\.ConfError|java\.lang\.IllegalArgumentException): "
-                   r"((?:Unknown keyedstate conf|Invalid (?:value|conf)) [^\n]*)")
+# launch knobs): each is one line naming the conf. The driver's check raises a refused value as
+# Spark's INVALID_CONF_VALUE.REQUIREMENT, whose message wraps that line in Spark's template (the
+# class and its sentence before it, the SQLSTATE after it): only the line is kept.
+_CONF = re.compile(r"(?:keyedstate\.conf\.ConfError|java\.lang\.IllegalArgumentException|"
+                   r"org\.apache\.spark\.SparkIllegalArgumentException): "
+                   r"(?:\[INVALID_CONF_VALUE\.REQUIREMENT\] [^\n]*? is invalid\. )?"
+                   r"((?:Unknown keyedstate conf|Invalid (?:value|conf)) [^\n]*?)(?: SQLSTATE: \w+)?$", re.MULTILINE)
 
 # A failure keyedstate explains in one line of its own (a task's, as the driver reports it): a
-# change feed or snapshot read the checkpoint cannot serve, a corrupt or missing file.
+# change feed or snapshot read the checkpoint cannot serve, a corrupt or missing file; after
+# Spark's error class when it carries one ("[CANNOT_LOAD_STATE_STORE.UNCATEGORIZED] keyedstate: ...").
 _OWN = re.compile(r"(?:io\.keyedstate\.[\w.$]+|org\.apache\.spark\.SparkException|java\.lang\.\w+Exception)"
-                  r": (keyedstate: [^\n]*)")
+                  r": (?:\[[A-Z][A-Z0-9_.]*\] )?(keyedstate: [^\n]*)")
 
 
 def summary(exc: BaseException) -> Optional[str]:

@@ -14,7 +14,7 @@ import keyedstate
 from keyedstate.formats import changelog, keygroups
 
 from support.constants import HDFS_PROVIDER, KS, PFX, PROVIDER_CONF
-from support.driver import FileStream, collect_into, count_by_key, session_confs, wait_for
+from support.driver import FileStream, collect_into, count_by_key, error_conditions, session_confs, wait_for
 
 
 def versions(directory: Path, suffix: str) -> list[int]:
@@ -128,14 +128,25 @@ def _restart_error(spark, stream, confs) -> str:
 
 def _start_error(spark, stream, confs) -> str:
     """Start the query on keyedstate with ``confs``; it must fail. Returns the error text."""
+    return _start_failure(spark, stream, confs)[0]
+
+
+def _start_failure(spark, stream, confs, noop: bool = False) -> tuple[str, list[str | None]]:
+    """:func:`_start_error`'s text, and Spark's error classes along the exception's cause chain
+    (``noop``: into a JVM sink, which passes on a task's error class; a foreachBatch function's
+    error reaches the driver through Python, without it)."""
     with session_confs(spark, {PROVIDER_CONF: KS, **confs}):
-        query = stream.start(count_by_key, collect_into({}))
+        if noop:
+            query = (count_by_key(stream.df()).writeStream.outputMode("update").format("noop")
+                     .option("checkpointLocation", stream.checkpoint).start())
+        else:
+            query = stream.start(count_by_key, collect_into({}))
         try:
             with pytest.raises(Exception) as err:
                 query.processAllAvailable()
         finally:
             query.stop()
-    return str(err.value)
+    return str(err.value), error_conditions(err.value)
 
 
 def test_truncated_changelog_fails_the_load_naming_the_file(spark, tmp_path):
@@ -226,19 +237,24 @@ def test_checkpoint_of_another_provider_is_refused(spark, tmp_path):
     for p in (0, 1):
         shutil.rmtree(ours.partition_dir(partition=p))
         shutil.copytree(theirs.partition_dir(partition=p), ours.partition_dir(partition=p))
-    message = _restart_error(spark, ours, {})
+    ours.add([{"k": "after-restart"}])
+    message, conditions = _start_failure(spark, ours, {}, noop=True)
     assert "another state store provider" in message and ".delta" in message
+    # Spark's class for a state store that cannot load, as its own providers raise it
+    assert conditions[0] == "STREAM_FAILED" and "CANNOT_LOAD_STATE_STORE.UNCATEGORIZED" in conditions, conditions
 
 
-@pytest.mark.parametrize("key,value,expect", [
-    ("snapshotInterval", "abc", "an integer in [1, 1000000]"),
-    ("snapshotIntervall", "3", "Unknown keyedstate conf"),
+@pytest.mark.parametrize("key,value,expect,cls", [
+    ("snapshotInterval", "abc", "an integer in [1, 1000000]", True),
+    ("snapshotIntervall", "3", "Unknown keyedstate conf", False),
 ])
-def test_bad_conf_fails_at_query_start_naming_the_key(spark, tmp_path, key, value, expect):
+def test_bad_conf_fails_at_query_start_naming_the_key(spark, tmp_path, key, value, expect, cls):
     stream = FileStream(spark, tmp_path, "k STRING")
     stream.add([{"k": "a"}])
-    message = _start_error(spark, stream, {PFX + key: value})
+    message, conditions = _start_failure(spark, stream, {PFX + key: value})
     assert PFX + key in message and expect in message
+    # A bad value is Spark's INVALID_CONF_VALUE (the query's cause); an unknown key fits no class.
+    assert conditions[:2] == ["STREAM_FAILED", "INVALID_CONF_VALUE.REQUIREMENT" if cls else None], conditions
 
 
 def test_state_reader_sees_what_the_query_wrote(spark, tmp_path):

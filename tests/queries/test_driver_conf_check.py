@@ -78,4 +78,4 @@ def test_an_answer_from_another_keyedstate_version_is_not_used(spark, tmp_path):
     for version, used in (("0.0.0-other", False), (keyedstate.__version__, True)):
         answers = _script(tmp_path / f"answers-{version}", f'cat > /dev/null\necho \'{{"error": "refused", "version": "{version}"}}\'\n')
         answer = check.ask(confs, str(answers), 30000)
-        assert (answer.isDefined() and answer.get() == "refused") == used, version
+        assert (answer.isDefined() and answer.get().message() == "refused") == used, version

@@ -159,12 +159,22 @@ def test_configure_adds_keyedstate_jar_once_however_spark_jars_names_it(tmp_path
 
 
 UNREADABLE_SCRIPT = r'''
-import sys
+import json, sys
 from pyspark.sql import SparkSession
 import keyedstate
 spark = keyedstate.configure(SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
                              .config("spark.ui.showConsoleProgress", "false")).getOrCreate()
-spark.read.format("statestore").options(**dict(o.split("=") for o in sys.argv[2:])).load(sys.argv[1]).collect()
+try:
+    spark.read.format("statestore").options(**dict(o.split("=") for o in sys.argv[2:])).load(sys.argv[1]).collect()
+except Exception as exc:  # Spark's error classes along the cause chain (None: not a SparkThrowable)
+    from py4j.java_gateway import is_instance_of
+    conditions, origin = [], getattr(exc, "_origin", None) or getattr(exc, "java_exception", None)
+    while origin is not None:
+        throwable = is_instance_of(spark.sparkContext._gateway, origin, "org.apache.spark.SparkThrowable")
+        conditions.append(origin.getCondition() if throwable else None)
+        origin = origin.getCause()
+    print("CONDITIONS " + json.dumps(conditions), flush=True)
+    raise
 '''
 
 
@@ -193,7 +203,7 @@ def test_state_source_read_in_a_fresh_session_logs_no_keyedstate_warning(tmp_pat
              for case in cases}
     for case, proc in procs.items():
         try:
-            _, stderr = proc.communicate(timeout=1200)
+            stdout, stderr = proc.communicate(timeout=1200)
         except subprocess.TimeoutExpired:
             proc.kill()
             raise
@@ -201,6 +211,9 @@ def test_state_source_read_in_a_fresh_session_logs_no_keyedstate_warning(tmp_pat
         assert proc.returncode != 0, stderr[-3000:]
         assert [line for line in last if line.startswith("keyedstate: ") and cases[case] in line], \
             f"{case}: the last lines are\n" + "\n".join(last)
+        # Spark's class for a state the checkpoint cannot serve, as its HDFS provider's change feed raises it
+        conditions = json.loads(stdout.split("CONDITIONS ", 1)[1].splitlines()[0])
+        assert "CANNOT_LOAD_STATE_STORE.UNCATEGORIZED" in conditions, (case, conditions)
 
 
 FAILING_SCRIPT = r'''
@@ -223,11 +236,17 @@ query = (spark.readStream.schema("k STRING").json(str(work / "in")).groupBy("k")
          .trigger(availableNow=True).start())
 try:
     query.awaitTermination()
-except Exception as exc:  # what the query says, and whether any job ran before it failed
+except Exception as exc:  # what the query says, its error classes, and whether any job ran before it failed
+    from py4j.java_gateway import is_instance_of
     sc = spark.sparkContext._jsc.sc()
     sc.listenerBus().waitUntilEmpty()
+    conditions, origin = [], getattr(exc, "_origin", None) or getattr(exc, "java_exception", None)
+    while origin is not None:  # getCondition() along the cause chain (None: not a SparkThrowable)
+        throwable = is_instance_of(spark.sparkContext._gateway, origin, "org.apache.spark.SparkThrowable")
+        conditions.append(origin.getCondition() if throwable else None)
+        origin = origin.getCause()
     print("FAILED " + json.dumps({"message": (exc.getMessageParameters() or {}).get("message"),
-                                  "jobs": sc.statusStore().jobsList(None).size()}), flush=True)
+                                  "jobs": sc.statusStore().jobsList(None).size(), "conditions": conditions}), flush=True)
     raise
 '''
 
@@ -249,6 +268,9 @@ def test_a_failed_query_ends_with_one_line_naming_the_problem(tmp_path):
     # The confs conf.py rules on are checked on the driver as the query plans its first batch:
     # the query's exception is conf.py's message, and no job (no task) ran.
     checked_on_driver = {("snapshotIntervall", "5"), ("ttl", "-1")}
+    # Spark's error class of the query's cause: a refused value is INVALID_CONF_VALUE; an unknown
+    # key fits no class of Spark's (a plain IllegalArgumentException).
+    condition = {("snapshotIntervall", "5"): None, ("ttl", "-1"): "INVALID_CONF_VALUE.REQUIREMENT"}
     procs = {}
     for n, (key, value) in enumerate(cases):
         work = tmp_path / str(n)
@@ -269,6 +291,7 @@ def test_a_failed_query_ends_with_one_line_naming_the_problem(tmp_path):
             failed = json.loads(stdout.split("FAILED ", 1)[1].splitlines()[0])
             assert cases[case] in failed["message"] and "\n" not in failed["message"], failed
             assert failed["jobs"] == 0, failed
+            assert failed["conditions"][:2] == ["STREAM_FAILED", condition[case]], failed
 
 
 def test_demo_logs_no_keyedstate_warning(tmp_path):

@@ -395,3 +395,19 @@ def wait_for(condition: Callable[[], bool], timeout: float = 60.0, what: str = "
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.25)
+
+
+def error_conditions(exc: BaseException) -> list[str | None]:
+    """Spark's error class (``getCondition()``) of each JVM exception in ``exc``'s cause chain,
+    outermost first (None: not a SparkThrowable); [] when ``exc`` did not come from the JVM."""
+    from py4j.java_gateway import is_instance_of
+    from pyspark import SparkContext
+
+    origin = getattr(exc, "_origin", None) or getattr(exc, "java_exception", None)
+    gateway = SparkContext._gateway
+    conditions: list[str | None] = []
+    while origin is not None and len(conditions) < 20:
+        throwable = is_instance_of(gateway, origin, "org.apache.spark.SparkThrowable")
+        conditions.append(origin.getCondition() if throwable else None)
+        origin = origin.getCause()
+    return conditions

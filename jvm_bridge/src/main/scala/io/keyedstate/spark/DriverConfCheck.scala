@@ -10,6 +10,7 @@ import scala.util.control.NonFatal
 
 import com.fasterxml.jackson.databind.ObjectMapper
 import org.apache.spark.SparkEnv
+import org.apache.spark.keyedstate.SparkErrors
 import org.apache.spark.sql.internal.SQLConf
 import org.slf4j.LoggerFactory
 
@@ -28,6 +29,10 @@ import io.keyedstate.bridge.ServerLaunch
  * child never blocks planning beyond [[TimeoutMs]]: its input comes from a file, its output is
  * read on a thread, and on timeout it is killed with every process it started. An answer from
  * another keyedstate version than this jar's is not used.
+ *
+ * A refused value is Spark's `INVALID_CONF_VALUE.REQUIREMENT` (naming the conf and its value,
+ * with conf.py's line as the requirement); any other refusal (an unknown key, with its "did you
+ * mean") fits no class of Spark's and stays a plain IllegalArgumentException with conf.py's line.
  */
 object DriverConfCheck {
   private val log = LoggerFactory.getLogger(getClass)
@@ -36,11 +41,19 @@ object DriverConfCheck {
   private val MaxOutputBytes = 1 << 16
   /** The keyedstate this jar was built for (its manifest's Implementation-Version; None: unknown). */
   private lazy val JarVersion: Option[String] = Option(getClass.getPackage).flatMap(p => Option(p.getImplementationVersion))
-  // Each distinct set of confs -> conf.py's message for it (None: accepted, or not checkable).
-  private val checked = new ConcurrentHashMap[Map[String, String], Option[String]]()
+  // Each distinct set of confs -> conf.py's refusal of it (None: accepted, or not checkable).
+  private val checked = new ConcurrentHashMap[Map[String, String], Option[Refusal]]()
 
-  /** Throws IllegalArgumentException with conf.py's message if the session's confs are bad;
-   *  a no-op on executors. */
+  /** conf.py's one-line message, and the conf and value it names when the value alone is bad. */
+  final case class Refusal(message: String, conf: Option[String], value: Option[String]) {
+    def exception: IllegalArgumentException = (conf, value) match {
+      case (Some(c), Some(v)) => SparkErrors.invalidConfValue(c, v, message)
+      case _ => new IllegalArgumentException(message)
+    }
+  }
+
+  /** Throws IllegalArgumentException ([[Refusal.exception]]) with conf.py's message if the
+   *  session's confs are bad; a no-op on executors. */
   def onDriver(): Unit = {
     val env = SparkEnv.get
     if (env == null || env.executorId != "driver") return // SparkContext.DRIVER_IDENTIFIER (private[spark])
@@ -51,7 +64,7 @@ object DriverConfCheck {
       val fresh = ask(confs.asJava, driverPython(env), TimeoutMs)
       Option(checked.putIfAbsent(confs, fresh)).getOrElse(fresh)
     }
-    answer.foreach(message => throw new IllegalArgumentException(message))
+    answer.foreach(refusal => throw refusal.exception)
   }
 
   /** The driver's Python: `spark.pyspark.python`, PYSPARK_PYTHON, then the application's
@@ -62,9 +75,9 @@ object DriverConfCheck {
       .orElse(env.conf.getOption(ServerLaunch.ConfPrefix + "pythonExec"))
       .getOrElse("python3")
 
-  /** conf.py's message for `confs` from `python` (None: accepted, or no answer within `timeoutMs`);
+  /** conf.py's refusal of `confs` from `python` (None: accepted, or no answer within `timeoutMs`);
    *  public for the tests, which give it a Python that never answers. */
-  def ask(confs: java.util.Map[String, String], python: String, timeoutMs: Long): Option[String] = {
+  def ask(confs: java.util.Map[String, String], python: String, timeoutMs: Long): Option[Refusal] = {
     val input = try Files.createTempFile("keyedstate-confs", ".json") catch {
       case NonFatal(e) =>
         log.info(s"keyedstate: cannot check the keyedstate confs on the driver (${e.getMessage}); the state " +
@@ -113,7 +126,10 @@ object DriverConfCheck {
                 s"keyedstate ${JarVersion.get}: its conf check is not used; the state servers check the confs when a " +
                 "task opens a store")
               None
-            } else Option(node.get("error")).filterNot(_.isNull).map(_.asText())
+            } else {
+              def text(field: String) = Option(node.get(field)).filterNot(_.isNull).map(_.asText())
+              text("error").map(Refusal(_, text("conf"), text("value")))
+            }
           case None =>
             log.info(s"keyedstate: '$python' cannot check the keyedstate confs on the driver (exit " +
               s"${process.exitValue()}): ${text.trim.split("\n").lastOption.getOrElse("")}; the state " +

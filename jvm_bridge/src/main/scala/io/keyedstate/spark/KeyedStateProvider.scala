@@ -1,10 +1,12 @@
 package io.keyedstate.spark
 
 import org.apache.hadoop.conf.Configuration
+import org.apache.spark.keyedstate.SparkErrors
 import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.types.StructType
 
 import io.keyedstate.bridge.ServerLaunch
+import io.keyedstate.checkpoint.CheckpointFileException
 import io.keyedstate.engine.{Metrics, OpenStores, StoreEngine}
 import io.keyedstate.offline.{ChangeFeed, SnapshotReplay}
 
@@ -45,7 +47,13 @@ class KeyedStateProvider extends StateStoreProvider with SupportsFineGrainedRepl
 
   override def getStore(version: Long, uniqueId: Option[String], forceSnapshotOnCommit: Boolean,
       loadEmpty: Boolean): StateStore =
-    new KeyedStateStore(engine, version, uniqueId, forceSnapshotOnCommit, loadEmpty, hadoopConf)
+    loading(new KeyedStateStore(engine, version, uniqueId, forceSnapshotOnCommit, loadEmpty, hadoopConf))
+
+  /** A version, snapshot or changelog the checkpoint cannot serve is Spark's
+   *  `CANNOT_LOAD_STATE_STORE.UNCATEGORIZED`, its message keyedstate's one line naming the files
+   *  (the change feed's later reads: [[ChangeIterator]]). */
+  private def loading[T](f: => T): T =
+    try f catch { case e: CheckpointFileException => throw SparkErrors.cannotLoadStateStore(e) }
 
   override def getReadStore(version: Long, uniqueId: Option[String]): ReadStateStore =
     getStore(version, uniqueId, forceSnapshotOnCommit = false, loadEmpty = false)
@@ -84,7 +92,7 @@ class KeyedStateProvider extends StateStoreProvider with SupportsFineGrainedRepl
   /** The state data source's `snapshotStartBatchId` (see [[SnapshotReplay]]). */
   override def replayStateFromSnapshot(snapshotVersion: Long, endVersion: Long, readOnly: Boolean,
       snapshotVersionStateStoreCkptId: Option[String], endVersionStateStoreCkptId: Option[String]): StateStore = {
-    SnapshotReplay.check(engine, snapshotVersion, endVersion, engine.idOf(snapshotVersionStateStoreCkptId))
+    loading(SnapshotReplay.check(engine, snapshotVersion, endVersion, engine.idOf(snapshotVersionStateStoreCkptId)))
     getStore(endVersion, endVersionStateStoreCkptId, forceSnapshotOnCommit = false, loadEmpty = false)
   }
 
@@ -94,8 +102,8 @@ class KeyedStateProvider extends StateStoreProvider with SupportsFineGrainedRepl
     colFamilyNameOpt.filter(_ != StateStore.DEFAULT_COL_FAMILY_NAME).foreach { cf =>
       throw new UnsupportedOperationException(s"keyedstate has no column families (asked for '$cf')")
     }
-    new ChangeFeed(engine.files, engine.codec, startVersion, endVersion,
-      engine.idOf(endVersionStateStoreCkptId), engine.describe)
+    loading(new ChangeFeed(engine.files, engine.codec, startVersion, endVersion,
+      engine.idOf(endVersionStateStoreCkptId), engine.describe))
   }
 
   /** Spark asks on the driver while planning a stateful operator, before any task: the confs
