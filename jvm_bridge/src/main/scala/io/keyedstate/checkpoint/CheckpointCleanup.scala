@@ -4,8 +4,6 @@ import scala.util.control.NonFatal
 
 import org.slf4j.LoggerFactory
 
-import io.keyedstate.format.CheckpointLayout
-
 /**
  * Deletes what no retained version needs, and never what could still rebuild one: the oldest
  * retained version is rebuilt from the newest snapshot at or below it whose files are all in the
@@ -67,7 +65,7 @@ object CheckpointCleanup {
       val own = l.snapshotFiles.filter(_._1 >= base).toSeq.flatMap { case (v, id) =>
         val m = files.readManifest(v, id); (m.files ++ m.replay).map(_.path)
       }
-      Some(ownFiles(files, own) ++ lentOut(files, l, delete))
+      Some(files.paths.ownFiles(own) ++ lentOut(files, l, delete))
     } catch {
       case e: CheckpointFileException =>
         log.warn(s"keyedstate: cleanup of ${files.dir} keeps every snapshot file: ${e.getMessage}")
@@ -87,27 +85,18 @@ object CheckpointCleanup {
     Outcome(deleted, settled && !young(horizon))
   }
 
-  /** The paths among `paths` (listed by manifests) of files in this partition's `ks-files/`, as
-   *  its listing names them. */
-  private def ownFiles(files: CheckpointFiles, paths: Iterable[String]): Set[String] =
-    paths.flatMap { path =>
-      val (owner, name) = CheckpointLayout.ownerOf(path)
-      if (owner.forall(files.partition.contains)) Some(s"${CheckpointLayout.FilesDir}/$name") else None
-    }.toSet
-
   /**
    * The files of this partition that a borrower (a partition a rescale split this one's state
    * into, named by a marker) lists in any of its manifests: they stay. A marker whose borrower
    * lists none goes; one that cannot be read through throws, and cleanup keeps every file.
    */
   private def lentOut(files: CheckpointFiles, l: Listing, delete: org.apache.hadoop.fs.Path => Unit): Set[String] =
-    files.borrowers(l).flatMap { q =>
+    files.paths.borrowers(l.modified.keys).flatMap { q =>
       val borrower = files.sibling(q)
-      val bl = borrower.listing()
-      val mine = ownFiles(files, bl.snapshotFiles.toSeq.flatMap { case (v, id) =>
+      val mine = files.paths.ownFiles(borrower.listing().snapshotFiles.toSeq.flatMap { case (v, id) =>
         val m = borrower.readManifest(v, id); (m.files ++ m.replay).map(_.path)
-      }.filter(path => CheckpointLayout.ownerOf(path)._1.exists(files.partition.contains)))
-      if (mine.isEmpty) delete(files.borrowerMarker(q))
+      }, othersOnly = true)
+      if (mine.isEmpty) delete(files.paths.borrowerMarker(q))
       mine
     }.toSet
 

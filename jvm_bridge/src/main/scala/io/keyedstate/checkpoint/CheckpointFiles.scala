@@ -32,8 +32,7 @@ import io.keyedstate.format.{ChangelogFormat, ChangelogMeta, CheckpointLayout, C
  * Only an attempt Spark never committed is replaced ([[replace]]).
  */
 final class CheckpointFiles(val dir: Path, hadoopConf: Configuration, defaultStore: Boolean) {
-  /** The store `default`'s partition at `dir`. */
-  def this(dir: Path, hadoopConf: Configuration) = this(dir, hadoopConf, true)
+  def this(dir: Path, hadoopConf: Configuration) = this(dir, hadoopConf, true) // the store `default`
 
   private val fm = CheckpointFileManager.create(dir, hadoopConf)
   private lazy val fs = dir.getFileSystem(hadoopConf) // file sizes only: the manager has no stat
@@ -320,30 +319,10 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration, defaultSto
     (rel, new Path(dir, rel))
   }
 
-  /** A path a manifest lists (checked by [[CheckpointLayout.checkedRelativePath]] when read): in
-   *  this partition's `ks-files/`, or in another partition's of the same operator and store. */
-  def resolve(relative: String): Path = CheckpointLayout.ownerOf(relative) match {
-    case (Some(p), name) if !partition.contains(p) => new Path(new Path(storeDirOf(p), CheckpointLayout.FilesDir), name)
-    case (_, name) => new Path(filesDir, name)
-  }
-
-  // <operator>/<partition> for the store `default`, <operator>/<partition>/<store> otherwise.
-  private def partitionDir: Path = if (defaultStore) dir else dir.getParent
-  /** This store partition's number (its directory's name). */
-  lazy val partition: Option[Int] = partitionDir.getName.toIntOption
-  private def storeDirOf(p: Int): Path = {
-    val other = new Path(partitionDir.getParent, p.toString)
-    if (defaultStore) other else new Path(other, dir.getName)
-  }
-
-  /** The same store's partition `p` of this operator. */
-  def sibling(p: Int): CheckpointFiles = new CheckpointFiles(storeDirOf(p), hadoopConf, defaultStore)
-
-  /** The partitions that list snapshot files of this one (rescale heirs), by their markers. */
-  def borrowers(l: Listing): Seq[Int] =
-    l.modified.keys.toSeq.collect { case CheckpointLayout.BorrowerMarker(q) if q.toIntOption.isDefined => q.toInt }.sorted
-
-  def borrowerMarker(q: Int): Path = new Path(dir, s"ks-borrower-$q")
+  /** Where this partition's and its siblings' files are ([[PartitionPaths]]). */
+  val paths = new PartitionPaths(dir, defaultStore)
+  def resolve(relative: String): Path = paths.resolve(relative)
+  def sibling(p: Int): CheckpointFiles = new CheckpointFiles(paths.storeDirOf(p), hadoopConf, defaultStore)
 
   /** The snapshot files directory's entries: relative path -> (size, modification time). */
   def snapshotFiles(): Map[String, (Long, Long)] =
