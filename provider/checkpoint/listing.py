@@ -71,6 +71,10 @@ class StorePartition:
     def manifest_path(self, storage: Storage, version: int, uid: str | None = None) -> str:
         return storage.join(self.path, versioned_name(version, uid, MANIFEST_SUFFIX))
 
+    def file_path(self, storage: Storage, rel: str) -> str:
+        """Where a snapshot file a manifest of this store partition lists is (:func:`file_path`)."""
+        return file_path(storage, self.path, self.store, self.partition, rel)
+
     def describe(self) -> str:
         if self.operator is None:
             return self.path
@@ -167,6 +171,18 @@ def check_inside(path: Path, root: Path) -> Path:
     except StorageError as exc:
         raise CheckpointError(str(exc)) from None
     return path
+
+
+def file_path(storage: Storage, store_path: str, store: str, partition: int, rel: str) -> str:
+    """Where the snapshot file ``rel`` (a path :func:`layout.checked_relative_path` accepted) that
+    a manifest of store partition ``partition`` at ``store_path`` lists is: in its ``ks-files/``,
+    or in that of another partition of the same operator and store (a rescale's shared files)."""
+    owner, name = layout.owner_of(rel)
+    if owner is None or owner == partition:
+        return storage.join(store_path, FILES_DIR, name)
+    part_dir = store_path if store == DEFAULT_STORE else storage.parent(store_path)
+    other = storage.join(storage.parent(part_dir), str(owner))
+    return storage.join(other if store == DEFAULT_STORE else storage.join(other, store), FILES_DIR, name)
 
 
 def numbered_dirs(directory: Path) -> Iterator[Path]:

@@ -18,7 +18,7 @@ from .errors import CheckpointError
 from .listing import StorePartition, list_partition, numbered_dirs
 from .plans import NoPlan, from_empty
 from .rebuilder import Rebuilt
-from .storage import LocalStorage, StorageError
+from .storage import LocalStorage, StorageError, local_path
 
 RebuiltVersion = Rebuilt
 
@@ -53,12 +53,13 @@ class StoreFiles:
         return self.path / f"{version}{MANIFEST_SUFFIX}"
 
 
-def list_store(path: Path, partition: int) -> StoreFiles | None:
-    """The keyedstate files of one local store partition; refuses another provider's files and
-    a symbolic link among them."""
-    storage = LocalStorage(path)
+def list_store(path: Path, partition: int, store: str = DEFAULT_STORE) -> StoreFiles | None:
+    """The keyedstate files of one local store partition (``path``: its directory in an operator's,
+    which its manifests may share files with); refuses another provider's files and a symbolic
+    link among them."""
+    storage = LocalStorage(path.parent if store == DEFAULT_STORE else path.parent.parent)
     try:
-        sp = list_partition(storage, None, partition, DEFAULT_STORE, storage.root)
+        sp = list_partition(storage, None, partition, store, str(local_path(path)))
     except StorageError as exc:
         raise CheckpointError(str(exc)) from None
     if sp is None:
@@ -83,7 +84,7 @@ def discover_stores(op_dir: Path) -> dict[str, list[StoreFiles]]:
             if not p.is_symlink() and p.is_dir() and p.name not in (FILES_DIR, "_metadata")
             and not p.name.startswith(".")]
         for name, path in candidates:
-            listed = list_store(path, partition)
+            listed = list_store(path, partition, name)
             if listed is not None:
                 stores.setdefault(name, []).append(listed)
     return stores

@@ -193,7 +193,7 @@ def _open_base(storage: Storage, sp: StorePartition, plan: tuple, uid: str | Non
     key_groups = manifest.key_groups
     if replay is not None:  # the snapshot's version itself, as a changelog (snapshots.write_snapshot)
         try:
-            rpath = storage.join(sp.path, replay.path)
+            rpath = sp.file_path(storage, replay.path)
             check_size(storage, rpath, replay.size, source)
             log_ = read_changelog(storage, sp, base_v, key_groups=key_groups, path=rpath)
             _apply(db, log_)

@@ -7,6 +7,7 @@ import os
 import shutil
 import uuid
 from pathlib import Path
+from typing import Mapping
 
 from ..formats import layout
 from ..formats import manifest as mf
@@ -50,7 +51,7 @@ def fetch_snapshot(storage: Storage, sp: StorePartition, manifest: mf.Manifest, 
     """The snapshot's files under their RocksDB names in ``db_dir`` (sizes checked against the
     manifest ``source``; names and paths were checked when it was read)."""
     for f in manifest.files:
-        path = storage.join(sp.path, f.path)
+        path = sp.file_path(storage, f.path)
         check_size(storage, path, f.size, source)
         # only SST/blob files are immutable; RocksDB rewrites the others when it opens the directory
         try:
@@ -71,7 +72,8 @@ def check_size(storage: Storage, path: str, size: int, source: str) -> None:
 
 def write_snapshot(db_dir: Path | None, target: Path, version: int, key_groups: int, num_keys: int,
                    ttl: dict | None = None, rescale: dict | None = None, replay: Path | None = None,
-                   key_layout: KeyLayout | None = None) -> mf.Manifest:
+                   key_layout: KeyLayout | None = None,
+                   shared: Mapping[tuple[str, int], str] | None = None) -> mf.Manifest:
     """Publish the RocksDB checkpoint in ``db_dir`` as snapshot ``version`` of the local store
     partition at ``target``: files first (fresh names, never shared with another writer), then
     the manifest, atomically, so a reader sees all of the snapshot or none of it.
@@ -79,15 +81,20 @@ def write_snapshot(db_dir: Path | None, target: Path, version: int, key_groups: 
     ``replay``: a changelog of version ``version`` to apply on top of ``db_dir`` (None: empty)
     taken as version ``version - 1``; the rescale publishes a partition this way, routed from
     the old partitions' changelogs, where building RocksDB would cost a sort of every key.
-    ``target`` must exist (a task whose staging was removed must fail, not recreate it)."""
+    ``target`` must exist (a task whose staging was removed must fail, not recreate it).
+    ``shared``: SST files already in the checkpoint, by (name, size): listed by their path there,
+    not written again (a rescale's heirs share their parent's files)."""
     files_dir = target / FILES_DIR
     files_dir.mkdir(exist_ok=True)
     batch = uuid.uuid4()
     listed = []
     for local in sorted(p for p in db_dir.iterdir() if p.is_file()) if db_dir is not None else ():
-        rel = f"{FILES_DIR}/{batch}-{local.name}"
-        link_or_copy(local, target / rel, sync=True)
-        listed.append(mf.SnapshotFile(local.name, rel, local.stat().st_size))
+        size = local.stat().st_size
+        rel = (shared or {}).get((local.name, size)) if local.suffix == ".sst" else None
+        if rel is None:
+            rel = f"{FILES_DIR}/{batch}-{local.name}"
+            link_or_copy(local, target / rel, sync=True)
+        listed.append(mf.SnapshotFile(local.name, rel, size))
     replayed = None
     if replay is not None:
         name = f"replay-{version}{CHANGELOG_SUFFIX}"

@@ -33,8 +33,14 @@ FILE_NAME = re.compile(
     r"|replay-[0-9]{1,20}\.ks-changelog)")
 """A snapshot file's local name: what RocksDB puts in a checkpoint, or a rescale's replay log."""
 
-RELATIVE_PATH = re.compile(FILES_DIR + r"/[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
-"""Where a manifest may say a snapshot file lives: directly inside ``ks-files/``."""
+RELATIVE_PATH = re.compile(r"(?:\.\./([0-9]{1,10})/)?" + FILES_DIR + r"/([A-Za-z0-9][A-Za-z0-9._-]{0,254})")
+"""Where a manifest may say a snapshot file lives: directly inside ``ks-files/`` of its own store
+partition, or (``../<p>/ks-files/<name>``) of partition ``<p>`` of the same operator and store,
+whose files a rescale shares with the partitions it split the state into."""
+
+BORROWER_MARKER = re.compile(r"ks-borrower-([0-9]{1,10})")
+"""A file in a store partition whose snapshot files partition ``<q>`` of the same operator and
+store lists (a rescale's heir): cleanup keeps what that partition's manifests still list."""
 
 STORE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 """A store's name: ``default``, or a subdirectory of the partition directory such as a join's
@@ -83,6 +89,7 @@ UNIQUE_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f
 _NUMBER = re.compile(r"[0-9]{1,19}")
 _VERSION_NAME = re.compile(r"([0-9]{1,19})(?:_(" + UNIQUE_ID.pattern + r"))?")
 _MAX_LONG = (1 << 63) - 1
+_MAX_INT = (1 << 31) - 1  # a Spark partition id
 
 
 class UnsafePathError(ValueError):
@@ -97,10 +104,25 @@ def checked_file_name(name: object, source: str) -> str:
 
 
 def checked_relative_path(path: object, source: str) -> str:
-    if not isinstance(path, str) or not RELATIVE_PATH.fullmatch(path) or ".." in path:
+    match = RELATIVE_PATH.fullmatch(path) if isinstance(path, str) else None
+    if match is None or ".." in match.group(2) or (match.group(1) is not None and int(match.group(1)) > _MAX_INT):
         raise UnsafePathError(f"{source} lists the path {path!r}, which is not a file directly inside "
-                              f"{FILES_DIR}/: the manifest is corrupt or was tampered with")
+                              f"{FILES_DIR}/ of a partition of its store: the manifest is corrupt or was tampered with")
     return path
+
+
+def owner_of(path: str) -> tuple[int | None, str]:
+    """(the partition whose ``ks-files/`` holds it, None for the manifest's own; its name there)
+    of a path :func:`checked_relative_path` accepted."""
+    match = RELATIVE_PATH.fullmatch(path)
+    if match is None:
+        raise UnsafePathError(f"{path!r} is not a snapshot file path")
+    return (None if match.group(1) is None else int(match.group(1))), match.group(2)
+
+
+def path_from(owner: int | None, name: str, partition: int) -> str:
+    """The path a manifest of ``partition`` lists for file ``name`` of ``owner``'s ``ks-files/``."""
+    return f"{FILES_DIR}/{name}" if owner is None or owner == partition else f"../{owner}/{FILES_DIR}/{name}"
 
 
 def checked_store_name(name: object, source: str) -> str:

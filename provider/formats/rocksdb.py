@@ -89,15 +89,20 @@ def sst_options() -> Options:
     return _options(bulk_load=False)
 
 
-def open_db(path: Path, *, bulk_load: bool = True, pool: MemoryPool | None = None) -> Rdict:
+def open_db(path: Path, *, bulk_load: bool = True, pool: MemoryPool | None = None,
+            compactions: bool = True) -> Rdict:
     """Open (creating) a database for writing whole changelogs at a time; the WAL is off
     because durability comes from the changelogs in the checkpoint. ``pool``: the process's
     memory bound (None: each database has its own :data:`STORE_BLOCK_CACHE_BYTES` of block
-    cache and RocksDB's default memtables)."""
-    options = _options(bulk_load, pool)
+    cache and RocksDB's default memtables). ``compactions=False``: no automatic compaction
+    rewrites the files it opened with (their names stay those of a snapshot's)."""
+    options, family = _options(bulk_load, pool), _options(bulk_load, pool)
+    if not compactions:
+        options.set_disable_auto_compactions(True)
+        family.set_disable_auto_compactions(True)
     # Explicit column-family options: otherwise rocksdict takes them from the directory's
     # OPTIONS file, and RocksDB refuses a vector memtable without its other settings.
-    db = Rdict(str(path), options=options, column_families={"default": _options(bulk_load, pool)})
+    db = Rdict(str(path), options=options, column_families={"default": family})
     write_options = WriteOptions()
     write_options.disable_wal = True
     db.set_write_options(write_options)

@@ -139,7 +139,7 @@ def get(checkpoint: str | os.PathLike, operator: int, key: Any, *, store: str | 
         key_groups = manifest.key_groups
         skey, _, _ = stored_key(key_schema, layout, key, key_groups, hasher)
         if manifest.replay is not None:
-            rpath = storage.join(sp.path, manifest.replay.path)
+            rpath = sp.file_path(storage, manifest.replay.path)
             try:
                 data = storage.read_bytes(rpath, MAX_CHANGELOG_BYTES, "changelog")
                 record = _last_record(changelog.decode(data, rpath), skey)

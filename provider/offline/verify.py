@@ -200,7 +200,7 @@ def _verify_store_partition(ck: Checkpoint, op, sp: StorePartition, key_schema, 
             report.problem(path, f"its TTL settings are unreadable ({m.ttl})", RESTORE)
         broken = False
         for f in list(m.files) + ([m.replay] if m.replay else []):
-            fpath = storage.join(sp.path, f.path)
+            fpath = sp.file_path(storage, f.path)
             report.checked["snapshotFiles"] += 1
             size = sp.snapshot_files.get(f.path)
             if size is None:

@@ -2,6 +2,7 @@
 engine skips the next cleanup of unchanged state only when it did not)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 # Versions past 2^32 reach the JVM as Longs through py4j (Scala's tuple holds boxed Longs).
@@ -38,3 +39,55 @@ def test_an_unreadable_changelog_header_leaves_a_lineage_cleanup_unsettled(spark
     (store / f"{HEAD}_{UNIQUE_ID}.ks-changelog").write_bytes(header)
     outcome = _cleanup(spark, store, UNIQUE_ID, True)
     assert (outcome.deleted(), outcome.settled()) == (0, False)
+
+
+V = 2**32  # versions past 2^32 reach the JVM as Longs (see HEAD)
+
+
+def _operator_with_a_lender(tmp_path: Path, borrower_lists: list[str]) -> tuple[Path, Path]:
+    """Partition 0 with snapshots V + 3 and V + 5 (its files A listed by 3, B by 5, C by none) and partition
+    4, a rescale's heir of 0 whose manifest lists ``borrower_lists``; 0 holds 4's borrower marker."""
+    from keyedstate.formats import manifest as mf
+
+    lender, borrower = tmp_path / "state" / "0" / "0", tmp_path / "state" / "0" / "4"
+    for d in (lender / "ks-files", borrower / "ks-files"):
+        d.mkdir(parents=True)
+    for name in "ABC":
+        (lender / "ks-files" / f"x-{name}.sst").write_bytes(name.encode() * 10)
+    for version, name in ((V + 3, "A"), (V + 5, "B")):
+        listed = (mf.SnapshotFile("000009.sst", f"ks-files/x-{name}.sst", 10),)
+        (lender / f"{version}.ks-snapshot").write_bytes(mf.encode(mf.Manifest(version, 8, 1, listed)))
+    shared = tuple(mf.SnapshotFile(f"00001{i}.sst", path, 10) for i, path in enumerate(borrower_lists))
+    (borrower / f"{V + 6}.ks-snapshot").write_bytes(mf.encode(mf.Manifest(V + 6, 8, 1, shared)))
+    (lender / "ks-borrower-4").write_bytes(b"")
+    old = 1_000_000_000  # the files predate the manifests: not an upload in progress
+    for f in (lender / "ks-files").iterdir():
+        os.utime(f, (old, old))
+    return lender, borrower
+
+
+def _cleanup_at(spark, store: Path, head: int, retain: int):
+    jvm = spark._jvm
+    files = jvm.io.keyedstate.checkpoint.CheckpointFiles(jvm.org.apache.hadoop.fs.Path(store.as_uri()),
+                                                         spark._jsc.hadoopConfiguration())
+    return jvm.io.keyedstate.checkpoint.CheckpointCleanup.run(files, retain, jvm.scala.Tuple2(V + head, jvm.scala.Option.empty()), False)
+
+
+def test_cleanup_keeps_a_file_that_a_rescale_heir_still_lists(spark, tmp_path):
+    """A rescale's heir lists files in its parent's ks-files/: the parent's cleanup keeps those
+    while any manifest of the heir lists them, though no kept manifest of its own does."""
+    lender, _ = _operator_with_a_lender(tmp_path, ["../0/ks-files/x-A.sst"])
+    _cleanup_at(spark, lender, 7, 1)  # base V + 5: manifest V + 3 goes, and with it 0's own listing of A
+    assert not (lender / f"{V + 3}.ks-snapshot").exists()
+    assert sorted(p.name for p in (lender / "ks-files").iterdir()) == ["x-A.sst", "x-B.sst"]
+    assert (lender / "ks-borrower-4").exists()
+
+
+def test_cleanup_drops_a_borrower_marker_once_the_heir_lists_nothing_of_its(spark, tmp_path):
+    """Once no manifest of the heir lists a file of the parent, the marker goes, and so do the
+    files no one lists."""
+    lender, borrower = _operator_with_a_lender(tmp_path, ["ks-files/own.sst"])
+    (borrower / "ks-files" / "own.sst").write_bytes(b"o" * 10)
+    _cleanup_at(spark, lender, 7, 1)
+    assert sorted(p.name for p in (lender / "ks-files").iterdir()) == ["x-B.sst"]
+    assert not (lender / "ks-borrower-4").exists()

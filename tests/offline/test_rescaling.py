@@ -681,3 +681,66 @@ def test_a_merge_takes_finished_splits_only(tmp_path):
     assert rescaling._merge(task) == {"partition": 0, "keys": len(data)}
     with ckpt.rebuild(ckpt.list_store(target, 0), 2) as rebuilt:
         assert dict(rebuilt.db.items()) == data
+
+
+def test_a_split_by_files_shares_the_parents_files_and_every_retained_version_loads(spark, tmp_path):
+    """4 -> 8 from snapshots writes no key: each heir lists its parent's SSTs where they are and
+    adds one file of range deletes; the parent holds a borrower marker. Then 3 x
+    minBatchesToRetain batches, a snapshot each, with maintenance: the oldest retained and the
+    newest version of every partition load exactly, and every snapshot file in the checkpoint
+    is listed by a manifest (of its own partition or of one it lends files to)."""
+    retain = 2
+    confs = {"spark.sql.streaming.stateStore.keyedstate.snapshotInterval": "1",
+             "spark.sql.streaming.minBatchesToRetain": str(retain)}
+    stream = FileStream(spark, tmp_path, "k LONG")
+    out: dict = {}
+    op_dir = Path(stream.checkpoint) / "state" / "0"
+    with session_confs(spark, confs):
+        _run(spark, stream, range(3), out)
+    deadline = time.monotonic() + 60
+    while not all(3 in s.snapshots for s in ckpt.discover_stores(op_dir)["default"]):
+        assert time.monotonic() < deadline, "no snapshot of version 3 uploaded"
+        time.sleep(0.5)
+
+    result = keyedstate.rescale(stream.checkpoint, 8, spark=spark)
+    assert "clip" in result.task_seconds, result  # every split took the path by files
+    version = result.batch + 1
+    for q in range(8):
+        p = q % 4
+        parent = ckpt.read_manifest(op_dir / str(p) / "3.ks-snapshot", 3)
+        heir = ckpt.read_manifest(op_dir / str(q) / f"{version}.ks-snapshot", version)
+        where = "ks-files/" if q == p else f"../{p}/ks-files/"
+        shared = {(f.name, f.size) for f in heir.files if f.path.startswith(where) and
+                  (f.name, f.size, f.path.rsplit("/", 1)[1]) in {(g.name, g.size, g.path.rsplit("/", 1)[1]) for g in parent.files}}
+        assert {(f.name, f.size) for f in parent.files if f.name.endswith(".sst")} <= shared, (q, heir.files)
+        written = [f for f in heir.files if f.name.endswith(".sst") and (f.name, f.size) not in shared]
+        assert len(written) == 1, (q, heir.files)  # the range deletes
+        assert (op_dir / str(p) / f"ks-borrower-{q}").is_file() == (q != p)
+
+    batches = 3 * retain
+    with session_confs(spark, confs):
+        _run(spark, stream, range(3, 3 + batches), out, partitions=8)
+    assert out == _expected(3 + batches)
+    last = result.batch + batches  # input i >= 3 runs as batch i + 1
+
+    def unlisted() -> list[Path]:
+        listed = set()
+        for files in ckpt.discover_stores(op_dir)["default"]:
+            for v in files.snapshots:
+                m = ckpt.read_manifest(files.manifest_path(v), v)
+                listed |= {Path(files.listing.file_path(files.storage, f.path)) for f in m.files}
+        sidecar = lambda f: f.with_name(f.name[1:-4]) if f.name.startswith(".") and f.name.endswith(".crc") else f  # noqa: E731
+        return [f for d in op_dir.iterdir() if (d / "ks-files").is_dir() for f in (d / "ks-files").iterdir()
+                if sidecar(f) not in listed]
+
+    deadline = time.monotonic() + 30
+    while unlisted():  # an upload of the stopped query may still be finishing
+        assert time.monotonic() < deadline, unlisted()
+        time.sleep(0.5)
+    stores = ckpt.discover_stores(op_dir)["default"]
+    assert len(stores) == 8 and all(s.latest == last + 1 for s in stores)
+    oldest = max(min(s.loadable()) for s in stores)
+    assert oldest >= last + 1 - retain - 1 > version, [sorted(s.loadable()) for s in stores]  # cleanup ran
+    for batch in (oldest - 1, last):
+        assert {(k, n) for k, n, _ in _state(spark, stream.checkpoint, batchId=batch)} == set(_expected(batch).items())
+    assert keyedstate.verify(stream.checkpoint)["ok"], keyedstate.verify(stream.checkpoint)

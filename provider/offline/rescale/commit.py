@@ -16,12 +16,14 @@ from .sparklogs import LOGGER
 log = logging.getLogger(LOGGER)
 
 
-def publish(staged: Path, target: Path, version: int, root: Path) -> None:
+def publish(staged: Path, target: Path, version: int, root: Path, partition: int, store: str) -> None:
     """Move the snapshot ``version`` of one new store partition from the outbox into the
     checkpoint ``root``: the files it lists first, its manifest last (the commit point of a
     snapshot), through no link. Only the driver calls this, after the job that staged it
     succeeded: no task writes into the checkpoint. Idempotent: a rerun after a kill finds part
-    of it moved."""
+    of it moved. A file it lists in another partition (``partition``'s share of its parent's
+    files) stays there; that partition gets a borrower marker first, so that its cleanup keeps
+    what this one lists."""
     name = layout.manifest_name(version)
     if not (staged / name).is_file():
         if (target / name).is_file():
@@ -36,8 +38,18 @@ def publish(staged: Path, target: Path, version: int, root: Path) -> None:
     manifest = ckpt.decode_manifest(data, staged / name, version)
     ckpt.check_inside(target / FILES_DIR, root)
     (target / FILES_DIR).mkdir(parents=True, exist_ok=True)
+    op_dir = target.parent if store == layout.DEFAULT_STORE else target.parent.parent
     for f in (*manifest.files, *([manifest.replay] if manifest.replay else [])):
-        if (staged / f.path).is_file():
+        owner, lent = layout.owner_of(f.path)
+        if owner is not None and owner != partition:
+            lender = ckpt.store_dir(op_dir, owner, store)
+            ckpt.check_inside(lender / FILES_DIR, root)
+            if not (lender / FILES_DIR / lent).is_file():
+                raise RescaleError(f"{lender / FILES_DIR / lent}, which snapshot {version} of {target} shares, is missing")
+            marker = lender / f"ks-borrower-{partition}"
+            if not marker.is_file():
+                ckpt.write_atomically(marker, b"")
+        elif (staged / f.path).is_file():
             os.replace(staged / f.path, target / f.path)
         elif not (target / f.path).is_file():
             raise RescaleError(f"{staged / f.path} is missing: snapshot {version} of {target} is incomplete")

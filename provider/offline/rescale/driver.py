@@ -308,7 +308,7 @@ class Rescale:
         for op, name, _ in stores:
             for q in range(self.n):
                 publish(ckpt.store_dir(outbox / str(op), q, name),
-                        ckpt.store_dir(self.root / "state" / str(op), q, name), write_version, self.root)
+                        ckpt.store_dir(self.root / "state" / str(op), q, name), write_version, self.root, q, name)
         return keys, whole, task_seconds
 
     def _run_tasks(self, fn, tasks: list, phase: str) -> list[dict]:

@@ -36,10 +36,14 @@ def roll_back(logs: SparkLogs, latest: int) -> None:
         os.rename(work, staging / f".discarded-{uuid.uuid4().hex}")
     committed = logs.latest(logs.commits)
     old_n = journal.get("fromPartitions") or (logs.partitions_of(committed) if committed is not None else None)
-    for op_dir in ckpt.numbered_dirs(logs.root / "state"):
-        for parts in ckpt.discover_stores(op_dir).values():
-            for files in parts:
-                remove_rescale_snapshot(files, version, started, logs.root)
+    op_dirs = list(ckpt.numbered_dirs(logs.root / "state"))
+    # Every manifest first, then the files: a file one partition shares with another stays
+    # while a manifest that is not the rescale's lists it.
+    removed = [(op_dir, name, files, remove_rescale_manifest(files, version, logs.root))
+               for op_dir in op_dirs for name, parts in ckpt.discover_stores(op_dir).items() for files in parts]
+    for op_dir, name, files, listed_by_removed in removed:
+        remove_unlisted_files(files, op_dir, name, listed_by_removed, started, logs.root)
+    for op_dir in op_dirs:
         if old_n is not None:
             set_metadata_partitions(op_dir, old_n)
             for part_dir in list(ckpt.numbered_dirs(op_dir)):
@@ -73,40 +77,84 @@ def await_idle_executors(spark: "SparkSession", timeout: float = 60.0) -> None:
     log.warning("tasks of the failed rescale still run after %.0f s; rolling back anyway", timeout)
 
 
-def remove_rescale_snapshot(files: ckpt.StoreFiles, version: int, started: float | None, root: Path) -> None:
-    """Delete the snapshot of ``version`` a rescale published in one store partition (manifest
-    and the files it lists), and files a rescale that started at ``started`` wrote into its
-    ``ks-files/`` that no manifest lists (published before their manifest, or never); only
-    inside the checkpoint ``root``, through no link."""
+def remove_rescale_manifest(files: ckpt.StoreFiles, version: int, root: Path) -> set[str] | None:
+    """Delete the snapshot manifest of ``version`` a rescale published in one store partition;
+    returns the files of this partition's ``ks-files/`` it listed (None: no such manifest, or an
+    unreadable one, left in place)."""
     ckpt.check_inside(files.path / FILES_DIR, root)
     path = files.manifest_path(version)
-    if path.is_file():
-        try:
-            manifest = ckpt.read_manifest(path, version)
-        except ckpt.CheckpointError as exc:
-            log.warning("%s; left in place", exc)
-            return
-        if manifest.rescale is not None:
-            path.unlink()
-            for f in (*manifest.files, *([manifest.replay] if manifest.replay else [])):
-                (files.path / f.path).unlink(missing_ok=True)  # names checked when it was read
+    if not path.is_file():
+        return None
+    try:
+        manifest = ckpt.read_manifest(path, version)
+    except ckpt.CheckpointError as exc:
+        log.warning("%s; left in place", exc)
+        return None
+    if manifest.rescale is None:
+        return None
+    path.unlink()
+    return _own_files(manifest, files.partition)
+
+
+def remove_unlisted_files(files: ckpt.StoreFiles, op_dir: Path, store: str, candidates: set[str] | None,
+                          started: float | None, root: Path) -> None:
+    """Delete from one store partition's ``ks-files/`` the ``candidates`` (the files a removed
+    rescale manifest listed) and the files written since the rescale ``started``, those of them
+    that no remaining manifest of this partition, nor of a partition it lends files to, lists;
+    only inside the checkpoint ``root``, through no link."""
     files_dir = files.path / FILES_DIR
-    if started is None or not files_dir.is_dir():
+    ckpt.check_inside(files_dir, root)
+    if not files_dir.is_dir() or (candidates is None and started is None):
         return
-    listed: set[str] = set()
+    listed = _listed(files.path, files.partition, own=True)
+    if listed is None:
+        return  # cannot tell what is listed: leave the files alone
     for entry in files.path.iterdir():
+        borrower = layout.BORROWER_MARKER.fullmatch(entry.name)
+        if borrower is None or not entry.is_file():
+            continue
+        theirs = _listed(ckpt.store_dir(op_dir, int(borrower.group(1)), store), files.partition, own=False)
+        if theirs is None:
+            return
+        if theirs:
+            listed |= theirs
+        else:
+            entry.unlink()  # the borrower lists nothing of this partition's (any more)
+    for entry in files_dir.iterdir():
+        rel = f"{FILES_DIR}/{entry.name}"
+        if rel in listed or entry.is_dir():
+            continue
+        if rel in (candidates or ()) or (started is not None and entry.lstat().st_mtime >= started - 1):
+            entry.unlink()
+
+
+def _own_files(manifest, partition: int) -> set[str]:
+    """The files a manifest lists in ``partition``'s ``ks-files/``, as ``ks-files/<name>``."""
+    out = set()
+    for f in (*manifest.files, *([manifest.replay] if manifest.replay else [])):
+        owner, name = layout.owner_of(f.path)
+        if owner is None or owner == partition:
+            out.add(f"{FILES_DIR}/{name}")
+    return out
+
+
+def _listed(store_path: Path, partition: int, own: bool) -> set[str] | None:
+    """The files of ``partition``'s ``ks-files/`` that the manifests in ``store_path`` list (``own``:
+    the partition's own directory, else another partition's of the same store); None when one
+    cannot be read."""
+    listed: set[str] = set()
+    if not store_path.is_dir():
+        return listed
+    for entry in store_path.iterdir():
         v = layout.version_of(entry.name, MANIFEST_SUFFIX)
         if v is None or not entry.is_file():
             continue
         try:
             m = ckpt.read_manifest(entry, v)
         except ckpt.CheckpointError:
-            return  # cannot tell what it lists: leave the files alone
-        listed.update(f.path for f in (*m.files, *([m.replay] if m.replay else [])))
-    for entry in files_dir.iterdir():
-        rel = f"{FILES_DIR}/{entry.name}"
-        st = entry.lstat()
-        if rel not in listed and st.st_mtime >= started - 1 and not entry.is_dir():
-            entry.unlink()
-
-
+            return None
+        for f in (*m.files, *([m.replay] if m.replay else [])):
+            owner, name = layout.owner_of(f.path)
+            if owner == partition or (owner is None and own):
+                listed.add(f"{FILES_DIR}/{name}")
+    return listed

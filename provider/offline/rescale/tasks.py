@@ -15,6 +15,7 @@ from ...formats import changelog
 from ...formats.layout import CHANGELOG_SUFFIX
 from ... import checkpoint as ckpt
 from ..routing import route_by_key_group
+from .clip import clipped_heir, count_by_heir, shared_files
 from .merge import layout_or_none, stage_ingested
 from .routing import HeirFiles, write_by_hash, write_by_key_group
 
@@ -59,7 +60,7 @@ def split(task: SplitTask) -> dict:
 
 
 def split_into(task: SplitTask, temp: Path) -> dict:
-    files = ckpt.list_store(Path(task.store_path), task.partition)
+    files = ckpt.list_store(Path(task.store_path), task.partition, task.store)
     if files is None:
         raise ckpt.CheckpointError(f"{task.store_path} holds no keyedstate files")
     if task.direct and not any(v <= task.version for v in files.snapshots):
@@ -70,6 +71,8 @@ def split_into(task: SplitTask, temp: Path) -> dict:
         check_key_groups(rebuilt, task)
         ttl = rebuilt.manifest.ttl if rebuilt.manifest else None
         rebuilt_at = time.monotonic()
+        if heirs is not None and rebuilt.manifest is not None:
+            return split_by_files(rebuilt, task, temp, heirs, ttl, rebuilt_at - started)
         out = HeirFiles(temp, len(heirs) if heirs is not None else task.partitions)
         if task.hash_spec is None:
             counts = write_by_key_group(rebuilt.db, task, out)
@@ -86,6 +89,27 @@ def split_into(task: SplitTask, temp: Path) -> dict:
     return {"keys": {str(q): counts.get(q, 0) for q in heirs}, "ttl": ttl, "published": list(heirs),
             "seconds": {"rebuild": rebuilt_at - started, "split": written_at - rebuilt_at,
                         "stage": time.monotonic() - written_at}}
+
+
+def split_by_files(rebuilt: ckpt.RebuiltVersion, task: SplitTask, temp: Path, heirs: range, ttl: dict | None,
+                   rebuild_seconds: float) -> dict:
+    """Stage each heir as its parent's files, shared in the checkpoint, clipped to the key
+    groups it owns (:mod:`.clip`); only the range deletes, and files the rebuild added on top
+    of the snapshot (changelogs replayed), are written."""
+    started = time.monotonic()
+    counts = count_by_heir(rebuilt.db, task.partition, task.from_partitions, task.partitions, task.key_groups,
+                           task.store_path)
+    counted_at = time.monotonic()
+    for q in heirs:
+        snapshot = clipped_heir(rebuilt.db, temp / f"to-{q}", q, task.partitions, task.key_groups)
+        ckpt.write_snapshot(snapshot, ckpt.store_dir(Path(task.targets), q, task.store), task.target_version,
+                            task.key_groups, counts.get(q, 0), ttl, rescale=task.origin,
+                            key_layout=layout_or_none(task.key_layout),
+                            shared=shared_files(rebuilt.manifest, task.partition, q))
+        shutil.rmtree(temp / f"to-{q}")
+    return {"keys": {str(q): counts.get(q, 0) for q in heirs}, "ttl": ttl, "published": list(heirs),
+            "seconds": {"rebuild": rebuild_seconds, "count": counted_at - started,
+                        "clip": time.monotonic() - counted_at}}
 
 
 def replay_split(files: ckpt.StoreFiles, task: SplitTask, temp: Path) -> dict:

@@ -9,7 +9,7 @@ import org.slf4j.LoggerFactory
  * retained version is rebuilt from the newest snapshot at or below it whose files are all in the
  * checkpoint with their sizes and that is of its version's attempt (a *verified* snapshot),
  * plus the changelogs after it; only changelogs at or below that snapshot, older manifests, and
- * snapshot files no kept manifest lists go. A newer snapshot that turns out broken (say an overlapping run listed a file that
+ * snapshot files no kept manifest lists go (nor any manifest of a partition this one lent files to). A newer snapshot that turns out broken (say an overlapping run listed a file that
  * is gone) costs a longer replay on load, never the version.
  *
  * Retention counts back from `head`, the version the caller committed or loaded, never from the
@@ -62,9 +62,10 @@ object CheckpointCleanup {
     // Anything younger than the base manifest may belong to an upload or a write in progress.
     val horizon = l.modified.getOrElse(files.manifest(base, baseId).getName, 0L)
     val referenced = try {
-      Some(l.snapshotFiles.filter(_._1 >= base).toSeq.flatMap { case (v, id) =>
+      val own = l.snapshotFiles.filter(_._1 >= base).toSeq.flatMap { case (v, id) =>
         val m = files.readManifest(v, id); (m.files ++ m.replay).map(_.path)
-      }.toSet)
+      }
+      Some(files.paths.ownFiles(own) ++ lentOut(files, l, delete))
     } catch {
       case e: CheckpointFileException =>
         log.warn(s"keyedstate: cleanup of ${files.dir} keeps every snapshot file: ${e.getMessage}")
@@ -83,6 +84,21 @@ object CheckpointCleanup {
     }
     Outcome(deleted, settled && !young(horizon))
   }
+
+  /**
+   * The files of this partition that a borrower (a partition a rescale split this one's state
+   * into, named by a marker) lists in any of its manifests: they stay. A marker whose borrower
+   * lists none goes; one that cannot be read through throws, and cleanup keeps every file.
+   */
+  private def lentOut(files: CheckpointFiles, l: Listing, delete: org.apache.hadoop.fs.Path => Unit): Set[String] =
+    files.paths.borrowers(l.modified.keys).flatMap { q =>
+      val borrower = files.sibling(q)
+      val mine = files.paths.ownFiles(borrower.listing().snapshotFiles.toSeq.flatMap { case (v, id) =>
+        val m = borrower.readManifest(v, id); (m.files ++ m.replay).map(_.path)
+      }, othersOnly = true)
+      if (mine.isEmpty) delete(files.paths.borrowerMarker(q))
+      mine
+    }.toSet
 
   /**
    * The committed (version, id) chain from `head` back to the first snapshot at or below

@@ -31,7 +31,9 @@ import io.keyedstate.format.{ChangelogFormat, ChangelogMeta, CheckpointLayout, C
  * and keeps it ([[createOnce]]), so there is no moment in which a committed version is absent.
  * Only an attempt Spark never committed is replaced ([[replace]]).
  */
-final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
+final class CheckpointFiles(val dir: Path, hadoopConf: Configuration, defaultStore: Boolean) {
+  def this(dir: Path, hadoopConf: Configuration) = this(dir, hadoopConf, true) // the store `default`
+
   private val fm = CheckpointFileManager.create(dir, hadoopConf)
   private lazy val fs = dir.getFileSystem(hadoopConf) // file sizes only: the manager has no stat
   val filesDir = new Path(dir, CheckpointLayout.FilesDir)
@@ -317,8 +319,10 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration) {
     (rel, new Path(dir, rel))
   }
 
-  /** A path a manifest lists (checked by [[CheckpointLayout.checkedRelativePath]] when read). */
-  def resolve(relative: String): Path = new Path(dir, relative)
+  /** Where this partition's and its siblings' files are ([[PartitionPaths]]). */
+  val paths = new PartitionPaths(dir, defaultStore)
+  def resolve(relative: String): Path = paths.resolve(relative)
+  def sibling(p: Int): CheckpointFiles = new CheckpointFiles(paths.storeDirOf(p), hadoopConf, defaultStore)
 
   /** The snapshot files directory's entries: relative path -> (size, modification time). */
   def snapshotFiles(): Map[String, (Long, Long)] =

@@ -30,7 +30,8 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
 
   val describe: String = s"operator ${id.operatorId} partition ${id.partitionId} store '${id.storeName}' " +
     s"(${id.storeCheckpointLocation()})"
-  val files = new CheckpointFiles(id.storeCheckpointLocation(), hadoopConf)
+  val files = new CheckpointFiles(id.storeCheckpointLocation(), hadoopConf,
+    defaultStore = id.storeName == StateStoreId.DEFAULT_STORE_NAME)
   private val session = new ServerSession(ServerLaunch.fromConfs(confs), id.partitionId, id.toString,
     Json.writeValueAsString(scala.jdk.CollectionConverters.MapHasAsJava(confs).asJava), describe, () => invalidate())
   val fence = new RunFence(id, hadoopConf)

@@ -29,18 +29,32 @@ object CheckpointLayout {
     ("""(?:\d{1,20}\.(?:sst|log|blob)|(?:MANIFEST|OPTIONS)-\d{1,20}|CURRENT|IDENTITY|rocksdict-config\.json""" +
       """|replay-\d{1,20}\.ks-changelog)""").r
 
-  /** Where a manifest may say a snapshot file lives: directly inside `ks-files/`. */
-  val RelativePath: Regex = (FilesDir + """/[A-Za-z0-9][A-Za-z0-9._-]{0,254}""").r
+  /** Where a manifest may say a snapshot file lives: directly inside `ks-files/` of its own store
+   *  partition, or (`../<p>/ks-files/<name>`) of partition `<p>` of the same operator and store,
+   *  whose files a rescale shares with the partitions it split the state into. */
+  val RelativePath: Regex = ("""(?:\.\./(\d{1,10})/)?""" + FilesDir + """/([A-Za-z0-9][A-Za-z0-9._-]{0,254})""").r
+
+  /** A file in a store partition whose snapshot files partition `<q>` of the same operator and
+   *  store lists (a rescale's heir): cleanup keeps what that partition's manifests still list. */
+  val BorrowerMarker: Regex = """ks-borrower-(\d{1,10})""".r
 
   def checkedFileName(name: String, source: String): String =
     if (name != null && FileName.matches(name)) name
     else throw new UnsafePathException(s"$source names the snapshot file '$name', which is not a RocksDB or " +
       "keyedstate file name: the manifest is corrupt or was tampered with")
 
-  def checkedRelativePath(path: String, source: String): String =
-    if (path != null && RelativePath.matches(path) && !path.contains("..")) path
-    else throw new UnsafePathException(s"$source lists the path '$path', which is not a file directly inside " +
-      s"$FilesDir/: the manifest is corrupt or was tampered with")
+  def checkedRelativePath(path: String, source: String): String = path match {
+    case RelativePath(owner, name) if !name.contains("..") && (owner == null || owner.toIntOption.isDefined) => path
+    case _ => throw new UnsafePathException(s"$source lists the path '$path', which is not a file directly inside " +
+      s"$FilesDir/ of a partition of its store: the manifest is corrupt or was tampered with")
+  }
+
+  /** (the partition whose `ks-files/` holds it, None for the manifest's own; its name there) of a
+   *  path [[checkedRelativePath]] accepted. */
+  def ownerOf(path: String): (Option[Int], String) = path match {
+    case RelativePath(owner, name) => (Option(owner).map(_.toInt), name)
+    case _ => throw new UnsafePathException(s"'$path' is not a snapshot file path")
+  }
 
   /** A version's unique id (checkpoint format 2): a UUID. */
   val UniqueId: Regex = """[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}""".r

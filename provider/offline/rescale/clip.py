@@ -1,0 +1,103 @@
+"""The split by files: a scale-up by a multiple from a partition whose version has a snapshot.
+
+Each heir is its parent's RocksDB files, shared with the parent in the checkpoint (its manifest
+lists them in the parent's ``ks-files/``, FORMATS.md "The path rule"), plus one small file of
+range deletes that hides the key groups the heir does not own, as Flink clips a parent's files
+to a new key-group range. No key is rewritten; the one pass over the parent's keys counts each
+heir's keys (a manifest records its exact count) and checks that every key is the parent's.
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from ...formats import keygroups, layout, rocksdb
+from ... import checkpoint as ckpt
+
+
+def not_owned_ranges(q: int, partitions: int, key_groups: int) -> list[tuple[bytes, bytes]]:
+    """The key ranges, whole runs of key groups, that partition ``q`` of ``partitions`` does not
+    own (it owns the key groups ``q, q + partitions, ...``): what its heir's range deletes hide."""
+    ranges = []
+    start = 0
+    for g in range(q, key_groups, partitions):
+        if g > start:
+            ranges.append((keygroups.prefix(start), keygroups.prefix(g)))
+        start = g + 1
+    if start < key_groups:
+        ranges.append((keygroups.prefix(start), keygroups.prefix(key_groups)))
+    return ranges
+
+
+def count_by_heir(db: Any, partition: int, from_partitions: int, partitions: int, key_groups: int,
+                  describe: str) -> dict[int, int]:
+    """The parent's keys per heir (key group mod ``partitions``), in one pass over the keys alone;
+    a key of a key group the parent does not own, or too short to name one, is refused."""
+    from rocksdict import ReadOptions
+
+    prefix_bytes = keygroups.PREFIX_BYTES
+    counts: dict[int, int] = {}
+
+    def run_of(prefix: bytes) -> tuple[int, bytes]:
+        group = keygroups.key_group_of_stored_key(prefix) if len(prefix) == prefix_bytes else -1
+        if not 0 <= group < key_groups or group % from_partitions != partition:
+            raise ckpt.CheckpointError(
+                f"partition {partition} of {describe} holds a key of key group {group} (key prefix "
+                f"{prefix.hex()}), which it does not own among {key_groups} key groups and "
+                f"{from_partitions} partitions: corrupt or misplaced")
+        return group % partitions, keygroups.prefix(group + 1)
+
+    read = ReadOptions()
+    read.fill_cache(False)  # each block is read once
+    # Keys come sorted, so a key group's run ends at the first key at or past the next prefix.
+    q, bound, run, seen, key = -1, b"", 0, 0, None
+    for key in db.keys(read_opt=read):
+        if key >= bound:
+            if q >= 0:
+                counts[q] = counts.get(q, 0) + seen - run
+                run = seen
+            q, bound = run_of(key[:prefix_bytes])
+        seen += 1
+    if q >= 0:
+        counts[q] = counts.get(q, 0) + seen - run
+    try:
+        rocksdb.check_scan_end(db, key)
+    except rocksdb.ScanError as exc:
+        raise ckpt.CheckpointError(f"partition {partition} of {describe} cannot be read whole, a corrupt "
+                                   f"file: {exc}") from exc
+    return counts
+
+
+def clipped_heir(parent: Any, scratch: Path, q: int, partitions: int, key_groups: int) -> Path:
+    """A RocksDB checkpoint in ``scratch`` of the parent's files (hard links) plus one file of
+    range deletes hiding what heir ``q`` does not own; returns the checkpoint's directory."""
+    from rocksdict import Checkpoint, WriteBatch
+
+    db_dir, snapshot = scratch / "db", scratch / "snapshot"
+    scratch.mkdir()
+    Checkpoint(parent).create_checkpoint(str(db_dir))
+    db = rocksdb.open_db(db_dir, bulk_load=False, compactions=False)  # the parent's files stay as they are
+    try:
+        batch = WriteBatch(raw_mode=True)
+        for begin, end in not_owned_ranges(q, partitions, key_groups):
+            batch.delete_range(begin, end)
+        db.write(batch)
+        db.flush()
+        Checkpoint(db).create_checkpoint(str(snapshot))
+    finally:
+        db.close()
+    shutil.rmtree(db_dir)
+    return snapshot
+
+
+def shared_files(manifest: Any, parent: int, heir: int) -> dict[tuple[str, int], str]:
+    """The parent snapshot's SST files, by (name, size), as paths a manifest of ``heir`` lists
+    them by (they stay where they are: in the parent's ``ks-files/``, or in the partition the
+    parent itself shares them from)."""
+    out = {}
+    for f in manifest.files if manifest is not None else ():
+        if f.name.endswith(".sst"):
+            owner, name = layout.owner_of(f.path)
+            out[(f.name, f.size)] = layout.path_from(parent if owner is None else owner, name, heir)
+    return out
