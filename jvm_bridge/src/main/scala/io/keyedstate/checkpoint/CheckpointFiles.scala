@@ -292,9 +292,13 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration, defaultSto
   }
 
   /** A path a manifest lists (checked by [[CheckpointLayout.checkedRelativePath]] when read): in
-   *  this partition's `ks-files/`, or in another partition's of the same operator and store. */
+   *  this partition's `ks-files/`, or in another partition's of the same operator and store,
+   *  whose directories are checked for a link here as [[listing]] checks this partition's. */
   def resolve(relative: String): Path = CheckpointLayout.ownerOf(relative) match {
-    case (Some(p), name) if !partition.contains(p) => new Path(new Path(storeDirOf(p), CheckpointLayout.FilesDir), name)
+    case (Some(p), name) if !partition.contains(p) =>
+      val lender = new Path(storeDirOf(p), CheckpointLayout.FilesDir)
+      refuseLinks(lender)
+      new Path(lender, name)
     case (_, name) => new Path(filesDir, name)
   }
 
