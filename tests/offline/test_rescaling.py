@@ -19,6 +19,7 @@ import pytest
 
 import keyedstate
 from keyedstate import checkpoint as ckpt
+from keyedstate.formats import layout
 from keyedstate.offline import remote, rescaling
 from keyedstate.offline.storage import HadoopStorage, LocalStorage
 from keyedstate.checkpoint import Checkpoint
@@ -743,4 +744,65 @@ def test_a_split_by_files_shares_the_parents_files_and_every_retained_version_lo
     assert oldest >= last + 1 - retain - 1 > version, [sorted(s.loadable()) for s in stores]  # cleanup ran
     for batch in (oldest - 1, last):
         assert {(k, n) for k, n, _ in _state(spark, stream.checkpoint, batchId=batch)} == set(_expected(batch).items())
+    assert keyedstate.verify(stream.checkpoint)["ok"], keyedstate.verify(stream.checkpoint)
+
+
+def test_a_heir_split_by_files_again_marks_every_partition_it_lists_files_of(spark, tmp_path):
+    """4 -> 8 -> 16 by files: heir 12 of 4 lists files of 0 through 4's first snapshot (4
+    itself shares them from 0); every partition whose files a manifest lists elsewhere holds that
+    partition's borrower marker, and after retain x 3 batches with cleanup every version
+    loads and no file of the checkpoint is listed by no manifest."""
+    retain = 2
+    confs = {"spark.sql.streaming.stateStore.keyedstate.snapshotInterval": "1",
+             "spark.sql.streaming.minBatchesToRetain": str(retain)}
+    stream = FileStream(spark, tmp_path, "k LONG")
+    out: dict = {}
+    op_dir = Path(stream.checkpoint) / "state" / "0"
+
+    def await_snapshots(version: int) -> None:
+        deadline = time.monotonic() + 60
+        while not all(version in s.snapshots for s in ckpt.discover_stores(op_dir)["default"]):
+            assert time.monotonic() < deadline, f"no snapshot of version {version} uploaded"
+            time.sleep(0.5)
+
+    with session_confs(spark, confs):
+        _run(spark, stream, range(3), out)
+    await_snapshots(3)
+    keyedstate.rescale(stream.checkpoint, 8, spark=spark)
+    second = keyedstate.rescale(stream.checkpoint, 16, spark=spark)  # reads the heirs' first snapshots
+    assert "clip" in second.task_seconds, second
+    version = second.batch + 1
+    chained = []
+    for q in range(16):
+        heir = ckpt.read_manifest(op_dir / str(q) / f"{version}.ks-snapshot", version)
+        for f in heir.files:
+            owner = layout.owner_of(f.path)[0]
+            if owner is not None and owner != q:
+                assert (op_dir / str(owner) / "ks-files" / f.path.rsplit("/", 1)[1]).is_file()
+                assert (op_dir / str(owner) / f"ks-borrower-{q}").is_file(), (q, f.path)
+                if owner != q % 8:
+                    chained.append((q, owner))
+    assert (12, 0) in chained, chained  # through 4's snapshot, which shares 0's files
+
+    batches = 3 * retain
+    with session_confs(spark, confs):
+        _run(spark, stream, range(3, 3 + batches), out, partitions=16)
+    assert out == _expected(3 + batches)
+
+    def unlisted() -> list[Path]:
+        listed = set()
+        for files in ckpt.discover_stores(op_dir)["default"]:
+            for v in files.snapshots:
+                m = ckpt.read_manifest(files.manifest_path(v), v)
+                listed |= {Path(files.listing.file_path(files.storage, f.path)) for f in m.files}
+        sidecar = lambda f: f.with_name(f.name[1:-4]) if f.name.startswith(".") and f.name.endswith(".crc") else f  # noqa: E731
+        return [f for d in op_dir.iterdir() if (d / "ks-files").is_dir() for f in (d / "ks-files").iterdir()
+                if sidecar(f) not in listed]
+
+    deadline = time.monotonic() + 30
+    while unlisted():  # an upload of the stopped query may still be finishing
+        assert time.monotonic() < deadline, sorted(str(f.relative_to(op_dir)) for f in unlisted())
+        time.sleep(0.5)
+    last = second.batch + batches
+    assert {(k, n) for k, n, _ in _state(spark, stream.checkpoint, batchId=last)} == set(_expected(3 + batches).items())
     assert keyedstate.verify(stream.checkpoint)["ok"], keyedstate.verify(stream.checkpoint)
