@@ -19,7 +19,7 @@ import pytest
 
 import keyedstate
 from keyedstate import checkpoint as ckpt
-from keyedstate.formats import layout
+from keyedstate.formats import keygroups, layout
 from keyedstate.offline import remote, rescaling
 from keyedstate.offline.storage import HadoopStorage, LocalStorage
 from keyedstate.checkpoint import Checkpoint
@@ -806,3 +806,35 @@ def test_a_heir_split_by_files_again_marks_every_partition_it_lists_files_of(spa
     last = second.batch + batches
     assert {(k, n) for k, n, _ in _state(spark, stream.checkpoint, batchId=last)} == set(_expected(3 + batches).items())
     assert keyedstate.verify(stream.checkpoint)["ok"], keyedstate.verify(stream.checkpoint)
+
+
+def test_a_split_by_files_from_a_snapshot_and_changelogs_counts_and_hides_exactly(spark, tmp_path):
+    """The parent's version is snapshot 2 plus changelog 3, which updates keys of the snapshot
+    and adds others: each heir holds exactly the keys of the key groups it owns, and its
+    manifest's numKeys is their count."""
+    stream = FileStream(spark, tmp_path, "k LONG")
+    out: dict = {}
+    op_dir = Path(stream.checkpoint) / "state" / "0"
+    with session_confs(spark, {"spark.sql.streaming.stateStore.keyedstate.snapshotInterval": "2"}):
+        _run(spark, stream, range(2), out)
+        deadline = time.monotonic() + 60
+        while not all(2 in s.snapshots for s in ckpt.discover_stores(op_dir)["default"]):
+            assert time.monotonic() < deadline, "no snapshot of version 2 uploaded"
+            time.sleep(0.5)
+        _run(spark, stream, range(2, 3), out)
+    assert not any(3 in s.snapshots for s in ckpt.discover_stores(op_dir)["default"])
+    result = keyedstate.rescale(stream.checkpoint, 8, spark=spark)
+    assert "clip" in result.task_seconds, result
+    version = result.batch + 1
+    seen = 0
+    for q in range(8):
+        files = ckpt.list_store(op_dir / str(q), q)
+        manifest = ckpt.read_manifest(files.manifest_path(version), version)
+        with ckpt.rebuild(files, version) as rebuilt:
+            groups = [keygroups.key_group_of_stored_key(k) for k in rebuilt.db.keys()]
+        assert {g % 8 for g in groups} <= {q}, (q, sorted({g % 8 for g in groups}))
+        assert manifest.num_keys == len(groups), q
+        seen += len(groups)
+    assert seen == len(_expected(3))
+    _run(spark, stream, range(3, 5), out, partitions=8)
+    assert out == _expected(5)
