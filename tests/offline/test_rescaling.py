@@ -838,3 +838,48 @@ def test_a_split_by_files_from_a_snapshot_and_changelogs_counts_and_hides_exactl
     assert seen == len(_expected(3))
     _run(spark, stream, range(3, 5), out, partitions=8)
     assert out == _expected(5)
+
+
+def test_a_split_by_files_failing_at_publish_rolls_back_to_every_file_it_had(spark, tmp_path, monkeypatch):
+    """4 -> 8 from snapshots fails after publishing heirs 0..4 (heir 4 lists 0's files, 0
+    holds its borrower marker), and the driver rolls it back: every file the checkpoint held before is
+    there with its size, nothing the rescale wrote is (markers, heirs' manifests and files,
+    new partitions), and the query goes on with 4 partitions."""
+    from keyedstate.offline.rescale import driver
+
+    stream = FileStream(spark, tmp_path, "k LONG")
+    out: dict = {}
+    op_dir = Path(stream.checkpoint) / "state" / "0"
+    with session_confs(spark, {"spark.sql.streaming.stateStore.keyedstate.snapshotInterval": "1"}):
+        _run(spark, stream, range(3), out)
+        deadline = time.monotonic() + 60
+        while not all(3 in s.snapshots for s in ckpt.discover_stores(op_dir)["default"]):
+            assert time.monotonic() < deadline, "no snapshot of version 3 uploaded"
+            time.sleep(0.5)
+    time.sleep(1.5)  # the rollback takes files written from a second before the rescale as its own
+    files = lambda: {p.relative_to(op_dir): p.stat().st_size for p in op_dir.rglob("*") if p.is_file()}  # noqa: E731
+    before = files()
+
+    published: list[int] = []
+    marked: list[str] = []
+
+    def publish_five(staged, target, version, root, partition, store):
+        if len(published) == 5:
+            marked.extend(str(p.relative_to(op_dir)) for p in op_dir.glob("*/ks-borrower-*"))
+            raise RuntimeError("injected: the driver stops after publishing five heirs")
+        driver_publish(staged, target, version, root, partition, store)
+        published.append(partition)
+
+    driver_publish = driver.publish
+    monkeypatch.setattr(driver, "publish", publish_five)
+    with pytest.raises(RuntimeError, match="injected"):
+        keyedstate.rescale(stream.checkpoint, 8, spark=spark)
+    monkeypatch.undo()
+    assert published == [0, 1, 2, 3, 4] and marked == ["0/ks-borrower-4"], (published, marked)
+    # the driver rolled the failed batch back itself
+    assert not (Path(stream.checkpoint) / "offsets" / "3").exists()
+
+    after = files()
+    assert after == before, (sorted(set(before) - set(after)), sorted(set(after) - set(before)))
+    _run(spark, stream, range(3, 5), out)
+    assert out == _expected(5)
