@@ -19,6 +19,7 @@ import pytest
 
 import keyedstate
 from keyedstate import checkpoint as ckpt
+from keyedstate.formats import keygroups, layout
 from keyedstate.offline import remote, rescaling
 from keyedstate.offline.storage import HadoopStorage, LocalStorage
 from keyedstate.checkpoint import Checkpoint
@@ -744,3 +745,141 @@ def test_a_split_by_files_shares_the_parents_files_and_every_retained_version_lo
     for batch in (oldest - 1, last):
         assert {(k, n) for k, n, _ in _state(spark, stream.checkpoint, batchId=batch)} == set(_expected(batch).items())
     assert keyedstate.verify(stream.checkpoint)["ok"], keyedstate.verify(stream.checkpoint)
+
+
+def test_a_heir_split_by_files_again_marks_every_partition_it_lists_files_of(spark, tmp_path):
+    """4 -> 8 -> 16 by files: heir 12 of 4 lists files of 0 through 4's first snapshot (4
+    itself shares them from 0); every partition whose files a manifest lists elsewhere holds that
+    partition's borrower marker, and after retain x 3 batches with cleanup every version
+    loads and no file of the checkpoint is listed by no manifest."""
+    retain = 2
+    confs = {"spark.sql.streaming.stateStore.keyedstate.snapshotInterval": "1",
+             "spark.sql.streaming.minBatchesToRetain": str(retain)}
+    stream = FileStream(spark, tmp_path, "k LONG")
+    out: dict = {}
+    op_dir = Path(stream.checkpoint) / "state" / "0"
+
+    def await_snapshots(version: int) -> None:
+        deadline = time.monotonic() + 60
+        while not all(version in s.snapshots for s in ckpt.discover_stores(op_dir)["default"]):
+            assert time.monotonic() < deadline, f"no snapshot of version {version} uploaded"
+            time.sleep(0.5)
+
+    with session_confs(spark, confs):
+        _run(spark, stream, range(3), out)
+    await_snapshots(3)
+    keyedstate.rescale(stream.checkpoint, 8, spark=spark)
+    second = keyedstate.rescale(stream.checkpoint, 16, spark=spark)  # reads the heirs' first snapshots
+    assert "clip" in second.task_seconds, second
+    version = second.batch + 1
+    chained = []
+    for q in range(16):
+        heir = ckpt.read_manifest(op_dir / str(q) / f"{version}.ks-snapshot", version)
+        for f in heir.files:
+            owner = layout.owner_of(f.path)[0]
+            if owner is not None and owner != q:
+                assert (op_dir / str(owner) / "ks-files" / f.path.rsplit("/", 1)[1]).is_file()
+                assert (op_dir / str(owner) / f"ks-borrower-{q}").is_file(), (q, f.path)
+                if owner != q % 8:
+                    chained.append((q, owner))
+    assert (12, 0) in chained, chained  # through 4's snapshot, which shares 0's files
+
+    batches = 3 * retain
+    with session_confs(spark, confs):
+        _run(spark, stream, range(3, 3 + batches), out, partitions=16)
+    assert out == _expected(3 + batches)
+
+    def unlisted() -> list[Path]:
+        listed = set()
+        for files in ckpt.discover_stores(op_dir)["default"]:
+            for v in files.snapshots:
+                m = ckpt.read_manifest(files.manifest_path(v), v)
+                listed |= {Path(files.listing.file_path(files.storage, f.path)) for f in m.files}
+        sidecar = lambda f: f.with_name(f.name[1:-4]) if f.name.startswith(".") and f.name.endswith(".crc") else f  # noqa: E731
+        return [f for d in op_dir.iterdir() if (d / "ks-files").is_dir() for f in (d / "ks-files").iterdir()
+                if sidecar(f) not in listed]
+
+    deadline = time.monotonic() + 30
+    while unlisted():  # an upload of the stopped query may still be finishing
+        assert time.monotonic() < deadline, sorted(str(f.relative_to(op_dir)) for f in unlisted())
+        time.sleep(0.5)
+    last = second.batch + batches
+    assert {(k, n) for k, n, _ in _state(spark, stream.checkpoint, batchId=last)} == set(_expected(3 + batches).items())
+    assert keyedstate.verify(stream.checkpoint)["ok"], keyedstate.verify(stream.checkpoint)
+
+
+def test_a_split_by_files_from_a_snapshot_and_changelogs_counts_and_hides_exactly(spark, tmp_path):
+    """The parent's version is snapshot 2 plus changelog 3, which updates keys of the snapshot
+    and adds others: each heir holds exactly the keys of the key groups it owns, and its
+    manifest's numKeys is their count."""
+    stream = FileStream(spark, tmp_path, "k LONG")
+    out: dict = {}
+    op_dir = Path(stream.checkpoint) / "state" / "0"
+    with session_confs(spark, {"spark.sql.streaming.stateStore.keyedstate.snapshotInterval": "2"}):
+        _run(spark, stream, range(2), out)
+        deadline = time.monotonic() + 60
+        while not all(2 in s.snapshots for s in ckpt.discover_stores(op_dir)["default"]):
+            assert time.monotonic() < deadline, "no snapshot of version 2 uploaded"
+            time.sleep(0.5)
+        _run(spark, stream, range(2, 3), out)
+    assert not any(3 in s.snapshots for s in ckpt.discover_stores(op_dir)["default"])
+    result = keyedstate.rescale(stream.checkpoint, 8, spark=spark)
+    assert "clip" in result.task_seconds, result
+    version = result.batch + 1
+    seen = 0
+    for q in range(8):
+        files = ckpt.list_store(op_dir / str(q), q)
+        manifest = ckpt.read_manifest(files.manifest_path(version), version)
+        with ckpt.rebuild(files, version) as rebuilt:
+            groups = [keygroups.key_group_of_stored_key(k) for k in rebuilt.db.keys()]
+        assert {g % 8 for g in groups} <= {q}, (q, sorted({g % 8 for g in groups}))
+        assert manifest.num_keys == len(groups), q
+        seen += len(groups)
+    assert seen == len(_expected(3))
+    _run(spark, stream, range(3, 5), out, partitions=8)
+    assert out == _expected(5)
+
+
+def test_a_split_by_files_failing_at_publish_rolls_back_to_every_file_it_had(spark, tmp_path, monkeypatch):
+    """4 -> 8 from snapshots fails after publishing heirs 0..4 (heir 4 lists 0's files, 0
+    holds its borrower marker), and the driver rolls it back: every file the checkpoint held before is
+    there with its size, nothing the rescale wrote is (markers, heirs' manifests and files,
+    new partitions), and the query goes on with 4 partitions."""
+    from keyedstate.offline.rescale import driver
+
+    stream = FileStream(spark, tmp_path, "k LONG")
+    out: dict = {}
+    op_dir = Path(stream.checkpoint) / "state" / "0"
+    with session_confs(spark, {"spark.sql.streaming.stateStore.keyedstate.snapshotInterval": "1"}):
+        _run(spark, stream, range(3), out)
+        deadline = time.monotonic() + 60
+        while not all(3 in s.snapshots for s in ckpt.discover_stores(op_dir)["default"]):
+            assert time.monotonic() < deadline, "no snapshot of version 3 uploaded"
+            time.sleep(0.5)
+    time.sleep(1.5)  # the rollback takes files written from a second before the rescale as its own
+    files = lambda: {p.relative_to(op_dir): p.stat().st_size for p in op_dir.rglob("*") if p.is_file()}  # noqa: E731
+    before = files()
+
+    published: list[int] = []
+    marked: list[str] = []
+
+    def publish_five(staged, target, version, root, partition, store):
+        if len(published) == 5:
+            marked.extend(str(p.relative_to(op_dir)) for p in op_dir.glob("*/ks-borrower-*"))
+            raise RuntimeError("injected: the driver stops after publishing five heirs")
+        driver_publish(staged, target, version, root, partition, store)
+        published.append(partition)
+
+    driver_publish = driver.publish
+    monkeypatch.setattr(driver, "publish", publish_five)
+    with pytest.raises(RuntimeError, match="injected"):
+        keyedstate.rescale(stream.checkpoint, 8, spark=spark)
+    monkeypatch.undo()
+    assert published == [0, 1, 2, 3, 4] and marked == ["0/ks-borrower-4"], (published, marked)
+    # the driver rolled the failed batch back itself
+    assert not (Path(stream.checkpoint) / "offsets" / "3").exists()
+
+    after = files()
+    assert after == before, (sorted(set(before) - set(after)), sorted(set(after) - set(before)))
+    _run(spark, stream, range(3, 5), out)
+    assert out == _expected(5)

@@ -181,3 +181,32 @@ def test_a_link_swapped_in_between_the_check_and_the_open_is_never_read(spark, t
     assert foreign_reads == 0, f"{foreign_reads} reads followed the link ({outcomes}, {len(others)} other errors)"
     assert not others, others[:3]
     assert outcomes["real"] > 0 and outcomes["refused"] > 0, outcomes
+
+
+# -- a rescale heir's shared files, in another partition's directory ---------------------------
+
+def test_a_shared_file_read_through_a_linked_partition_directory_is_refused_in_both_languages(spark, tmp_path):
+    """A heir's manifest names ``../0/ks-files/<name>``; with partition 0's directory replaced by
+    a link to elsewhere, the JVM followed it (only this partition's own directories were checked)
+    and read the foreign file. Both languages refuse it, naming the link."""
+    op_dir = tmp_path / "state" / "0"
+    heir = op_dir / "4"
+    (heir / "ks-files").mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "ks-files").mkdir(parents=True)
+    (elsewhere / "ks-files" / "x.sst").write_bytes(b"foreign" * 4)
+    (op_dir / "0").symlink_to(elsewhere)
+    rel = "../0/ks-files/x.sst"
+
+    files = _files(spark, heir)
+    local = tmp_path / "local.sst"
+    local_path = spark._jvm.java.io.File(str(local)).toPath()
+    with pytest.raises(Exception, match="symbolic link") as err:
+        files.download(files.resolve(rel), local_path)
+    assert str(op_dir / "0") in str(err.value)
+    assert not local.exists()
+    assert not files.holds(spark._jvm.io.keyedstate.format.SnapshotFile("000009.sst", rel, 28))
+
+    storage = LocalStorage(op_dir)
+    with pytest.raises(Exception, match="symbolic link"):
+        storage.read_bytes(ckpt.listing.file_path(storage, str(heir), layout.DEFAULT_STORE, 4, rel), 1 << 20, "file")

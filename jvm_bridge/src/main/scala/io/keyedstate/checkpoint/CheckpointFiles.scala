@@ -319,9 +319,9 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration, defaultSto
     (rel, new Path(dir, rel))
   }
 
-  /** Where this partition's and its siblings' files are ([[PartitionPaths]]). */
-  val paths = new PartitionPaths(dir, defaultStore)
-  def resolve(relative: String): Path = paths.resolve(relative)
+  val paths = new PartitionPaths(dir, defaultStore) // this partition's and its siblings' file paths
+  /** A path a manifest lists; a lender's directories are checked for links as [[listing]] checks these. */
+  def resolve(relative: String): Path = { val p = paths.resolve(relative); if (p.getParent != filesDir) refuseLinks(p.getParent); p }
   def sibling(p: Int): CheckpointFiles = new CheckpointFiles(paths.storeDirOf(p), hadoopConf, defaultStore)
 
   /** The snapshot files directory's entries: relative path -> (size, modification time). */

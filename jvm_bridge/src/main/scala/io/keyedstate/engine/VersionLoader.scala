@@ -211,12 +211,15 @@ final class VersionLoader(files: CheckpointFiles, uploader: SnapshotUploader, de
    *  checks its size against the manifest. */
   private def download(f: SnapshotFile, dir: Path, manifest: String): Path = {
     val local = dir.resolve(f.name)
-    try files.download(files.resolve(f.path), local) catch {
-      case e: CheckpointFileException => throw new SnapshotUnusable(s"$manifest lists ${files.resolve(f.path)}: ${e.getMessage}")
+    val path = try files.resolve(f.path) catch {
+      case e: CheckpointFileException => throw new SnapshotUnusable(s"$manifest lists ${f.path}: ${e.getMessage}")
+    }
+    try files.download(path, local) catch {
+      case e: CheckpointFileException => throw new SnapshotUnusable(s"$manifest lists $path: ${e.getMessage}")
     }
     val size = Files.size(local)
     if (size != f.size) {
-      throw new SnapshotUnusable(s"${files.resolve(f.path)} has $size bytes but snapshot manifest $manifest says " +
+      throw new SnapshotUnusable(s"$path has $size bytes but snapshot manifest $manifest says " +
         s"${f.size}: truncated or corrupt")
     }
     local
