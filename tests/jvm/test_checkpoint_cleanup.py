@@ -91,3 +91,55 @@ def test_cleanup_drops_a_borrower_marker_once_the_heir_lists_nothing_of_its(spar
     _cleanup_at(spark, lender, 7, 1)
     assert sorted(p.name for p in (lender / "ks-files").iterdir()) == ["x-B.sst"]
     assert not (lender / "ks-borrower-4").exists()
+
+
+def _store_cleanup(spark, store: Path):
+    jvm = spark._jvm
+    files = jvm.io.keyedstate.checkpoint.CheckpointFiles(jvm.org.apache.hadoop.fs.Path(store.as_uri()),
+                                                         spark._jsc.hadoopConfiguration())
+    cleanup = jvm.io.keyedstate.checkpoint.StoreCleanup(files)
+    return lambda head, newest_snapshot: cleanup.run(1, V + head, jvm.scala.Option.empty(), V + newest_snapshot, False)
+
+
+def _heir_moves_on(borrower: Path) -> None:
+    """The heir's next snapshot (V + 8) lists only a file of its own, as after a compaction."""
+    from keyedstate.formats import manifest as mf
+
+    (borrower / "ks-files" / "own.sst").write_bytes(b"o" * 10)
+    own = (mf.SnapshotFile("000020.sst", "ks-files/own.sst", 10),)
+    (borrower / f"{V + 8}.ks-snapshot").write_bytes(mf.encode(mf.Manifest(V + 8, 8, 1, own)))
+
+
+def test_the_heir_that_drops_the_last_listing_of_a_parents_file_deletes_it(spark, tmp_path):
+    """The parent's cleanup ran while the heir listed its file A; the heir's cleanup that deletes
+    its last manifest listing A deletes A and its marker in the parent, with no later cleanup
+    of the parent (which a stopped query never runs)."""
+    lender, borrower = _operator_with_a_lender(tmp_path, ["../0/ks-files/x-A.sst"])
+    _cleanup_at(spark, lender, 7, 1)
+    heir_cleanup = _store_cleanup(spark, borrower)
+    heir_cleanup(7, 6)
+    assert sorted(p.name for p in (lender / "ks-files").iterdir()) == ["x-A.sst", "x-B.sst"]
+    _heir_moves_on(borrower)
+    heir_cleanup(9, 8)
+    assert not (borrower / f"{V + 6}.ks-snapshot").exists()
+    assert sorted(p.name for p in (lender / "ks-files").iterdir()) == ["x-B.sst"]
+    assert not (lender / "ks-borrower-4").exists()
+
+
+def test_a_heir_keeps_a_parents_file_that_the_parent_or_another_heir_lists(spark, tmp_path):
+    """The heir dropping its listing of A and B deletes neither while another heir (5) lists A
+    and the parent lists B; its marker goes all the same."""
+    from keyedstate.formats import manifest as mf
+
+    lender, borrower = _operator_with_a_lender(tmp_path, ["../0/ks-files/x-A.sst", "../0/ks-files/x-B.sst"])
+    other = lender.parent / "5"
+    (other / "ks-files").mkdir(parents=True)
+    shared = (mf.SnapshotFile("000011.sst", "../0/ks-files/x-A.sst", 10),)
+    (other / f"{V + 6}.ks-snapshot").write_bytes(mf.encode(mf.Manifest(V + 6, 8, 1, shared)))
+    (lender / "ks-borrower-5").write_bytes(b"")
+    heir_cleanup = _store_cleanup(spark, borrower)
+    heir_cleanup(7, 6)
+    _heir_moves_on(borrower)
+    heir_cleanup(9, 8)
+    assert sorted(p.name for p in (lender / "ks-files").iterdir()) == ["x-A.sst", "x-B.sst", "x-C.sst"]
+    assert not (lender / "ks-borrower-4").exists() and (lender / "ks-borrower-5").exists()

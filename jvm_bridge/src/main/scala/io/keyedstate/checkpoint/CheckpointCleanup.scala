@@ -9,8 +9,9 @@ import org.slf4j.LoggerFactory
  * retained version is rebuilt from the newest snapshot at or below it whose files are all in the
  * checkpoint with their sizes and that is of its version's attempt (a *verified* snapshot),
  * plus the changelogs after it; only changelogs at or below that snapshot, older manifests, and
- * snapshot files no kept manifest lists go (nor any manifest of a partition this one lent files to). A newer snapshot that turns out broken (say an overlapping run listed a file that
- * is gone) costs a longer replay on load, never the version.
+ * snapshot files no kept manifest lists go, unless a partition this one lent them to lists them
+ * ([[SharedFiles]]). A newer snapshot that turns out broken (say an overlapping run listed a file
+ * that is gone) costs a longer replay on load, never the version.
  *
  * Retention counts back from `head`, the version the caller committed or loaded, never from the
  * newest file listed: that may be an attempt Spark never committed (a run stopped between a
@@ -27,18 +28,25 @@ object CheckpointCleanup {
    *  an hour; deleting a live one would only fail that write, and its task would retry). */
   val TempFileGraceMs: Long = 60L * 60 * 1000
 
-  /** What one cleanup did: files deleted, and whether it left nothing for a later cleanup of the
-   *  same checkpoint state (no failed delete, no file kept only for its age, every manifest read). */
-  final case class Outcome(deleted: Int, settled: Boolean)
+  /** What one cleanup did: files deleted, whether it left nothing for a later cleanup of the
+   *  same checkpoint state (no failed delete, no file kept only for its age, every manifest read),
+   *  and the other partitions' files its kept manifests list (`borrowed`, for the next cleanup). */
+  final case class Outcome(deleted: Int, settled: Boolean, borrowed: Set[String] = Set.empty)
 
   def run(files: CheckpointFiles, minVersionsToRetain: Int, head: (Long, Option[String]),
-      byLineage: Boolean): Outcome = {
+      byLineage: Boolean): Outcome = run(files, minVersionsToRetain, head, byLineage, Set.empty[String])
+
+  /** `borrowedBefore`: the other partitions' files the previous cleanup's kept manifests listed
+   *  ([[Outcome]]); those no kept manifest lists now are released ([[SharedFiles.release]]). */
+  def run(files: CheckpointFiles, minVersionsToRetain: Int, head: (Long, Option[String]),
+      byLineage: Boolean, borrowedBefore: Set[String]): Outcome = {
     val l = files.listing()
     var deleted = 0
     var settled = true
+    var failedDelete = false
     def delete(p: org.apache.hadoop.fs.Path): Unit =
       try { files.delete(p); deleted += 1 } catch {
-        case NonFatal(e) => settled = false; log.warn(s"keyedstate: cannot delete $p", e)
+        case NonFatal(e) => settled = false; failedDelete = true; log.warn(s"keyedstate: cannot delete $p", e)
       }
     val killedBefore = System.currentTimeMillis() - TempFileGraceMs
     val temps = l.modified.filter { case (name, _) => TempFile.matches(name) }
@@ -55,17 +63,22 @@ object CheckpointCleanup {
     val young = (before: Long) => temps.exists { case (_, modified) => modified >= killedBefore && modified >= before }
     val found = candidates.find { case (v, id) => verified(files, v, id) }
     if (found != candidates.headOption) settled = false
-    val (base, baseId) = found.getOrElse(return Outcome(deleted, settled && !young(Long.MinValue)))
+    val (base, baseId) = found.getOrElse(return Outcome(deleted, settled && !young(Long.MinValue), borrowedBefore))
     l.changelogFiles.filter(_._1 <= base).foreach { case (v, id) => delete(files.changelog(v, id)) }
     l.snapshotFiles.filter { case (v, id) => v < base || (v == base && id != baseId) }
       .foreach { case (v, id) => delete(files.manifest(v, id)) }
     // Anything younger than the base manifest may belong to an upload or a write in progress.
     val horizon = l.modified.getOrElse(files.manifest(base, baseId).getName, 0L)
+    var borrowed = borrowedBefore
     val referenced = try {
-      val own = l.snapshotFiles.filter(_._1 >= base).toSeq.flatMap { case (v, id) =>
-        val m = files.readManifest(v, id); (m.files ++ m.replay).map(_.path)
-      }
-      Some(files.paths.ownFiles(own) ++ lentOut(files, l, delete))
+      val kept = SharedFiles.listedBy(files, l.copy(snapshotFiles = l.snapshotFiles.filter(_._1 >= base)))
+      val borrowedNow = kept.filter(files.paths.lenderOf(_).isDefined).toSet
+      // A manifest that failed to go may still list what the kept ones no longer do.
+      val released = if (failedDelete) Set.empty[String] else borrowedBefore -- borrowedNow
+      val undecided = SharedFiles.release(files, released, borrowedNow, delete)
+      if (undecided.nonEmpty) settled = false
+      borrowed = borrowedNow ++ undecided ++ (if (failedDelete) borrowedBefore else Set.empty)
+      Some(files.paths.ownFiles(kept) ++ SharedFiles.lentOut(files, l, delete))
     } catch {
       case e: CheckpointFileException =>
         log.warn(s"keyedstate: cleanup of ${files.dir} keeps every snapshot file: ${e.getMessage}")
@@ -82,23 +95,8 @@ object CheckpointCleanup {
     temps.foreach { case (name, modified) =>
       if (modified >= killedBefore && modified < horizon) delete(new org.apache.hadoop.fs.Path(files.dir, name))
     }
-    Outcome(deleted, settled && !young(horizon))
+    Outcome(deleted, settled && !young(horizon), borrowed)
   }
-
-  /**
-   * The files of this partition that a borrower (a partition a rescale split this one's state
-   * into, named by a marker) lists in any of its manifests: they stay. A marker whose borrower
-   * lists none goes; one that cannot be read through throws, and cleanup keeps every file.
-   */
-  private def lentOut(files: CheckpointFiles, l: Listing, delete: org.apache.hadoop.fs.Path => Unit): Set[String] =
-    files.paths.borrowers(l.modified.keys).flatMap { q =>
-      val borrower = files.sibling(q)
-      val mine = files.paths.ownFiles(borrower.listing().snapshotFiles.toSeq.flatMap { case (v, id) =>
-        val m = borrower.readManifest(v, id); (m.files ++ m.replay).map(_.path)
-      }, othersOnly = true)
-      if (mine.isEmpty) delete(files.paths.borrowerMarker(q))
-      mine
-    }.toSet
 
   /**
    * The committed (version, id) chain from `head` back to the first snapshot at or below
@@ -147,6 +145,9 @@ object CheckpointCleanup {
  */
 final class StoreCleanup(files: CheckpointFiles) {
   @volatile private var settledAt: Option[(Int, (Long, Option[String]), Long, Boolean)] = None
+  /** The other partitions' files the last cleanup's kept manifests listed ([[SharedFiles.release]]);
+   *  a new engine starts from none, and the lenders' own cleanups delete what it missed. */
+  @volatile private var borrowed = Set.empty[String]
 
   /** Cleanup counting back from the committed version `head` (its unique id `headId` under format
    *  2); the number of files deleted (0 when skipped). */
@@ -154,7 +155,8 @@ final class StoreCleanup(files: CheckpointFiles) {
     val state = (minVersionsToRetain, (head, headId), newestSnapshot, byLineage)
     if (settledAt.contains(state)) return 0
     settledAt = None
-    val outcome = CheckpointCleanup.run(files, minVersionsToRetain, head -> headId, byLineage)
+    val outcome = CheckpointCleanup.run(files, minVersionsToRetain, head -> headId, byLineage, borrowed)
+    borrowed = outcome.borrowed
     if (outcome.settled) settledAt = Some(state)
     outcome.deleted
   }

@@ -38,6 +38,9 @@ final class PartitionPaths(dir: Path, defaultStore: Boolean) {
       if (own) Some(s"${CheckpointLayout.FilesDir}/$name") else None
     }.toSet
 
+  /** The partition whose files a manifest path names, when another than this one (a lender). */
+  def lenderOf(path: String): Option[Int] = CheckpointLayout.ownerOf(path)._1.filterNot(partition.contains)
+
   /** The partitions that list files of this one (rescale heirs), by the markers in `names`. */
   def borrowers(names: Iterable[String]): Seq[Int] =
     names.toSeq.collect { case CheckpointLayout.BorrowerMarker(q) if q.toIntOption.isDefined => q.toInt }.sorted
