@@ -143,3 +143,30 @@ def test_a_heir_keeps_a_parents_file_that_the_parent_or_another_heir_lists(spark
     heir_cleanup(9, 8)
     assert sorted(p.name for p in (lender / "ks-files").iterdir()) == ["x-A.sst", "x-B.sst", "x-C.sst"]
     assert not (lender / "ks-borrower-4").exists() and (lender / "ks-borrower-5").exists()
+
+
+def test_a_heir_whose_old_manifest_failed_to_go_keeps_its_marker(spark, tmp_path):
+    """The heir's cleanup cannot delete its old manifest, which lists the parent's file C (a local
+    file system's delete fails without an error): the marker stays while that manifest lists C,
+    so the parent's cleanup keeps C."""
+    import subprocess
+
+    lender, borrower = _operator_with_a_lender(tmp_path, ["../0/ks-files/x-C.sst"])
+    heir_cleanup = _store_cleanup(spark, borrower)
+    heir_cleanup(7, 6)
+    _heir_moves_on(borrower)
+    old = borrower / f"{V + 6}.ks-snapshot"
+    # Undeletable: immutable for root (who may delete any file), a read-only directory otherwise.
+    pin, unpin = ((["chattr", "+i", str(old)], ["chattr", "-i", str(old)]) if os.geteuid() == 0
+                  else (["chmod", "a-w", str(borrower)], ["chmod", "u+w", str(borrower)]))
+    if subprocess.run(pin, capture_output=True).returncode != 0:
+        import pytest
+        pytest.skip(f"{pin[0]} cannot make {old} undeletable here")
+    try:
+        heir_cleanup(9, 8)
+        assert old.exists()
+        assert (lender / "ks-borrower-4").exists()
+        _cleanup_at(spark, lender, 7, 1)
+        assert "x-C.sst" in {p.name for p in (lender / "ks-files").iterdir()}
+    finally:
+        subprocess.run(unpin, check=True)

@@ -75,7 +75,7 @@ object CheckpointCleanup {
       val borrowedNow = kept.filter(files.paths.lenderOf(_).isDefined).toSet
       // A manifest that failed to go may still list what the kept ones no longer do.
       val released = if (failedDelete) Set.empty[String] else borrowedBefore -- borrowedNow
-      val undecided = SharedFiles.release(files, released, borrowedNow, delete)
+      val undecided = SharedFiles.release(files, released, delete)
       if (undecided.nonEmpty) settled = false
       borrowed = borrowedNow ++ undecided ++ (if (failedDelete) borrowedBefore else Set.empty)
       Some(files.paths.ownFiles(kept) ++ SharedFiles.lentOut(files, l, delete))

@@ -38,23 +38,23 @@ object SharedFiles {
   /**
    * Deletes, of `released` (paths the manifests of `borrower` listed in other partitions and list
    * no more), those that no manifest of their lender nor of its borrowers lists; and the
-   * borrower's marker in a lender it lists nothing of now (`stillListed`: the paths its kept
-   * manifests list). Returns the released paths of lenders that could not be read: a later
-   * cleanup decides on them.
+   * borrower's marker in a lender it lists nothing of now, by [[lentOut]]'s rule on the
+   * borrower's manifests read here (a manifest that failed to go, or one written since this
+   * cleanup listed, keeps it). Returns the released paths of lenders that could not be read: a
+   * later cleanup decides on them.
    */
-  def release(borrower: CheckpointFiles, released: Set[String], stillListed: Set[String],
-      delete: Path => Unit): Set[String] =
+  def release(borrower: CheckpointFiles, released: Set[String], delete: Path => Unit): Set[String] =
     released.groupBy(path => borrower.paths.lenderOf(path).get).flatMap { case (p, paths) =>
       try {
         val lender = borrower.sibling(p)
         val l = lender.listing()
-        val listed = lender.paths.ownFiles(listedBy(lender, l)) ++ lentOut(lender, l, _ => ())
+        val marker = borrower.paths.partition.map(lender.paths.borrowerMarker)
+        val listed = lender.paths.ownFiles(listedBy(lender, l)) ++
+          lentOut(lender, l, m => if (marker.contains(m)) delete(m))
         paths.foreach { path =>
           val rel = s"${CheckpointLayout.FilesDir}/${CheckpointLayout.ownerOf(path)._2}"
           if (!listed.contains(rel)) delete(lender.resolve(rel))
         }
-        if (!stillListed.exists(borrower.paths.lenderOf(_).contains(p)))
-          borrower.paths.partition.foreach(q => delete(lender.paths.borrowerMarker(q)))
         Set.empty[String]
       } catch {
         case e: CheckpointFileException =>
