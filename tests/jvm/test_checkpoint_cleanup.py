@@ -126,6 +126,21 @@ def test_the_heir_that_drops_the_last_listing_of_a_parents_file_deletes_it(spark
     assert not (lender / "ks-borrower-4").exists()
 
 
+def test_a_new_heir_engine_releases_what_the_manifests_it_deletes_listed(spark, tmp_path):
+    """An engine whose earlier cleanups had no base (a young run, or a restart) does not know what
+    its kept manifests listed before: its first cleanup that deletes manifests reads them, and
+    deletes the parent's file A that only they listed."""
+    lender, borrower = _operator_with_a_lender(tmp_path, ["../0/ks-files/x-A.sst"])
+    _cleanup_at(spark, lender, 7, 1)
+    _heir_moves_on(borrower)
+    heir_cleanup = _store_cleanup(spark, borrower)
+    heir_cleanup(6, 6)  # no snapshot at or below V + 5: no base, nothing deleted
+    assert (borrower / f"{V + 6}.ks-snapshot").exists()
+    heir_cleanup(9, 8)
+    assert not (borrower / f"{V + 6}.ks-snapshot").exists()
+    assert sorted(p.name for p in (lender / "ks-files").iterdir()) == ["x-B.sst"]
+    assert not (lender / "ks-borrower-4").exists()
+
 def test_a_heir_keeps_a_parents_file_that_the_parent_or_another_heir_lists(spark, tmp_path):
     """The heir dropping its listing of A and B deletes neither while another heir (5) lists A
     and the parent lists B; its marker goes all the same."""

@@ -30,16 +30,18 @@ object CheckpointCleanup {
 
   /** What one cleanup did: files deleted, whether it left nothing for a later cleanup of the
    *  same checkpoint state (no failed delete, no file kept only for its age, every manifest read),
-   *  and the other partitions' files its kept manifests list (`borrowed`, for the next cleanup). */
-  final case class Outcome(deleted: Int, settled: Boolean, borrowed: Set[String] = Set.empty)
+   *  and the other partitions' files its kept manifests list (`borrowed`, for the next cleanup;
+   *  None while no cleanup had a base). */
+  final case class Outcome(deleted: Int, settled: Boolean, borrowed: Option[Set[String]] = None)
 
   def run(files: CheckpointFiles, minVersionsToRetain: Int, head: (Long, Option[String]),
-      byLineage: Boolean): Outcome = run(files, minVersionsToRetain, head, byLineage, Set.empty[String])
+      byLineage: Boolean): Outcome = run(files, minVersionsToRetain, head, byLineage, Some(Set.empty[String]))
 
   /** `borrowedBefore`: the other partitions' files the previous cleanup's kept manifests listed
-   *  ([[Outcome]]); those no kept manifest lists now are released ([[SharedFiles.release]]). */
+   *  ([[Outcome]]), None when unknown (a new engine: the manifests this cleanup deletes say); those
+   *  no kept manifest lists now are released ([[SharedFiles.release]]). */
   def run(files: CheckpointFiles, minVersionsToRetain: Int, head: (Long, Option[String]),
-      byLineage: Boolean, borrowedBefore: Set[String]): Outcome = {
+      byLineage: Boolean, borrowedBefore: Option[Set[String]]): Outcome = {
     val l = files.listing()
     var deleted = 0
     var settled = true
@@ -64,20 +66,21 @@ object CheckpointCleanup {
     val found = candidates.find { case (v, id) => verified(files, v, id) }
     if (found != candidates.headOption) settled = false
     val (base, baseId) = found.getOrElse(return Outcome(deleted, settled && !young(Long.MinValue), borrowedBefore))
+    val dropped = l.snapshotFiles.filter { case (v, id) => v < base || (v == base && id != baseId) }
+    val before = borrowedBefore.getOrElse(borrowedIn(files, dropped))
     l.changelogFiles.filter(_._1 <= base).foreach { case (v, id) => delete(files.changelog(v, id)) }
-    l.snapshotFiles.filter { case (v, id) => v < base || (v == base && id != baseId) }
-      .foreach { case (v, id) => delete(files.manifest(v, id)) }
+    dropped.foreach { case (v, id) => delete(files.manifest(v, id)) }
     // Anything younger than the base manifest may belong to an upload or a write in progress.
     val horizon = l.modified.getOrElse(files.manifest(base, baseId).getName, 0L)
-    var borrowed = borrowedBefore
+    var borrowed = before
     val referenced = try {
       val kept = SharedFiles.listedBy(files, l.copy(snapshotFiles = l.snapshotFiles.filter(_._1 >= base)))
       val borrowedNow = kept.filter(files.paths.lenderOf(_).isDefined).toSet
       // A manifest that failed to go may still list what the kept ones no longer do.
-      val released = if (failedDelete) Set.empty[String] else borrowedBefore -- borrowedNow
+      val released = if (failedDelete) Set.empty[String] else before -- borrowedNow
       val undecided = SharedFiles.release(files, released, delete)
       if (undecided.nonEmpty) settled = false
-      borrowed = borrowedNow ++ undecided ++ (if (failedDelete) borrowedBefore else Set.empty)
+      borrowed = borrowedNow ++ undecided ++ (if (failedDelete) before else Set.empty)
       Some(files.paths.ownFiles(kept) ++ SharedFiles.lentOut(files, l, delete))
     } catch {
       case e: CheckpointFileException =>
@@ -95,8 +98,16 @@ object CheckpointCleanup {
     temps.foreach { case (name, modified) =>
       if (modified >= killedBefore && modified < horizon) delete(new org.apache.hadoop.fs.Path(files.dir, name))
     }
-    Outcome(deleted, settled && !young(horizon), borrowed)
+    Outcome(deleted, settled && !young(horizon), Some(borrowed))
   }
+
+  /** The other partitions' files the given manifests list; one that cannot be read counts as
+   *  listing none (the owner's own cleanup deletes what this misses). */
+  private def borrowedIn(files: CheckpointFiles, manifests: Iterable[(Long, Option[String])]): Set[String] =
+    manifests.toSeq.flatMap { case (v, id) =>
+      try { val m = files.readManifest(v, id); (m.files ++ m.replay).map(_.path).filter(files.paths.lenderOf(_).isDefined) }
+      catch { case _: CheckpointFileException => Nil }
+    }.toSet
 
   /**
    * The committed (version, id) chain from `head` back to the first snapshot at or below
@@ -146,8 +157,8 @@ object CheckpointCleanup {
 final class StoreCleanup(files: CheckpointFiles) {
   @volatile private var settledAt: Option[(Int, (Long, Option[String]), Long, Boolean)] = None
   /** The other partitions' files the last cleanup's kept manifests listed ([[SharedFiles.release]]);
-   *  a new engine starts from none, and the lenders' own cleanups delete what it missed. */
-  @volatile private var borrowed = Set.empty[String]
+   *  unknown until a cleanup had a base. */
+  @volatile private var borrowed: Option[Set[String]] = None
 
   /** Cleanup counting back from the committed version `head` (its unique id `headId` under format
    *  2); the number of files deleted (0 when skipped). */
