@@ -67,14 +67,16 @@ object CheckpointCleanup {
     if (found != candidates.headOption) settled = false
     val (base, baseId) = found.getOrElse(return Outcome(deleted, settled && !young(Long.MinValue), borrowedBefore))
     val dropped = l.snapshotFiles.filter { case (v, id) => v < base || (v == base && id != baseId) }
-    val before = borrowedBefore.getOrElse(borrowedIn(files, dropped))
+    // A dropped manifest that cannot be read lists nothing here: the lender's cleanup is the backstop.
+    val before = borrowedBefore.getOrElse(
+      SharedFiles.listedBy(files, dropped, skipUnreadable = true).filter(files.paths.lenderOf(_).isDefined).toSet)
     l.changelogFiles.filter(_._1 <= base).foreach { case (v, id) => delete(files.changelog(v, id)) }
     dropped.foreach { case (v, id) => delete(files.manifest(v, id)) }
     // Anything younger than the base manifest may belong to an upload or a write in progress.
     val horizon = l.modified.getOrElse(files.manifest(base, baseId).getName, 0L)
     var borrowed = before
     val referenced = try {
-      val kept = SharedFiles.listedBy(files, l.copy(snapshotFiles = l.snapshotFiles.filter(_._1 >= base)))
+      val kept = SharedFiles.listedBy(files, l.snapshotFiles.filter(_._1 >= base))
       val borrowedNow = kept.filter(files.paths.lenderOf(_).isDefined).toSet
       // A manifest that failed to go may still list what the kept ones no longer do.
       val released = if (failedDelete) Set.empty[String] else before -- borrowedNow
@@ -100,14 +102,6 @@ object CheckpointCleanup {
     }
     Outcome(deleted, settled && !young(horizon), Some(borrowed))
   }
-
-  /** The other partitions' files the given manifests list; one that cannot be read counts as
-   *  listing none (the owner's own cleanup deletes what this misses). */
-  private def borrowedIn(files: CheckpointFiles, manifests: Iterable[(Long, Option[String])]): Set[String] =
-    manifests.toSeq.flatMap { case (v, id) =>
-      try { val m = files.readManifest(v, id); (m.files ++ m.replay).map(_.path).filter(files.paths.lenderOf(_).isDefined) }
-      catch { case _: CheckpointFileException => Nil }
-    }.toSet
 
   /**
    * The committed (version, id) chain from `head` back to the first snapshot at or below

@@ -3,8 +3,6 @@ package io.keyedstate.checkpoint
 import org.apache.hadoop.fs.Path
 import org.slf4j.LoggerFactory
 
-import io.keyedstate.format.CheckpointLayout
-
 /**
  * Snapshot files a rescale by files shares (FORMATS.md, "Rescale by files"): a file in a lender's
  * `ks-files/` stays while a manifest of the lender or of a borrower (a partition the lender holds
@@ -24,15 +22,20 @@ object SharedFiles {
   def lentOut(lender: CheckpointFiles, l: Listing, dropMarker: Path => Unit): Set[String] =
     lender.paths.borrowers(l.modified.keys).flatMap { q =>
       val borrower = lender.sibling(q)
-      val mine = lender.paths.ownFiles(listedBy(borrower, borrower.listing()), othersOnly = true)
+      val mine = lender.paths.ownFiles(listedBy(borrower, borrower.listing().snapshotFiles), othersOnly = true)
       if (mine.isEmpty) dropMarker(lender.paths.borrowerMarker(q))
       mine
     }.toSet
 
-  /** Every path the manifests in a partition's listing list (files and changelogs to replay). */
-  def listedBy(files: CheckpointFiles, l: Listing): Seq[String] =
-    l.snapshotFiles.toSeq.flatMap { case (v, id) =>
-      val m = files.readManifest(v, id); (m.files ++ m.replay).map(_.path)
+  /**
+   * Every path the given manifests of a partition list (files and changelogs to replay). One that
+   * cannot be read throws [[CheckpointFileException]], or lists nothing when `skipUnreadable`.
+   */
+  def listedBy(files: CheckpointFiles, manifests: Iterable[(Long, Option[String])],
+      skipUnreadable: Boolean = false): Seq[String] =
+    manifests.toSeq.flatMap { case (v, id) =>
+      try { val m = files.readManifest(v, id); (m.files ++ m.replay).map(_.path) }
+      catch { case _: CheckpointFileException if skipUnreadable => Nil }
     }
 
   /**
@@ -49,10 +52,9 @@ object SharedFiles {
         val lender = borrower.sibling(p)
         val l = lender.listing()
         val marker = borrower.paths.partition.map(lender.paths.borrowerMarker)
-        val listed = lender.paths.ownFiles(listedBy(lender, l)) ++
+        val listed = lender.paths.ownFiles(listedBy(lender, l.snapshotFiles)) ++
           lentOut(lender, l, m => if (marker.contains(m)) delete(m))
-        paths.foreach { path =>
-          val rel = s"${CheckpointLayout.FilesDir}/${CheckpointLayout.ownerOf(path)._2}"
+        lender.paths.ownFiles(paths, othersOnly = true).foreach { rel =>
           if (!listed.contains(rel)) delete(lender.resolve(rel))
         }
         Set.empty[String]
