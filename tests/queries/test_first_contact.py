@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -120,13 +121,25 @@ def run_route(route: str, work: Path) -> tuple[dict, str]:
     return _run(cmd, work)
 
 
+@pytest.fixture(scope="module")
+def configure_route(tmp_path_factory) -> tuple[dict, Path]:
+    """The "configure" route, run once for the module: its result and its work directory, whose
+    checkpoint tests copy before they change anything in it."""
+    work = tmp_path_factory.mktemp("configure-route")
+    result, _ = run_route("configure", work)
+    return result, work
+
+
 @pytest.mark.parametrize("route", ["--jars", "spark.jars", "configure", "reused-configure", "--jars+configure"])
-def test_every_route_serves_listeners_streams_foreach_batch_and_state_sources(route, tmp_path):
+def test_every_route_serves_listeners_streams_foreach_batch_and_state_sources(route, tmp_path, request):
     """``reused-configure``: keyedstate.configure() in a Python process whose JVM already ran a
     session; spark.jars then reaches only the executors, and ``spark.streams`` failed with
     ClassNotFoundException of the provider on the driver. ``--jars+configure``: configure() under
     spark-submit replaced the launcher's spark.jars (the application's own jar) with its own."""
-    result, _ = run_route(route, tmp_path)
+    if route == "configure":
+        result = request.getfixturevalue("configure_route")[0]
+    else:
+        result, _ = run_route(route, tmp_path)
     if route == "--jars+configure":
         jars = [Path(j.removeprefix("file:")).name for j in result["jars"].split(",")]
         assert jars == ["app.jar", Path(keyedstate.jar_path()).name], result["jars"]
@@ -178,29 +191,40 @@ except Exception as exc:  # Spark's error classes along the cause chain (None: n
 '''
 
 
-def test_state_source_read_in_a_fresh_session_logs_no_keyedstate_warning(tmp_path):
+def test_state_source_read_in_a_fresh_session_logs_no_keyedstate_warning(tmp_path, configure_route):
     """A session that never ran a query has no state store coordinator; the stores a read opens
     asked it whether they are active, and every such question logged a WARN with a stack trace.
     A read the checkpoint cannot serve (a change feed from a batch whose changelog is gone, a
     snapshot that does not exist) ends with one line naming the batch and the file: it ended
     with the Java stack traces of Spark's "Job aborted"."""
-    written, _ = run_route("configure", tmp_path)
+    written, work = configure_route
     assert written["state"] == {"a": 2, "b": 1}
-    script = tmp_path / "read.py"
-    script.write_text(READ_SCRIPT)
-    result, stderr = _run([sys.executable, str(script), str(tmp_path / "checkpoint")], tmp_path)
-    assert result == {"state": {"a": 2, "b": 1}, "operators": ["stateStoreSave"]}
-    assert _keyedstate_warnings(stderr) == []
-
-    (tmp_path / "checkpoint" / "state" / "0" / "0" / "1.ks-changelog").unlink()
+    # Two copies of the written checkpoint: the fresh session reads one while the reads that
+    # cannot be served run on the other, from which a changelog is gone.
+    readable, unreadable = tmp_path / "checkpoint", tmp_path / "unreadable" / "checkpoint"
+    shutil.copytree(work / "checkpoint", readable)
+    shutil.copytree(work / "checkpoint", unreadable)
+    (unreadable / "state" / "0" / "0" / "1.ks-changelog").unlink()
     (tmp_path / "unreadable.py").write_text(UNREADABLE_SCRIPT)
     cases = {("readChangeFeed=true", "changeStartBatchId=0"): "/state/0/0/1.ks-changelog (batch 0), which is not "
                                                                 "in the checkpoint",
              ("snapshotStartBatchId=0", "snapshotPartitionId=0"): "has no snapshot of version 1 "
                                                                   "(snapshotStartBatchId 0)"}
-    procs = {case: subprocess.Popen([sys.executable, str(tmp_path / "unreadable.py"), str(tmp_path / "checkpoint"),
-                                     *case], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = {case: subprocess.Popen([sys.executable, str(tmp_path / "unreadable.py"), str(unreadable), *case],
+                                    cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for case in cases}
+
+    script = tmp_path / "read.py"
+    script.write_text(READ_SCRIPT)
+    try:
+        result, stderr = _run([sys.executable, str(script), str(readable)], tmp_path)
+    except BaseException:
+        for proc in procs.values():
+            proc.kill()
+        raise
+    assert result == {"state": {"a": 2, "b": 1}, "operators": ["stateStoreSave"]}
+    assert _keyedstate_warnings(stderr) == []
+
     for case, proc in procs.items():
         try:
             stdout, stderr = proc.communicate(timeout=1200)
