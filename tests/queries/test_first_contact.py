@@ -18,6 +18,7 @@ import pytest
 
 import keyedstate
 
+from support import jvmsession
 from support.constants import PROVIDER_CONF
 
 ROUTE_SCRIPT = r'''
@@ -79,7 +80,8 @@ import json, sys, time
 from pyspark.sql import SparkSession
 import keyedstate
 spark = keyedstate.configure(SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-                             .config("spark.ui.showConsoleProgress", "false")).getOrCreate()
+                             .config("spark.ui.showConsoleProgress", "false")
+                             .config("spark.driver.extraJavaOptions", QUICK_JVM_OPTIONS)).getOrCreate()
 spark.sparkContext.setLogLevel("WARN")
 state = {r[0]: r[1] for r in spark.read.format("statestore").load(sys.argv[1]).select("key.k", "value.*").collect()}
 operators = [r["operatorName"] for r in spark.read.format("state-metadata").load(sys.argv[1]).collect()]
@@ -87,6 +89,12 @@ time.sleep(3)  # the cleanup a load asks for runs in the background
 print("RESULT " + json.dumps({"state": state, "operators": operators}), flush=True)
 spark.stop()
 '''
+
+
+def _quick_jvm(script: str) -> str:
+    """``script`` (one that reads or fails, not a route) with ``QUICK_JVM_OPTIONS`` defined: its
+    session's JVM starts with the options of the suite's other short-lived JVMs."""
+    return f"QUICK_JVM_OPTIONS = {jvmsession.QUICK_JVM_OPTIONS!r}\n" + script
 
 
 def _run(cmd: list[str], cwd: Path) -> tuple[dict, str]:
@@ -176,7 +184,8 @@ import json, sys
 from pyspark.sql import SparkSession
 import keyedstate
 spark = keyedstate.configure(SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
-                             .config("spark.ui.showConsoleProgress", "false")).getOrCreate()
+                             .config("spark.ui.showConsoleProgress", "false")
+                             .config("spark.driver.extraJavaOptions", QUICK_JVM_OPTIONS)).getOrCreate()
 try:
     spark.read.format("statestore").options(**dict(o.split("=") for o in sys.argv[2:])).load(sys.argv[1]).collect()
 except Exception as exc:  # Spark's error classes along the cause chain (None: not a SparkThrowable)
@@ -205,7 +214,7 @@ def test_state_source_read_in_a_fresh_session_logs_no_keyedstate_warning(tmp_pat
     shutil.copytree(work / "checkpoint", readable)
     shutil.copytree(work / "checkpoint", unreadable)
     (unreadable / "state" / "0" / "0" / "1.ks-changelog").unlink()
-    (tmp_path / "unreadable.py").write_text(UNREADABLE_SCRIPT)
+    (tmp_path / "unreadable.py").write_text(_quick_jvm(UNREADABLE_SCRIPT))
     cases = {("readChangeFeed=true", "changeStartBatchId=0"): "/state/0/0/1.ks-changelog (batch 0), which is not "
                                                                 "in the checkpoint",
              ("snapshotStartBatchId=0", "snapshotPartitionId=0"): "has no snapshot of version 1 "
@@ -215,7 +224,7 @@ def test_state_source_read_in_a_fresh_session_logs_no_keyedstate_warning(tmp_pat
              for case in cases}
 
     script = tmp_path / "read.py"
-    script.write_text(READ_SCRIPT)
+    script.write_text(_quick_jvm(READ_SCRIPT))
     try:
         result, stderr = _run([sys.executable, str(script), str(readable)], tmp_path)
     except BaseException:
@@ -247,7 +256,8 @@ from pyspark.sql import SparkSession
 import keyedstate
 key, value, work = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 builder = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
-           .config("spark.sql.shuffle.partitions", "1").config("spark.ui.showConsoleProgress", "false"))
+           .config("spark.sql.shuffle.partitions", "1").config("spark.ui.showConsoleProgress", "false")
+           .config("spark.driver.extraJavaOptions", QUICK_JVM_OPTIONS))
 if key == "no-jar":  # the provider chosen, the jar forgotten
     spark = builder.config("spark.sql.streaming.stateStore.providerClass", keyedstate.PROVIDER_CLASS).getOrCreate()
 else:
@@ -281,7 +291,7 @@ def test_a_failed_query_ends_with_one_line_naming_the_problem(tmp_path):
     cause). A conf conf.py refuses is the query's own exception, raised before any task: it
     failed the first task, and the query's message was Spark's "Job aborted"."""
     script = tmp_path / "fail.py"
-    script.write_text(FAILING_SCRIPT)
+    script.write_text(_quick_jvm(FAILING_SCRIPT))
     cases = {
         ("snapshotIntervall", "5"): f"did you mean '{keyedstate.conf.PREFIX}snapshotInterval'?",
         ("ttl", "-1"): f"Invalid value '-1' for conf '{keyedstate.conf.PREFIX}ttl'",
