@@ -29,12 +29,14 @@ from pyspark.sql import SparkSession, functions as F
 from pyspark.sql.streaming import StreamingQueryListener
 import keyedstate
 
-def builder():
+def builder():  # (under spark-submit the JVM runs already, with the options of its command line)
     return (SparkSession.builder.master("local[2]").config("spark.sql.shuffle.partitions", "2")
-            .config("spark.ui.port", "0").config("spark.ui.showConsoleProgress", "false"))
+            .config("spark.ui.port", "0").config("spark.ui.showConsoleProgress", "false")
+            .config("spark.driver.extraJavaOptions", QUICK_JVM_OPTIONS))
 
 if route.startswith("reused-"):  # a session without keyedstate first: its JVM stays up
-    SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate().stop()
+    (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+     .config("spark.driver.extraJavaOptions", QUICK_JVM_OPTIONS).getOrCreate().stop())
 if route.endswith("configure"):
     spark = keyedstate.configure(builder()).getOrCreate()
 elif route == "spark.jars":
@@ -92,8 +94,9 @@ spark.stop()
 
 
 def _quick_jvm(script: str) -> str:
-    """``script`` (one that reads or fails, not a route) with ``QUICK_JVM_OPTIONS`` defined: its
-    session's JVM starts with the options of the suite's other short-lived JVMs."""
+    """``script`` with ``QUICK_JVM_OPTIONS`` defined: its session's JVM starts with the options
+    of the suite's other short-lived JVMs (C1 only, serial GC: a JIT and a collector, not what
+    any route or read is about)."""
     return f"QUICK_JVM_OPTIONS = {jvmsession.QUICK_JVM_OPTIONS!r}\n" + script
 
 
@@ -113,17 +116,18 @@ def _keyedstate_warnings(stderr: str) -> list[str]:
 
 def run_route(route: str, work: Path) -> tuple[dict, str]:
     script = work / "route.py"
-    script.write_text(ROUTE_SCRIPT)
+    script.write_text(_quick_jvm(ROUTE_SCRIPT))
     spark_submit = Path(os.path.dirname(__import__("pyspark").__file__), "bin", "spark-submit")
+    submit = [str(spark_submit), "--master", "local[2]", "--driver-java-options", jvmsession.QUICK_JVM_OPTIONS]
     if route == "--jars":
-        cmd = [str(spark_submit), "--master", "local[2]", "--jars", keyedstate.jar_path(),
+        cmd = [*submit, "--jars", keyedstate.jar_path(),
                "--conf", f"{PROVIDER_CONF}={keyedstate.PROVIDER_CLASS}",
                "--conf", f"{keyedstate.conf.PREFIX}pythonExec={sys.executable}",
                str(script), route, str(work)]
     elif route == "--jars+configure":  # the application's own jar on the command line, keyedstate's by configure()
         with zipfile.ZipFile(work / "app.jar", "w") as app_jar:
             app_jar.writestr("app.txt", "the application's jar")
-        cmd = [str(spark_submit), "--master", "local[2]", "--jars", str(work / "app.jar"), str(script), route, str(work)]
+        cmd = [*submit, "--jars", str(work / "app.jar"), str(script), route, str(work)]
     else:
         cmd = [sys.executable, str(script), route, str(work)]
     return _run(cmd, work)
