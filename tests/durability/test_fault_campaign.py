@@ -4,6 +4,8 @@ runs out of space, each judged against an uninterrupted run of the HDFS provider
 killed in a commit window and between the state commit and the commit log."""
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from support.campaign import (COMMIT_LOG, PLANS, DriverPlan, changelog_window, judge_attempts, run_campaign,
@@ -32,11 +34,14 @@ def test_aimed_kills_of_a_child_driver_lose_and_duplicate_nothing(tmp_path):
     version is loaded from the checkpoint: the output equals Spark's default provider's under the
     same commit-log kill and change (batch 3 delivered by both attempts, the second one's rows
     counting from then on)."""
-    root = tmp_path / "objtest"
-    reference = run_driver_plan(DriverPlan("reference", HDFS_PROVIDER, "1", "filter", kills=(3,), steps=5),
-                                root, tmp_path)
-    run = run_driver_plan(DriverPlan("keyedstate", KS, "1", "filter", kills=(3, changelog_window(5)), steps=5),
-                          root, tmp_path)
+    # The two plans at once: they share nothing, each on an objtest:// root of its own (its own
+    # fault rules, kill counters and fault log, which run_driver_plan reads back).
+    with ThreadPoolExecutor(1) as pool:
+        reference = pool.submit(run_driver_plan, DriverPlan("reference", HDFS_PROVIDER, "1", "filter", kills=(3,),
+                                                            steps=5), tmp_path / "objtest-reference", tmp_path)
+        run = run_driver_plan(DriverPlan("keyedstate", KS, "1", "filter", kills=(3, changelog_window(5)), steps=5),
+                              tmp_path / "objtest", tmp_path)
+        reference = reference.result()
     assert reference["failures"] == [] and run["failures"] == [], (reference["failures"], run["failures"])
     assert run["kills"] == {COMMIT_LOG: 1, "commit: changelog written, not published": 1}, run["kills"]
     assert [b for b, _ in reference["outputs"]].count(3) == 2, reference["outputs"]  # batch 3 ran twice

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -17,6 +18,7 @@ import pytest
 
 import keyedstate
 
+from support import jvmsession
 from support.constants import PROVIDER_CONF
 
 ROUTE_SCRIPT = r'''
@@ -27,12 +29,14 @@ from pyspark.sql import SparkSession, functions as F
 from pyspark.sql.streaming import StreamingQueryListener
 import keyedstate
 
-def builder():
+def builder():  # (under spark-submit the JVM runs already, with the options of its command line)
     return (SparkSession.builder.master("local[2]").config("spark.sql.shuffle.partitions", "2")
-            .config("spark.ui.port", "0").config("spark.ui.showConsoleProgress", "false"))
+            .config("spark.ui.port", "0").config("spark.ui.showConsoleProgress", "false")
+            .config("spark.driver.extraJavaOptions", QUICK_JVM_OPTIONS))
 
 if route.startswith("reused-"):  # a session without keyedstate first: its JVM stays up
-    SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate().stop()
+    (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+     .config("spark.driver.extraJavaOptions", QUICK_JVM_OPTIONS).getOrCreate().stop())
 if route.endswith("configure"):
     spark = keyedstate.configure(builder()).getOrCreate()
 elif route == "spark.jars":
@@ -78,7 +82,8 @@ import json, sys, time
 from pyspark.sql import SparkSession
 import keyedstate
 spark = keyedstate.configure(SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-                             .config("spark.ui.showConsoleProgress", "false")).getOrCreate()
+                             .config("spark.ui.showConsoleProgress", "false")
+                             .config("spark.driver.extraJavaOptions", QUICK_JVM_OPTIONS)).getOrCreate()
 spark.sparkContext.setLogLevel("WARN")
 state = {r[0]: r[1] for r in spark.read.format("statestore").load(sys.argv[1]).select("key.k", "value.*").collect()}
 operators = [r["operatorName"] for r in spark.read.format("state-metadata").load(sys.argv[1]).collect()]
@@ -86,6 +91,13 @@ time.sleep(3)  # the cleanup a load asks for runs in the background
 print("RESULT " + json.dumps({"state": state, "operators": operators}), flush=True)
 spark.stop()
 '''
+
+
+def _quick_jvm(script: str) -> str:
+    """``script`` with ``QUICK_JVM_OPTIONS`` defined: its session's JVM starts with the options
+    of the suite's other short-lived JVMs (C1 only, serial GC: a JIT and a collector, not what
+    any route or read is about)."""
+    return f"QUICK_JVM_OPTIONS = {jvmsession.QUICK_JVM_OPTIONS!r}\n" + script
 
 
 def _run(cmd: list[str], cwd: Path) -> tuple[dict, str]:
@@ -104,29 +116,42 @@ def _keyedstate_warnings(stderr: str) -> list[str]:
 
 def run_route(route: str, work: Path) -> tuple[dict, str]:
     script = work / "route.py"
-    script.write_text(ROUTE_SCRIPT)
+    script.write_text(_quick_jvm(ROUTE_SCRIPT))
     spark_submit = Path(os.path.dirname(__import__("pyspark").__file__), "bin", "spark-submit")
+    submit = [str(spark_submit), "--master", "local[2]", "--driver-java-options", jvmsession.QUICK_JVM_OPTIONS]
     if route == "--jars":
-        cmd = [str(spark_submit), "--master", "local[2]", "--jars", keyedstate.jar_path(),
+        cmd = [*submit, "--jars", keyedstate.jar_path(),
                "--conf", f"{PROVIDER_CONF}={keyedstate.PROVIDER_CLASS}",
                "--conf", f"{keyedstate.conf.PREFIX}pythonExec={sys.executable}",
                str(script), route, str(work)]
     elif route == "--jars+configure":  # the application's own jar on the command line, keyedstate's by configure()
         with zipfile.ZipFile(work / "app.jar", "w") as app_jar:
             app_jar.writestr("app.txt", "the application's jar")
-        cmd = [str(spark_submit), "--master", "local[2]", "--jars", str(work / "app.jar"), str(script), route, str(work)]
+        cmd = [*submit, "--jars", str(work / "app.jar"), str(script), route, str(work)]
     else:
         cmd = [sys.executable, str(script), route, str(work)]
     return _run(cmd, work)
 
 
+@pytest.fixture(scope="module")
+def configure_route(tmp_path_factory) -> tuple[dict, Path]:
+    """The "configure" route, run once for the module: its result and its work directory, whose
+    checkpoint tests copy before they change anything in it."""
+    work = tmp_path_factory.mktemp("configure-route")
+    result, _ = run_route("configure", work)
+    return result, work
+
+
 @pytest.mark.parametrize("route", ["--jars", "spark.jars", "configure", "reused-configure", "--jars+configure"])
-def test_every_route_serves_listeners_streams_foreach_batch_and_state_sources(route, tmp_path):
+def test_every_route_serves_listeners_streams_foreach_batch_and_state_sources(route, tmp_path, request):
     """``reused-configure``: keyedstate.configure() in a Python process whose JVM already ran a
     session; spark.jars then reaches only the executors, and ``spark.streams`` failed with
     ClassNotFoundException of the provider on the driver. ``--jars+configure``: configure() under
     spark-submit replaced the launcher's spark.jars (the application's own jar) with its own."""
-    result, _ = run_route(route, tmp_path)
+    if route == "configure":
+        result = request.getfixturevalue("configure_route")[0]
+    else:
+        result, _ = run_route(route, tmp_path)
     if route == "--jars+configure":
         jars = [Path(j.removeprefix("file:")).name for j in result["jars"].split(",")]
         assert jars == ["app.jar", Path(keyedstate.jar_path()).name], result["jars"]
@@ -163,7 +188,8 @@ import json, sys
 from pyspark.sql import SparkSession
 import keyedstate
 spark = keyedstate.configure(SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
-                             .config("spark.ui.showConsoleProgress", "false")).getOrCreate()
+                             .config("spark.ui.showConsoleProgress", "false")
+                             .config("spark.driver.extraJavaOptions", QUICK_JVM_OPTIONS)).getOrCreate()
 try:
     spark.read.format("statestore").options(**dict(o.split("=") for o in sys.argv[2:])).load(sys.argv[1]).collect()
 except Exception as exc:  # Spark's error classes along the cause chain (None: not a SparkThrowable)
@@ -178,29 +204,40 @@ except Exception as exc:  # Spark's error classes along the cause chain (None: n
 '''
 
 
-def test_state_source_read_in_a_fresh_session_logs_no_keyedstate_warning(tmp_path):
+def test_state_source_read_in_a_fresh_session_logs_no_keyedstate_warning(tmp_path, configure_route):
     """A session that never ran a query has no state store coordinator; the stores a read opens
     asked it whether they are active, and every such question logged a WARN with a stack trace.
     A read the checkpoint cannot serve (a change feed from a batch whose changelog is gone, a
     snapshot that does not exist) ends with one line naming the batch and the file: it ended
     with the Java stack traces of Spark's "Job aborted"."""
-    written, _ = run_route("configure", tmp_path)
+    written, work = configure_route
     assert written["state"] == {"a": 2, "b": 1}
-    script = tmp_path / "read.py"
-    script.write_text(READ_SCRIPT)
-    result, stderr = _run([sys.executable, str(script), str(tmp_path / "checkpoint")], tmp_path)
-    assert result == {"state": {"a": 2, "b": 1}, "operators": ["stateStoreSave"]}
-    assert _keyedstate_warnings(stderr) == []
-
-    (tmp_path / "checkpoint" / "state" / "0" / "0" / "1.ks-changelog").unlink()
-    (tmp_path / "unreadable.py").write_text(UNREADABLE_SCRIPT)
+    # Two copies of the written checkpoint: the fresh session reads one while the reads that
+    # cannot be served run on the other, from which a changelog is gone.
+    readable, unreadable = tmp_path / "checkpoint", tmp_path / "unreadable" / "checkpoint"
+    shutil.copytree(work / "checkpoint", readable)
+    shutil.copytree(work / "checkpoint", unreadable)
+    (unreadable / "state" / "0" / "0" / "1.ks-changelog").unlink()
+    (tmp_path / "unreadable.py").write_text(_quick_jvm(UNREADABLE_SCRIPT))
     cases = {("readChangeFeed=true", "changeStartBatchId=0"): "/state/0/0/1.ks-changelog (batch 0), which is not "
                                                                 "in the checkpoint",
              ("snapshotStartBatchId=0", "snapshotPartitionId=0"): "has no snapshot of version 1 "
                                                                   "(snapshotStartBatchId 0)"}
-    procs = {case: subprocess.Popen([sys.executable, str(tmp_path / "unreadable.py"), str(tmp_path / "checkpoint"),
-                                     *case], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = {case: subprocess.Popen([sys.executable, str(tmp_path / "unreadable.py"), str(unreadable), *case],
+                                    cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for case in cases}
+
+    script = tmp_path / "read.py"
+    script.write_text(_quick_jvm(READ_SCRIPT))
+    try:
+        result, stderr = _run([sys.executable, str(script), str(readable)], tmp_path)
+    except BaseException:
+        for proc in procs.values():
+            proc.kill()
+        raise
+    assert result == {"state": {"a": 2, "b": 1}, "operators": ["stateStoreSave"]}
+    assert _keyedstate_warnings(stderr) == []
+
     for case, proc in procs.items():
         try:
             stdout, stderr = proc.communicate(timeout=1200)
@@ -223,7 +260,8 @@ from pyspark.sql import SparkSession
 import keyedstate
 key, value, work = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 builder = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
-           .config("spark.sql.shuffle.partitions", "1").config("spark.ui.showConsoleProgress", "false"))
+           .config("spark.sql.shuffle.partitions", "1").config("spark.ui.showConsoleProgress", "false")
+           .config("spark.driver.extraJavaOptions", QUICK_JVM_OPTIONS))
 if key == "no-jar":  # the provider chosen, the jar forgotten
     spark = builder.config("spark.sql.streaming.stateStore.providerClass", keyedstate.PROVIDER_CLASS).getOrCreate()
 else:
@@ -257,7 +295,7 @@ def test_a_failed_query_ends_with_one_line_naming_the_problem(tmp_path):
     cause). A conf conf.py refuses is the query's own exception, raised before any task: it
     failed the first task, and the query's message was Spark's "Job aborted"."""
     script = tmp_path / "fail.py"
-    script.write_text(FAILING_SCRIPT)
+    script.write_text(_quick_jvm(FAILING_SCRIPT))
     cases = {
         ("snapshotIntervall", "5"): f"did you mean '{keyedstate.conf.PREFIX}snapshotInterval'?",
         ("ttl", "-1"): f"Invalid value '-1' for conf '{keyedstate.conf.PREFIX}ttl'",

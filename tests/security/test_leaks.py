@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -233,8 +235,21 @@ def test_executors_with_equal_pids_sharing_a_local_dir_do_not_collide(tmp_path):
     local = tmp_path / "shared-local"
     local.mkdir()
     confs = {PFX + "localDir": str(local), PFX + "serverProcesses": "1"}
-    with SessionProcess(tmp_path / "a", confs=confs, wrapper=wrapper) as a, \
-            SessionProcess(tmp_path / "b", confs=confs, wrapper=wrapper) as b:
+    # The two sessions start at once (each start is a JVM's); the with-block below stops both.
+    with ThreadPoolExecutor(1) as pool:
+        starting = pool.submit(SessionProcess, tmp_path / "b", confs=confs, wrapper=wrapper)
+        try:
+            a = SessionProcess(tmp_path / "a", confs=confs, wrapper=wrapper)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                starting.result().kill()
+            raise
+        try:
+            b = starting.result()
+        except BaseException:
+            a.kill()
+            raise
+    with a, b:
         if a.jvm_pid_in_ns != b.jvm_pid_in_ns:
             pytest.skip(f"the two JVMs got different pids ({a.jvm_pid_in_ns}, {b.jvm_pid_in_ns})")
         expected = {"a": Counter(), "b": Counter()}

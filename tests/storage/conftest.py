@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -104,10 +105,28 @@ def storage_session(s3, s3_proxy, tmp_path_factory, request):
 
 
 @pytest.fixture(scope="session")
-def storage_roots(hdfs, s3) -> dict[str, str]:
-    """{"hdfs" | "s3a": a root URI for checkpoints on that storage, unique to this test run}."""
+def storage_root(hdfs, s3) -> Callable[[str, str], str]:
+    """``root(where, area)``: a root URI on ``where`` ("hdfs" | "s3a") for the checkpoints of
+    ``area`` (a scenario's name, "faults", "requests"), unique to this test run. On s3a every
+    area is a bucket of its own: moto lists a prefix by scanning every key of the bucket, so in
+    one bucket for the whole run each LIST would cost more with every test that ran before."""
     run = uuid.uuid4().hex[:8]
-    return {"hdfs": f"{hdfs.uri}/keyedstate-tests-{run}", "s3a": f"s3a://{s3.bucket}/keyedstate-tests-{run}"}
+    buckets: set[str] = set()
+
+    def root(where: str, area: str) -> str:
+        if where == "hdfs":
+            return f"{hdfs.uri}/keyedstate-tests-{run}/{area}"
+        if where != "s3a":
+            raise ValueError(f"no storage {where!r}: hdfs or s3a")
+        bucket = f"ks-{run}-{area}"
+        if not re.fullmatch(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]", bucket):
+            raise ValueError(f"area {area!r} makes {bucket!r}, not an S3 bucket name (lower case, digits, '-')")
+        if bucket not in buckets:
+            s3.create_bucket(bucket)
+            buckets.add(bucket)
+        return f"s3a://{bucket}/keyedstate-tests-{run}/{area}"
+
+    return root
 
 
 @dataclass(frozen=True)
@@ -118,14 +137,14 @@ class ScenarioRun:
 
 
 @pytest.fixture(scope="session")
-def scenario_runs(storage_session, storage_roots, candidate_provider, tmp_path_factory) -> Callable:
+def scenario_runs(storage_session, storage_root, candidate_provider, tmp_path_factory) -> Callable:
     """``get(scenario, storage)``: the scenario of support/scenarios.py run on that storage, once
     per test run (the operator and offline tests share the runs)."""
     runs: dict[tuple[str, str], ScenarioRun] = {}
 
     def get(scenario: str, where: str) -> ScenarioRun:
         if (scenario, where) not in runs:
-            root = f"{storage_roots[where]}/{scenario}"
+            root = storage_root(where, scenario)
             local = tmp_path_factory.mktemp(f"{scenario}-{where}")
             # Spark checkpoints only the global watermark: after a restart an input counts as
             # watermark 0 until it has data (support/driver.py), so the output of a query with

@@ -26,7 +26,7 @@ KILL_VERSIONS = [2, 3]  # a snapshot version (snapshotInterval 2) and a changelo
 
 
 @pytest.mark.parametrize("where", ["hdfs", "s3a"])
-def test_state_servers_killed_at_commit(storage_session, scenario_runs, storage_roots, candidate_provider,
+def test_state_servers_killed_at_commit(storage_session, scenario_runs, storage_root, candidate_provider,
                                         tmp_path, where):
     if candidate_provider != KS:
         pytest.skip(f"kills keyedstate's state servers, which {candidate_provider} has none of")
@@ -34,7 +34,7 @@ def test_state_servers_killed_at_commit(storage_session, scenario_runs, storage_
     reference_file = tmp_path / "reference.pickle"
     reference_file.write_bytes(pickle.dumps(reference))
     result = storage_session.tool("killed_at_commit", scenario="aggregation-update", provider=KS,
-                                  checkpoint=f"{storage_roots[where]}/faults/killed-at-commit", root=str(tmp_path),
+                                  checkpoint=f"{storage_root(where, 'faults')}/killed-at-commit", root=str(tmp_path),
                                   reference=str(reference_file), kill_versions=KILL_VERSIONS,
                                   confs={PFX + "snapshotInterval": "2"})
     assert [k["version"] for k in result["kills"]] == KILL_VERSIONS and all(k["servers"] for k in result["kills"]), \
@@ -43,7 +43,7 @@ def test_state_servers_killed_at_commit(storage_session, scenario_runs, storage_
     assert [b for b, _ in result["final"]] == [b for b, _ in reference], result["final"]
 
 
-def test_503_during_a_commit_on_s3a_loses_nothing(scenario_runs, storage_session, storage_roots, s3_proxy,
+def test_503_during_a_commit_on_s3a_loses_nothing(scenario_runs, storage_session, storage_root, s3_proxy,
                                                   candidate_provider, tmp_path):
     reference = scenario_runs("aggregation-update", "s3a").reference
     throttled = []
@@ -57,7 +57,7 @@ def test_503_during_a_commit_on_s3a_loses_nothing(scenario_runs, storage_session
                         throttle)
     try:
         output = storage_session.run_scenario("aggregation-update", candidate_provider,
-                                              f"{storage_roots['s3a']}/faults/throttled-commit", tmp_path)
+                                              f"{storage_root('s3a', 'faults')}/throttled-commit", tmp_path)
     finally:
         s3_proxy.disarm()
     assert throttled, "no state store commit wrote a changelog through the proxy"

@@ -29,11 +29,11 @@ def _versions(names: list[str], suffix: str) -> list[int]:
     return sorted(int(m.group(1)) for n in names if (m := re.fullmatch(rf"(\d+){re.escape(suffix)}", n)))
 
 
-def test_cleanup_runs_again_only_when_head_or_snapshot_moved(storage_session, storage_roots, s3_proxy,
+def test_cleanup_runs_again_only_when_head_or_snapshot_moved(storage_session, storage_root, s3_proxy,
                                                              candidate_provider, tmp_path):
     if candidate_provider != KS:
         pytest.skip(f"runs keyedstate's cleanup, which {candidate_provider} has none of")
-    checkpoint = f"{storage_roots['s3a']}/requests/cleanup"
+    checkpoint = f"{storage_root('s3a', 'requests')}/cleanup"
     storage_session.run_scenario("aggregation-update", KS, checkpoint, tmp_path / "run",
                                  confs={PFX + "snapshotInterval": "2"})
     names = storage_session.tool("store_files", checkpoint=checkpoint, partition_dir=PARTITION)
@@ -60,14 +60,14 @@ def test_cleanup_runs_again_only_when_head_or_snapshot_moved(storage_session, st
     assert storage_session.offline("state_rows", checkpoint) == rows
 
 
-def test_snapshot_files_are_uploaded_without_a_rename(storage_session, storage_roots, s3_proxy, candidate_provider,
+def test_snapshot_files_are_uploaded_without_a_rename(storage_session, storage_root, s3_proxy, candidate_provider,
                                                       tmp_path):
     """A snapshot file goes to the checkpoint under its final name in one PUT: no temporary
     object, so no COPY and DELETE (s3a's rename), and no probe of the new name first. The
     restarted query loads those snapshots, and verify finds every file its manifests list."""
     if candidate_provider != KS:
         pytest.skip(f"uploads keyedstate's snapshots, which {candidate_provider} has none of")
-    checkpoint = f"{storage_roots['s3a']}/requests/snapshot-upload"
+    checkpoint = f"{storage_root('s3a', 'requests')}/snapshot-upload"
     storage_session.run_scenario("aggregation-update", KS, checkpoint, tmp_path / "run", restart_every_step=True,
                                  confs={PFX + "snapshotInterval": "2"})
     prefix = _key_prefix(f"{checkpoint}/state")
@@ -117,7 +117,7 @@ def _kinds(requests: collections.Counter) -> collections.Counter:
     return out
 
 
-def test_commit_and_load_ask_no_more_than_rocksdb(storage_session, storage_roots, s3_proxy, candidate_provider,
+def test_commit_and_load_ask_no_more_than_rocksdb(storage_session, storage_root, s3_proxy, candidate_provider,
                                                   tmp_path):
     """The same query, restarted after every step, with Spark's RocksDB provider (changelog
     checkpointing) and with keyedstate: the same versions committed and loaded, so at most as many
@@ -129,7 +129,7 @@ def test_commit_and_load_ask_no_more_than_rocksdb(storage_session, storage_roots
     for label, provider, confs in [
             ("rocksdb", ROCKSDB_PROVIDER, {STATE_PREFIX + "rocksdb.changelogCheckpointing.enabled": "true"}),
             ("keyedstate", KS, {PFX + "snapshotInterval": "1000"})]:  # snapshots counted elsewhere
-        checkpoint = f"{storage_roots['s3a']}/requests/commit-{label}"
+        checkpoint = f"{storage_root('s3a', 'requests')}/commit-{label}"
         start = time.time()
         storage_session.run_scenario("aggregation-update", provider, checkpoint, tmp_path / label,
                                      restart_every_step=True, confs=confs)

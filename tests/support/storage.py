@@ -235,10 +235,14 @@ class MotoS3(_Server):
                          "moto's S3 server", timeout)
         self.endpoint = self.address
         self.bucket = bucket
+        self.create_bucket(bucket)
+
+    def create_bucket(self, name: str) -> None:
+        """A new bucket ``name`` on this server (straight to it, not through any proxy)."""
         import boto3
 
         boto3.client("s3", endpoint_url=self.endpoint, region_name=S3_REGION, aws_access_key_id=S3_KEY,
-                     aws_secret_access_key=S3_KEY).create_bucket(Bucket=bucket)
+                     aws_secret_access_key=S3_KEY).create_bucket(Bucket=name)
 
     def s3a_confs(self) -> dict[str, str]:
         """The Spark confs of an s3a:// client of this server (hadoop-aws 3.5, AWS SDK v2)."""
