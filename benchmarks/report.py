@@ -595,6 +595,16 @@ def _storage_metrics() -> list[tuple[str, Callable[[dict], float | None], Callab
             *((f"{op} per batch (median)", lambda r, op=op: _requests(r, op), _fmt_count) for op in (*OPS, "all"))]
 
 
+def _requests_cell(result, op: str) -> str:
+    median = _requests(result, op)
+    if median is None:
+        return "–"
+    mean = (_summary(result).get("requests_per_batch_mean") or {}).get(op)
+    if mean is None and op == "all":
+        mean = sum((_summary(result).get("requests_per_batch_mean") or {}).values()) or None
+    return f"{median:g}" + (f" ({mean:.1f})" if mean is not None else "")
+
+
 def _fmt_count(v) -> str:
     return "–" if v is None else f"{v:g}"
 
@@ -624,10 +634,11 @@ def storage_section(by_wl: dict[str, dict[str, dict]]) -> list[str]:
             rows.append([f"**{provider}**" if provider == "keyedstate" else provider, _storage(r), _status(r),
                          f"{fmt_ms(s.get('median_batch_ms'))} ({fmt_ms(s.get('min_batch_ms'))}–{fmt_ms(s.get('max_batch_ms'))})",
                          f"{fmt_ms(s.get('commit_p50_ms'))} / {fmt_ms(s.get('commit_p99_ms'))}",
-                         fmt_bytes(s.get("ckpt_bytes_per_batch_median")),
-                         *(f"{_requests(r, op):g}" if _requests(r, op) is not None else "–" for op in ops)])
+                         f"{fmt_bytes(s.get('ckpt_bytes_per_batch_median'))} ({fmt_bytes(_ckpt_mean(r))})",
+                         *(_requests_cell(r, op) for op in ops)])
         out += table(["provider", "storage", "status", "batch ms median (min–max)", "commit p50 / p99 ms",
-                      "state bytes/batch", *(f"{op}/batch" for op in ops)], rows, ["l", "l", "l"]) + [""]
+                      "state bytes/batch median (mean)", *(f"{op}/batch median (mean)" for op in ops)],
+                     rows, ["l", "l", "l"]) + [""]
         ks = remote.get("keyedstate")
         ratio_rows = []
         for label, get, fmt in _storage_metrics():
