@@ -609,7 +609,7 @@ def _fmt_count(v) -> str:
     return "–" if v is None else f"{v:g}"
 
 
-def storage_section(by_wl: dict[str, dict[str, dict]]) -> list[str]:
+def storage_section(by_wl: dict[str, dict[str, dict]], level: str = "##") -> list[str]:
     """Per workload run on hdfs:// or s3a://: each provider's median batch, commit p50/p99, state
     bytes and (s3a) requests per batch by kind; keyedstate ÷ rocksdb_changelog (issue 48's
     targets) and keyedstate ÷ hdfs."""
@@ -621,7 +621,7 @@ def storage_section(by_wl: dict[str, dict[str, dict]]) -> list[str]:
         where = sorted({_storage(r) for r in remote.values()})
         any_r = next(iter(remote.values()))
         has_requests = any(_summary(r).get("requests_per_batch_median") for r in remote.values())
-        out += [f"## {wl} on {', '.join(f'{w}://' for w in where)}", "",
+        out += [f"{level} {wl} on {', '.join(f'{w}://' for w in where)}", "",
                 f"{fmt_rows(any_r.get('rows_per_batch'))} rows per batch, key space {fmt_rows(any_r.get('keys'))}; "
                 f"{any_r.get('batches_requested', '?')} measured batches after {any_r.get('warmup_batches', '?')} "
                 f"warm-up. Storage: {any_r.get('storage_detail', '?')}. State bytes: {any_r.get('ckpt_bytes_source', '?')}.",
@@ -775,7 +775,7 @@ def render_storage(sources: list[str], out: Path) -> str:
              "window (listed after the run; replication not counted).",
              "- Session as in RESULTS.md (`local[2]`, 4 shuffle partitions, `maintenanceInterval=1s`).", ""]
     blocks = []
-    for source in sources:
+    for number, source in enumerate(sources, 1):
         results = load([source])
         meta_path = Path(source).with_suffix(".meta.json")
         meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
@@ -789,14 +789,16 @@ def render_storage(sources: list[str], out: Path) -> str:
         busy = sorted(f"{r['workload']}/{r['provider']}" for r in results.values() if contended(r))
         share = [max((r.get("other_cpu_share") or {}).values(), default=0) for r in results.values()]
         load_avg = meta.get("loadavg_start"), meta.get("loadavg_end")
-        lines += [f"- `{meta.get('command', '?')}`: started {meta.get('started_at', '?')}, "
+        lines += [f"- Run {number}: `{meta.get('command', '?')}`: started {meta.get('started_at', '?')}, "
                   f"{float(meta.get('duration_s') or 0) / 60:.1f} min, commit `{meta.get('commit', '?')}`, "
                   f"{env.get('nproc', '?')} CPUs, Java {env.get('java', '?')}, pyspark {env.get('pyspark', '?')}; "
                   f"load average (1 min) {load_avg[0] if load_avg[0] is not None else '?'} at the start, "
                   f"{load_avg[1] if load_avg[1] is not None else '?'} at the end; other processes used "
                   f"{min(share, default=0):.0%}–{max(share, default=0):.0%} of the CPUs during the runs"
                   + (f" (⚠ contended: {', '.join(busy)})" if busy else "")]
-        blocks.append(storage_section(by_wl))
+        storages = sorted({_storage(r) for r in results.values()})
+        blocks.append([f"## Run {number}: {', '.join(storages)}, {', '.join(by_wl)} (started {meta.get('started_at', '?')})",
+                       ""] + storage_section(by_wl, level="###"))
     lines.append("")
     for block in blocks:
         lines += block
