@@ -51,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--restart", default="default", metavar="W1,W5|all|none",
                     help="workloads that, after their measured batches, restart the query in a fresh "
                          "JVM and time its first batch (default: W1,W5)")
+    ap.add_argument("--storage", default="local", choices=("local", "hdfs", "s3a"),
+                    help="checkpoint storage (default local disk): hdfs = a MiniDFSCluster (2 DataNodes, "
+                         "replication 2), s3a = moto's S3 server behind a proxy that counts every request; "
+                         "started once for the invocation (benchmarks/storage.py)")
     ap.add_argument("--provider-python", action="append", default=[], metavar="NAME=PYTHON",
                     help="run provider NAME with interpreter PYTHON (repeatable). NAME is a provider or "
                          "<provider>_<suffix>, e.g. keyedstate_before=/venvs/ks-14b501e/bin/python: the "
@@ -97,12 +101,15 @@ def main(argv: list[str] | None = None) -> int:
             pytest_args.append(f"--bench-wait-idle={args.wait_idle}")
         if args.keep_checkpoints:
             pytest_args.append("--bench-keep-checkpoints")
+        if args.storage != "local":
+            pytest_args.append(f"--bench-storage={args.storage}")
         if args.restart != "default":
             pytest_args.append(f"--bench-restart={args.restart}")
         pytest_args += [f"--bench-provider-python={p}" for p in args.provider_python]
         pytest_args += [f"--bench-conf={c}" for c in args.conf] + args.pytest_args
         os.environ["KEYEDSTATE_BENCH_COMMAND"] = command
         started = time.time()
+        load_start = round(os.getloadavg()[0], 1)
         os.environ["KEYEDSTATE_BENCH_INVOCATION"] = datetime.fromtimestamp(started, timezone.utc).isoformat(timespec="seconds")
         commit = report.commit_of(REPO_DIR)  # what ran, not what HEAD is when the report is re-rendered
         os.chdir(REPO_DIR)
@@ -110,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
         run_meta = json.dumps({
             "command": command, "results": json_out, "merge": args.merge,
             "started_at": datetime.fromtimestamp(started, timezone.utc).isoformat(timespec="seconds"),
-            "duration_s": round(time.time() - started, 1), "pytest_exit_code": rc, "commit": commit}, indent=1)
+            "duration_s": round(time.time() - started, 1), "pytest_exit_code": rc, "commit": commit,
+            "storage": args.storage, "loadavg_start": load_start, "loadavg_end": round(os.getloadavg()[0], 1)},
+            indent=1)
         meta_path.write_text(run_meta)
         _meta_of(json_out).write_text(run_meta)
     if args.no_report:
@@ -130,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     report.main([*sources, "--command", meta.get("command", command),
                  "--duration", str(meta.get("duration_s", "")),
                  "--out", str(args.out), "--plots", str(args.out.parent / "plots")]
+                + (["--no-plots"] if meta.get("storage", "local") != "local" else [])
                 + (["--commit", meta["commit"]] if meta.get("commit") else []))
     return rc
 

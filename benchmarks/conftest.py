@@ -6,6 +6,8 @@ import shlex
 import sys
 from datetime import datetime, timezone
 
+import pytest
+
 from .workloads import PROVIDER_PYTHON, PROVIDERS, TTL_WORKLOADS, WORKLOADS, register_provider_python
 
 
@@ -37,6 +39,9 @@ def pytest_addoption(parser):
     g.addoption("--bench-restart", default="default",
                 help="workloads that restart in a fresh JVM after their measured batches: default "
                      "(W1,W5), all, none, or a comma-separated list")
+    g.addoption("--bench-storage", default="local", choices=("local", "hdfs", "s3a"),
+                help="checkpoint storage: local disk, or a MiniDFSCluster / moto S3 behind the counting "
+                     "proxy started once for the session (benchmarks/storage.py)")
     g.addoption("--bench-provider-python", action="append", default=[], metavar="NAME=PYTHON",
                 help="run provider NAME (a built-in or <built-in>_<suffix>, e.g. keyedstate_before) "
                      "with another interpreter; repeatable; such providers are always run")
@@ -71,6 +76,22 @@ def pytest_generate_tests(metafunc):
              if p != "keyedstate_ttl" or w in TTL_WORKLOADS or opt("--bench-providers")
              or p in PROVIDER_PYTHON]
     metafunc.parametrize("pair", pairs, ids=[f"{w}-{p}" for w, p in pairs])
+
+
+@pytest.fixture(scope="session")
+def bench_storage(request):
+    """The session's hdfs/s3a storage (benchmarks/storage.py), or None for local disk."""
+    kind = request.config.getoption("--bench-storage")
+    if kind == "local":
+        yield None
+        return
+    from .storage import BenchStorage
+
+    storage = BenchStorage(kind)
+    try:
+        yield storage
+    finally:
+        storage.stop()
 
 
 INVOCATION = os.environ.get("KEYEDSTATE_BENCH_INVOCATION") or datetime.now(timezone.utc).isoformat(timespec="seconds")

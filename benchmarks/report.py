@@ -22,6 +22,7 @@ from typing import Callable
 from . import extra, rescale
 from .fmt import (contended, fmt_bytes, fmt_load_plan, fmt_ms, fmt_rows, fmt_s, ratio, ratio_value, table,
                   target_text, verdict)
+from .storage import OPS
 from .workloads import (BASE_CONFS, BENCH_DIR, BUILTIN_PROVIDERS, PROVIDERS, WORK_DIR, WORKLOADS, _git,
                         base_provider)
 
@@ -570,6 +571,128 @@ def _summary_table(by_wl: dict[str, dict[str, dict]]) -> list[str]:
         rows) + [""]
 
 
+# ---------------------------------------------------------------------------------------------
+# Real checkpoint storage (issue 48): hdfs:// and s3a://
+# ---------------------------------------------------------------------------------------------
+STORAGE_TARGETS = {"median batch (ms)": 1.0, "commit p99 (ms)": 1.0}
+"""Issue 48's bounds on keyedstate ÷ rocksdb_changelog on real storage (W1, W2); every request
+kind per batch is bounded by 1.0× too."""
+STORAGE_WORKLOADS = ("W1", "W2")
+
+
+def _storage(result) -> str:
+    return (result or {}).get("storage") or "local"
+
+
+def _requests(result, op: str):
+    return (_summary(result).get("requests_per_batch_median") or {}).get(op)
+
+
+def _storage_metrics() -> list[tuple[str, Callable[[dict], float | None], Callable[[object], str]]]:
+    return [("median batch (ms)", _median, fmt_ms), ("commit p50 (ms)", _commit_p50, fmt_ms),
+            ("commit p99 (ms)", _commit_p99, fmt_ms),
+            ("state bytes per batch (median)", lambda r: _summary(r).get("ckpt_bytes_per_batch_median"), fmt_bytes),
+            *((f"{op} per batch (median)", lambda r, op=op: _requests(r, op), _fmt_count) for op in (*OPS, "all"))]
+
+
+def _requests_cell(result, op: str) -> str:
+    median = _requests(result, op)
+    if median is None:
+        return "–"
+    mean = (_summary(result).get("requests_per_batch_mean") or {}).get(op)
+    if mean is None and op == "all":
+        mean = sum((_summary(result).get("requests_per_batch_mean") or {}).values()) or None
+    return f"{median:g}" + (f" ({mean:.1f})" if mean is not None else "")
+
+
+def _fmt_count(v) -> str:
+    return "–" if v is None else f"{v:g}"
+
+
+def storage_section(by_wl: dict[str, dict[str, dict]], level: str = "##") -> list[str]:
+    """Per workload run on hdfs:// or s3a://: each provider's median batch, commit p50/p99, state
+    bytes and (s3a) requests per batch by kind; keyedstate ÷ rocksdb_changelog (issue 48's
+    targets) and keyedstate ÷ hdfs."""
+    out = []
+    for wl, runs in by_wl.items():
+        remote = {p: r for p, r in runs.items() if _storage(r) != "local"}
+        if not remote:
+            continue
+        where = sorted({_storage(r) for r in remote.values()})
+        any_r = next(iter(remote.values()))
+        has_requests = any(_summary(r).get("requests_per_batch_median") for r in remote.values())
+        out += [f"{level} {wl} on {', '.join(f'{w}://' for w in where)}", "",
+                f"{fmt_rows(any_r.get('rows_per_batch'))} rows per batch, key space {fmt_rows(any_r.get('keys'))}; "
+                f"{any_r.get('batches_requested', '?')} measured batches after {any_r.get('warmup_batches', '?')} "
+                f"warm-up. Storage: {any_r.get('storage_detail', '?')}. State bytes: {any_r.get('ckpt_bytes_source', '?')}.",
+                ""]
+        ops = (*OPS, "all") if has_requests else ()
+        rows = []
+        for provider in provider_order(remote):
+            r = remote[provider]
+            s = _summary(r)
+            rows.append([f"**{provider}**" if provider == "keyedstate" else provider, _storage(r), _status(r),
+                         f"{fmt_ms(s.get('median_batch_ms'))} ({fmt_ms(s.get('min_batch_ms'))}–{fmt_ms(s.get('max_batch_ms'))})",
+                         f"{fmt_ms(s.get('commit_p50_ms'))} / {fmt_ms(s.get('commit_p99_ms'))}",
+                         f"{fmt_bytes(s.get('ckpt_bytes_per_batch_median'))} ({fmt_bytes(_ckpt_mean(r))})",
+                         *(_requests_cell(r, op) for op in ops)])
+        out += table(["provider", "storage", "status", "batch ms median (min–max)", "commit p50 / p99 ms",
+                      "state bytes/batch median (mean)", *(f"{op}/batch median (mean)" for op in ops)],
+                     rows, ["l", "l", "l"]) + [""]
+        ks = remote.get("keyedstate")
+        ratio_rows = []
+        for label, get, fmt in _storage_metrics():
+            if get(ks) is None and not any(get(remote.get(b)) is not None for b in (BASELINE, "hdfs")):
+                continue
+            request_kind = label.split(" ", 1)[0] in OPS
+            bound = STORAGE_TARGETS.get(label, 1.0 if request_kind else None)
+            bound = bound if wl in STORAGE_WORKLOADS else None
+            cells = [label, fmt(get(ks))]
+            for base in (BASELINE, "hdfs"):
+                b = remote.get(base)
+                a_v, b_v = get(ks), get(b)
+                if a_v == 0 and b_v == 0:
+                    cells += [fmt(b_v), "0 = 0"]
+                elif b_v == 0 and a_v:
+                    cells += [fmt(b_v), f"{a_v:g} vs 0"]
+                else:
+                    cells += [fmt(b_v), ratio(a_v, b_v)]
+            r = ratio_value(get(ks), get(remote.get(BASELINE)))
+            if bound is not None and get(ks) == 0 and get(remote.get(BASELINE)) == 0:
+                result = "met"
+            elif bound is not None and get(ks) and get(remote.get(BASELINE)) == 0:
+                result = "**missed** (baseline 0)"
+            else:
+                result = verdict(r, bound) or "–"
+            ratio_rows.append(cells + [target_text(bound), result + _flag(ks, remote.get(BASELINE))])
+        if ratio_rows:
+            out += [f"keyedstate against `{BASELINE}` (issue 48's targets, W1/W2: ≤ 1.0× for median batch, "
+                    "commit p99 and every request kind) and against `hdfs`:", ""]
+            out += table(["metric", "keyedstate", BASELINE, f"÷ {BASELINE}", "hdfs", "÷ hdfs", "target", "result"],
+                         ratio_rows, ["l"]) + [""]
+        if has_requests:
+            out += ["Where the requests go (mean per measured batch, by operation and file):", ""]
+            for provider in provider_order(remote):
+                top = _summary(remote[provider]).get("requests_by_file_mean") or {}
+                out.append(f"- {provider}: " + ", ".join(f"{k} {v:.1f}" for k, v in list(top.items())[:12]))
+            out.append("")
+        restarts = [(p, r) for p, r in remote.items() if r.get("restart")]
+        if restarts:
+            out += ["Restart on this storage (fresh JVM, same checkpoint):", ""]
+            rrows = []
+            for provider, r in sorted(restarts, key=lambda x: provider_order(remote).index(x[0])):
+                rec = r["restart"]
+                first = next((b for b in rec.get("batches") or [] if b.get("batchId") is not None), {})
+                req = first.get("requests") or {}
+                rrows.append([provider, rec.get("status", "?") + (" ⚠" if contended(rec) else ""),
+                              fmt_s(rec.get("start_to_first_batch_s")), fmt_ms(rec.get("first_batch_ms")),
+                              fmt_s(rec.get("session_start_s")), fmt_load_plan(rec.get("load_plan")),
+                              " ".join(f"{op} {req[op]}" for op in OPS if req.get(op)) or "–"])
+            out += table(["provider", "status", "start() → first batch done (s)", "first batch (ms)",
+                          "session start (s)", "load plan", "requests of the first batch"], rrows, ["l", "l"]) + [""]
+    return out
+
+
 def _load_rescale(path: Path | None) -> dict | None:
     if path is None or not path.exists():
         return None
@@ -593,6 +716,7 @@ def render(results: dict[tuple[str, str], dict], out: Path, plots_dir: Path,
 
     lines = _header(results, command, duration, commit)
     lines += _summary_table(by_wl)
+    lines += storage_section(by_wl)
     lines += _scorecard(by_wl, rescale_data)
     lines += _recovery(by_wl)
     lines += _before_after(by_wl)
@@ -632,6 +756,58 @@ def render(results: dict[tuple[str, str], dict], out: Path, plots_dir: Path,
     return text
 
 
+def render_storage(sources: list[str], out: Path) -> str:
+    """One report of several ``python3 -m benchmarks --storage hdfs|s3a`` invocations (issue 48):
+    per invocation its command, date, duration, commit and machine load, then the storage section
+    of its runs. Each source is an invocation's results JSON, with the ``.meta.json`` beside it."""
+    lines = ["# keyedstate on real checkpoint storage: W1, W2 (and W5's restart) on hdfs:// and s3a://", "",
+             f"- Generated: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} by "
+             f"`python3 -m benchmarks.report --storage-report` from {len(sources)} invocation(s) below.",
+             "- Storage (benchmarks/storage.py, tests/support/storage.py): a MiniDFSCluster (NameNode + 2 "
+             "DataNodes, replication 2) in a JVM of its own, or moto's S3 server behind the proxy of "
+             "tests/support/s3proxy.py, which counts every request of the s3a client (hadoop-aws 3.5) by S3 "
+             "operation; started once per invocation, a fresh checkpoint dir per run. All on the same "
+             "loopback and disk as Spark: the figures compare providers, they are not a network's.",
+             "- Requests per batch: every request in the batch's window [its start, the next batch's start) "
+             "(offset/commit logs, state files, maintenance meanwhile), median over the measured batches. "
+             "State bytes per batch: s3a = PUT bodies under `state/` the proxy forwarded (a COPY, s3a's "
+             "rename, moves no bytes); hdfs = sizes of the files under `state/` whose mtime is in the "
+             "window (listed after the run; replication not counted).",
+             "- Session as in RESULTS.md (`local[2]`, 4 shuffle partitions, `maintenanceInterval=1s`).", ""]
+    blocks = []
+    for number, source in enumerate(sources, 1):
+        results = load([source])
+        meta_path = Path(source).with_suffix(".meta.json")
+        meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+        if not results:
+            print(f"report: no results in {source}", file=sys.stderr)
+            continue
+        by_wl: dict[str, dict[str, dict]] = {}
+        for (wl, provider), r in sorted(results.items()):
+            by_wl.setdefault(wl, {})[provider] = r
+        env = next((r.get("env") for r in results.values() if (r.get("env") or {}).get("java")), {}) or {}
+        busy = sorted(f"{r['workload']}/{r['provider']}" for r in results.values() if contended(r))
+        share = [max((r.get("other_cpu_share") or {}).values(), default=0) for r in results.values()]
+        load_avg = meta.get("loadavg_start"), meta.get("loadavg_end")
+        lines += [f"- Run {number}: `{meta.get('command', '?')}`: started {meta.get('started_at', '?')}, "
+                  f"{float(meta.get('duration_s') or 0) / 60:.1f} min, commit `{meta.get('commit', '?')}`, "
+                  f"{env.get('nproc', '?')} CPUs, Java {env.get('java', '?')}, pyspark {env.get('pyspark', '?')}; "
+                  f"load average (1 min) {load_avg[0] if load_avg[0] is not None else '?'} at the start, "
+                  f"{load_avg[1] if load_avg[1] is not None else '?'} at the end; other processes used "
+                  f"{min(share, default=0):.0%}–{max(share, default=0):.0%} of the CPUs during the runs"
+                  + (f" (⚠ contended: {', '.join(busy)})" if busy else "")]
+        storages = sorted({_storage(r) for r in results.values()})
+        blocks.append([f"## Run {number}: {', '.join(storages)}, {', '.join(by_wl)} (started {meta.get('started_at', '?')})",
+                       ""] + storage_section(by_wl, level="###"))
+    lines.append("")
+    for block in blocks:
+        lines += block
+    text = "\n".join(lines).rstrip() + "\n"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m benchmarks.report")
     ap.add_argument("results", nargs="*", default=[str(WORK_DIR / "results.json")])
@@ -646,7 +822,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--extra", type=Path, default=extra.EXTRA_DIR,
                     help="extra measurement tables to include if present: a directory of JSON files or "
                          "one file (see benchmarks/extra.py)")
+    ap.add_argument("--storage-report", action="store_true",
+                    help="render the hdfs/s3a sections of each RESULTS (one per `--storage` invocation, "
+                         "its .meta.json beside it) into --out, one block per invocation")
     args = ap.parse_args(argv)
+    if args.storage_report:
+        render_storage(args.results, args.out)
+        print(f"wrote {args.out}")
+        return 0
     results = load(args.results)
     if not results:
         print(f"report: no results in {', '.join(args.results)}", file=sys.stderr)

@@ -33,6 +33,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--restart", action="store_true",
                     help="restart the query a previous run left in --run-dir (recovery figure)")
+    ap.add_argument("--storage", default="local", choices=("local", "hdfs", "s3a"),
+                    help="checkpoint storage (benchmarks/storage.py); hdfs/s3a without --checkpoint: "
+                         "started in this process for this run")
+    ap.add_argument("--checkpoint", help="the checkpoint URI on hdfs/s3a (given by the parent)")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--run-dir", required=True, type=Path)
     args = ap.parse_args(argv)
@@ -43,8 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     spec = RunSpec(workload=args.workload, provider=args.provider, rows=args.rows,
                    batches=args.batches, warmup=args.warmup, confs=args.conf,
                    near_cache=args.near_cache, timeout=args.timeout,
-                   provider_python=args.provider_python)
+                   provider_python=args.provider_python, storage=args.storage, checkpoint=args.checkpoint)
     args.run_dir.mkdir(parents=True, exist_ok=True)
+    if args.storage != "local" and not args.checkpoint:
+        if args.restart:
+            ap.error("--restart on hdfs/s3a needs --checkpoint: the storage of the run is gone")
+        return _with_own_storage(spec, args.out, args.run_dir)
     if args.restart:
         rec = run_restart(spec, args.out, args.run_dir)["restart"]
         print(json.dumps({k: rec.get(k) for k in ("status", "first_batch_ms", "start_to_first_batch_s", "error")}),
@@ -53,6 +61,29 @@ def main(argv: list[str] | None = None) -> int:
     result = run_in_process(spec, args.out, args.run_dir)
     s = result.get("summary", {})
     print(json.dumps({"status": result["status"], "median_batch_ms": s.get("median_batch_ms"),
+                      "error": result.get("error")}), flush=True)
+    return 0 if result["status"] == "ok" else 1
+
+
+def _with_own_storage(spec: RunSpec, out: Path, run_dir: Path) -> int:
+    """A run by hand on hdfs/s3a: the storage lives in this process for the run."""
+    from dataclasses import replace
+
+    from .storage import BenchStorage
+
+    storage = BenchStorage(spec.storage, run_dir / "storage")
+    try:
+        spec = replace(spec, checkpoint=storage.checkpoint_for(spec.slug()),
+                       confs=[f"all:{k}={v}" for k, v in storage.confs().items()] + list(spec.confs))
+        result = run_in_process(spec, out, run_dir)
+        storage.attribute(result)
+        out.write_text(json.dumps(result, indent=1, default=str))
+    finally:
+        storage.stop()
+    s = result.get("summary", {})
+    print(json.dumps({"status": result["status"], "median_batch_ms": s.get("median_batch_ms"),
+                      "requests_per_batch_median": s.get("requests_per_batch_median"),
+                      "ckpt_bytes_per_batch_median": s.get("ckpt_bytes_per_batch_median"),
                       "error": result.get("error")}), flush=True)
     return 0 if result["status"] == "ok" else 1
 

@@ -15,7 +15,7 @@ from .workloads import RunSpec, run_pair
 
 
 @pytest.mark.keyedstate_bench
-def test_provider(benchmark, pair, request):
+def test_provider(benchmark, pair, request, bench_storage):
     workload, provider = pair
     opt = request.config.getoption
     spec = RunSpec(workload=workload, provider=provider, rows=opt("--bench-rows"),
@@ -26,7 +26,7 @@ def test_provider(benchmark, pair, request):
                    restart=restart_for(opt("--bench-restart"), workload),
                    provider_python=list(opt("--bench-provider-python")), invocation=INVOCATION)
     benchmark.group = workload
-    result = benchmark.pedantic(run_pair, args=(spec,), rounds=1, iterations=1)
+    result = benchmark.pedantic(run_pair, args=(spec,), kwargs={"storage": bench_storage}, rounds=1, iterations=1)
     benchmark.extra_info.update({
         "workload": workload, "provider": provider, "status": result.get("status"),
         "command": bench_command(), "summary": result.get("summary"), "result": result,

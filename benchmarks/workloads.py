@@ -20,7 +20,9 @@ Definitions used in the results (see README.md):
   and whatever maintenance uploaded while the batch ran. Maintenance (snapshot uploads, for every
   provider but ``rocksdb``) runs every ``maintenanceInterval``: the session sets it to 1 s (Spark's
   default, 60 s, is longer than most runs, so no snapshot would ever be counted). Nothing is
-  deleted during a run (``minBatchesToRetain`` defaults to 100).
+  deleted during a run (``minBatchesToRetain`` defaults to 100). On hdfs:// the same, listed
+  through Hadoop's FileSystem; on s3a:// the PUT bodies under ``state/`` the proxy forwarded in the
+  window (benchmarks/storage.py, which also counts the requests per batch).
 * peak RSS: ``VmHWM`` from ``/proc/<pid>/status`` of the JVM (the ``java`` child of the runner)
   and the sum over every ``keyedstate.server`` process below it; sampled every second and once
   more just before the query stops (a pid's VmHWM only grows, so the last sample is its peak).
@@ -40,7 +42,7 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -437,13 +439,18 @@ def snapshot_version(name: str) -> int | None:
 def checkpoint_versions(state_dir: Path) -> dict[str, Any]:
     """What a load of the newest version needs, over every store partition under ``state_dir``:
     its newest snapshot and how many changelogs/deltas after it it replays (min/max over stores)."""
+    return checkpoint_versions_of((root, name) for root, _, files in os.walk(state_dir) for name in files)
+
+
+def checkpoint_versions_of(files) -> dict[str, Any]:
+    """:func:`checkpoint_versions` of the files ``(directory, name)`` of a state dir (listed
+    locally or through Hadoop's FileSystem)."""
     stores: dict[str, dict[str, set[int]]] = {}
-    for root, _, files in os.walk(state_dir):
-        for name in files:
-            for kind, pattern in (("snapshots", _SNAPSHOT_FILE), ("changelogs", _CHANGELOG_FILE)):
-                m = pattern.match(name)
-                if m:
-                    stores.setdefault(root, {"snapshots": set(), "changelogs": set()})[kind].add(int(m.group(1)))
+    for root, name in files:
+        for kind, pattern in (("snapshots", _SNAPSHOT_FILE), ("changelogs", _CHANGELOG_FILE)):
+            m = pattern.match(name)
+            if m:
+                stores.setdefault(root, {"snapshots": set(), "changelogs": set()})[kind].add(int(m.group(1)))
     if not stores:
         return {"stores": 0}
     latest, newest_snapshot, replay = [], [], []
@@ -514,6 +521,8 @@ class RunSpec:
     restart: bool | None = None  # restart in a fresh JVM after the measured batches; None: the workload's default
     provider_python: list[str] = field(default_factory=list)  # every --provider-python NAME=PYTHON of the run
     invocation: str | None = None  # the `python3 -m benchmarks` (pytest) run this pair belongs to
+    storage: str = "local"  # local | hdfs | s3a (benchmarks/storage.py)
+    checkpoint: str | None = None  # the checkpoint's URI on hdfs/s3a; local: <run dir>/checkpoint
 
     def resolved_restart(self) -> bool:
         return WORKLOADS[self.workload].restart if self.restart is None else self.restart
@@ -532,7 +541,10 @@ class RunSpec:
         return self.rows or WORKLOADS[self.workload].default_rows
 
     def slug(self) -> str:
-        return f"{self.workload}__{self.provider}"
+        return f"{self.workload}__{self.provider}" + ("" if self.storage == "local" else f"__{self.storage}")
+
+    def checkpoint_in(self, run_dir: Path) -> Path | str:
+        return self.checkpoint or run_dir / "checkpoint"
 
 
 def parse_conf_args(items: list[str], provider: str) -> dict[str, str]:
@@ -618,14 +630,16 @@ def _batch_record(progress: dict) -> dict:
     }
 
 
-def _drive(spark, spec: RunSpec, params: Params, source_rows: int, checkpoint: Path,
+def _drive(spark, spec: RunSpec, params: Params, source_rows: int, checkpoint: Path | str,
            first_measured: int | None, last_batch: int, deadline: float, result: dict,
            save: Callable[[], None], sampler: RssSampler, phase: str) -> None:
     """Run one query until batch ``last_batch`` completed, recording batches, peak RSS, notes and
     contention into ``result`` (``save()`` persists it after every batch)."""
     wl = WORKLOADS[spec.workload]
     df, mode = wl.build(spark, source_rows, params)
-    state_dir = checkpoint / "state"
+    # a remote state dir is listed once after the run: a listing per batch would be requests in
+    # the batch's count
+    state_dir = None if _remote(checkpoint) else checkpoint / "state"
     writer = (df.writeStream.format("noop").outputMode(mode)
               .option("checkpointLocation", str(checkpoint)).queryName(f"{spec.slug()}_{phase}"))
     if phase == "seed":
@@ -650,7 +664,7 @@ def _drive(spark, spec: RunSpec, params: Params, source_rows: int, checkpoint: P
                 rec = _batch_record(p)
                 rec["phase"] = phase if phase != "measure" else (
                     "warmup" if p["batchId"] < first_measured else "measured")
-                rec["state_dir_bytes"] = _dir_bytes(state_dir)
+                rec["state_dir_bytes"] = _dir_bytes(state_dir) if state_dir is not None else None
                 sampler.sample()
                 rec["cpu_s"] = sampler.cpu_totals()  # when the batch's progress was seen
                 result["batches"].append(rec)
@@ -686,11 +700,29 @@ def _drive(spark, spec: RunSpec, params: Params, source_rows: int, checkpoint: P
             result.setdefault("notes", []).append(f"query.stop() failed: {exc}")
 
 
-def _attribute_checkpoint_bytes(result: dict, state_dir: Path) -> None:
+def _remote(checkpoint: Path | str) -> bool:
+    return isinstance(checkpoint, str) and "://" in checkpoint
+
+
+def _listed_state(spark, checkpoint: Path | str) -> tuple[list[tuple[float, int, str]] | None, dict | None]:
+    """The files of the checkpoint's state dir, (mtime, size, relative path), and the load plan
+    they give; (None, None) without a state dir. A remote one is listed through the session."""
+    if not _remote(checkpoint):
+        state_dir = checkpoint / "state"
+        return (_state_files(state_dir), checkpoint_versions(state_dir)) if state_dir.exists() else (None, None)
+    if spark is None:
+        return None, None
+    from .storage import remote_files
+    files = remote_files(spark, f"{checkpoint}/state")
+    plan = checkpoint_versions_of((os.path.dirname(rel), os.path.basename(rel)) for _, _, rel in files)
+    return files or None, plan
+
+
+def _attribute_checkpoint_bytes(result: dict, files: list[tuple[float, int, str]] | None,
+                                versions: dict | None) -> None:
     batches = result["batches"]
-    if not batches or not state_dir.exists():
+    if not batches or files is None:
         return
-    files = _state_files(state_dir)
     # Window of batch i: [start_i, start_i+1), the last one up to its end. A file renamed into
     # place while batch i commits has mtime <= its end; the progress timestamp has ms resolution,
     # so every boundary moves 1 ms earlier.
@@ -702,7 +734,7 @@ def _attribute_checkpoint_bytes(result: dict, state_dir: Path) -> None:
         b["ckpt_bytes_written"] = sum(size for size, _ in inside)
         b["ckpt_snapshot_versions"] = sorted(v for _, rel in inside if (v := snapshot_version(rel)) is not None)
     result["state_dir_bytes_final"] = sum(size for _, size, _ in files)
-    result["checkpoint_versions"] = checkpoint_versions(state_dir)
+    result["checkpoint_versions"] = versions
 
 
 def summarize(result: dict) -> dict:
@@ -748,7 +780,10 @@ def run_in_process(spec: RunSpec, out: Path, run_dir: Path) -> dict:
     }
     sampler = RssSampler()
     spark = None
-    checkpoint = run_dir / "checkpoint"
+    checkpoint = spec.checkpoint_in(run_dir)
+    result["storage"] = spec.storage
+    if _remote(checkpoint):
+        result["checkpoint"] = checkpoint
 
     def save() -> None:
         _write_json(out, result)
@@ -782,7 +817,7 @@ def run_in_process(spec: RunSpec, out: Path, run_dir: Path) -> dict:
         result["traceback"] = traceback.format_exc()[-8000:]
     finally:
         try:
-            _attribute_checkpoint_bytes(result, checkpoint / "state")
+            _attribute_checkpoint_bytes(result, *_listed_state(spark, checkpoint))
         except Exception as exc:  # noqa: BLE001
             notes.append(f"checkpoint bytes not attributed: {exc}")
         result["summary"] = summarize(result)
@@ -831,7 +866,7 @@ def run_restart(spec: RunSpec, out: Path, run_dir: Path) -> dict:
     rec: dict[str, Any] = {"status": "running", "notes": [], "batches": [],
                            "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     result["restart"] = rec
-    checkpoint = run_dir / "checkpoint"
+    checkpoint = spec.checkpoint_in(run_dir)
     sampler = RssSampler()
     spark = None
 
@@ -839,14 +874,22 @@ def run_restart(spec: RunSpec, out: Path, run_dir: Path) -> dict:
         _write_json(out, result)
 
     try:
+        if _remote(checkpoint):  # listed through the session's Hadoop FileSystem
+            spark = build_session(spec, result["confs"], run_dir)
+            rec["session_start_s"] = round(time.monotonic() - started, 2)
+            from .storage import remote_names
+            names = remote_names(spark, f"{checkpoint}/commits")
+            rec["load_plan"] = _listed_state(spark, checkpoint)[1]
+        else:
+            names = [p.name for p in (checkpoint / "commits").iterdir()]
+            rec["load_plan"] = checkpoint_versions(checkpoint / "state")
         # the first batch after a restart is the one after the last committed batch (re-running
         # the one the stop interrupted, if its offsets were logged)
-        commits = [int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit()]
-        first = max(commits) + 1
-        rec["load_plan"] = checkpoint_versions(checkpoint / "state")
+        first = max(int(n) for n in names if n.isdigit()) + 1
         save()
-        spark = build_session(spec, result["confs"], run_dir)
-        rec["session_start_s"] = round(time.monotonic() - started, 2)
+        if spark is None:
+            spark = build_session(spec, result["confs"], run_dir)
+            rec["session_start_s"] = round(time.monotonic() - started, 2)
         params = Params(rows=result["rows_per_batch"], keys=result["keys"])
         _drive(spark, spec, params, params.rows, checkpoint, None, first, deadline, rec, save,
                sampler, "restart")
@@ -942,9 +985,11 @@ def _group_alive(pgid: int) -> bool:
         return True
 
 
-def run_pair(spec: RunSpec, work_dir: Path = WORK_DIR) -> dict:
+def run_pair(spec: RunSpec, work_dir: Path = WORK_DIR, storage=None) -> dict:
     """Run one (workload, provider) pair in a fresh subprocess and JVM (then, if the workload
-    restarts, its restart in another); return its metrics."""
+    restarts, its restart in another); return its metrics. With ``storage`` (a
+    :class:`benchmarks.storage.BenchStorage`) the checkpoint is a fresh directory there and each
+    batch gets that storage's request counts."""
     if spec.workload not in WORKLOADS:
         raise ValueError(f"unknown workload {spec.workload!r} ({', '.join(WORKLOADS)})")
     if spec.provider not in PROVIDERS:
@@ -955,6 +1000,9 @@ def run_pair(spec: RunSpec, work_dir: Path = WORK_DIR) -> dict:
     # Checkpoint + Spark/Java scratch of this run. Kept short and under the system temp dir:
     # keyedstate puts a Unix socket below java.io.tmpdir, and AF_UNIX paths are limited to 108 bytes.
     run_dir = Path(tempfile.mkdtemp(prefix=f"ksb-{spec.workload}-{spec.provider}-"))
+    if storage is not None:
+        spec = replace(spec, storage=storage.kind, checkpoint=storage.checkpoint_for(spec.slug()),
+                       confs=[f"all:{k}={v}" for k, v in storage.confs().items()] + list(spec.confs))
     out = runs / f"{spec.slug()}.json"
     out.unlink(missing_ok=True)
     log_path = logs / f"{spec.slug()}.log"
@@ -967,6 +1015,8 @@ def run_pair(spec: RunSpec, work_dir: Path = WORK_DIR) -> dict:
         cmd += ["--rows", str(spec.rows)]
     if spec.warmup is not None:
         cmd += ["--warmup", str(spec.warmup)]
+    if spec.checkpoint:
+        cmd += ["--storage", spec.storage, "--checkpoint", spec.checkpoint]
     for item in spec.confs:
         cmd += ["--conf", item]
     for item in spec.provider_python:
@@ -1000,6 +1050,9 @@ def run_pair(spec: RunSpec, work_dir: Path = WORK_DIR) -> dict:
         else:
             result["restart"] = {"status": "skipped", "notes": [f"the run ended {result['status']}"]}
             _write_json(out, result)
+    if storage is not None:
+        storage.attribute(result)
+        _write_json(out, result)
     if not spec.keep_checkpoint:
         shutil.rmtree(run_dir, ignore_errors=True)
     return result

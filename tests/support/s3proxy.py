@@ -42,6 +42,7 @@ class Request:
     key: str
     status: int = 0  # what the client got; set once answered
     injected: bool = False
+    size: int = 0  # bytes of the request's body forwarded to the server (a PUT's object or part)
 
 
 def classify(method: str, path: str, headers) -> tuple[str, str]:
@@ -128,7 +129,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 proxy._drop_connection()
                 if attempt == 2:
                     raise
-        proxy._record(Request(request.time, op, key, response.status))
+        proxy._record(Request(request.time, op, key, response.status, size=len(body)))
         self.send_response_only(response.status, response.reason)
         for name, value in response.getheaders():
             if name.lower() not in _HOP_BY_HOP:
