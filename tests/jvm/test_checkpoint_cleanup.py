@@ -185,3 +185,30 @@ def test_a_heir_whose_old_manifest_failed_to_go_keeps_its_marker(spark, tmp_path
         assert "x-C.sst" in {p.name for p in (lender / "ks-files").iterdir()}
     finally:
         subprocess.run(unpin, check=True)
+
+
+def test_an_engine_lists_again_only_once_retention_reaches_a_newer_snapshot(spark, tmp_path):
+    """After a cleanup that settled with base V + 2, retention reaching V + 5 and V + 6 still finds
+    base V + 2 (the next snapshot is V + 7): those cleanups are skipped, without a listing, so a
+    file dropped in meanwhile stays; the one at V + 8 takes base V + 7 and deletes it."""
+    from keyedstate.formats import manifest as mf
+
+    store = tmp_path / "state" / "0" / "0"
+    (store / "ks-files").mkdir(parents=True)
+    for version in (V + 2, V + 7):
+        (store / "ks-files" / f"{version}.sst").write_bytes(b"s" * 10)
+        listed = (mf.SnapshotFile("000009.sst", f"ks-files/{version}.sst", 10),)
+        (store / f"{version}.ks-snapshot").write_bytes(mf.encode(mf.Manifest(version, 8, 1, listed)))
+    old = 1_000_000_000
+    for f in (store / "ks-files").iterdir():
+        os.utime(f, (old, old))
+    cleanup = _store_cleanup(spark, store)  # retains 1 version before the head
+    cleanup(4, 7)
+    assert (store / f"{V + 2}.ks-snapshot").exists()
+    orphan = store / "ks-files" / "orphan.sst"  # as a killed upload leaves one
+    orphan.write_bytes(b"o")
+    os.utime(orphan, (old, old))
+    assert cleanup(6, 7) == 0 and cleanup(7, 7) == 0
+    assert orphan.exists() and (store / f"{V + 2}.ks-snapshot").exists()
+    assert cleanup(8, 7) == 3  # manifest V + 2, its file and the orphan
+    assert sorted(p.name for p in (store / "ks-files").iterdir()) == [f"{V + 7}.sst"]

@@ -29,7 +29,7 @@ def _versions(names: list[str], suffix: str) -> list[int]:
     return sorted(int(m.group(1)) for n in names if (m := re.fullmatch(rf"(\d+){re.escape(suffix)}", n)))
 
 
-def test_cleanup_runs_again_only_when_head_or_snapshot_moved(storage_session, storage_root, s3_proxy,
+def test_cleanup_runs_again_only_when_retention_or_snapshot_moved(storage_session, storage_root, s3_proxy,
                                                              candidate_provider, tmp_path):
     if candidate_provider != KS:
         pytest.skip(f"runs keyedstate's cleanup, which {candidate_provider} has none of")
@@ -44,7 +44,8 @@ def test_cleanup_runs_again_only_when_head_or_snapshot_moved(storage_session, st
 
     # retain 1 version: the newest snapshot below head is the base, everything older goes
     runs = storage_session.tool("store_cleanups", checkpoint=checkpoint, partition_dir=PARTITION, min_versions=1,
-                                runs=[[head, snapshots[-1]], [head, snapshots[-1]], [head, snapshots[-1] + 1]])
+                                runs=[[head, snapshots[-1]], [head, snapshots[-1]], [head + 1, snapshots[-1]],
+                                      [head, snapshots[-1] + 1]])
     prefix = _key_prefix(f"{checkpoint}/{PARTITION}")
     asked = [collections.Counter(r.op for r in s3_proxy.since(run["start"], run["end"]) if r.key.startswith(prefix))
              for run in runs]
@@ -55,8 +56,10 @@ def test_cleanup_runs_again_only_when_head_or_snapshot_moved(storage_session, st
     assert _versions(left, ".ks-snapshot") == [base], left
     # the same head and snapshot: what the first one settled is not listed or read again
     assert runs[1]["deleted"] == 0 and sum(asked[1].values()) == 0, (runs, asked)
+    # a newer head whose retention reaches no snapshot newer than the base: not listed either
+    assert runs[2]["deleted"] == 0 and sum(asked[2].values()) == 0, (runs, asked)
     # a newer snapshot: a full cleanup again (nothing left to delete)
-    assert runs[2]["deleted"] == 0 and asked[2]["LIST"] >= 1, (runs, asked)
+    assert runs[3]["deleted"] == 0 and asked[3]["LIST"] >= 1, (runs, asked)
     assert storage_session.offline("state_rows", checkpoint) == rows
 
 

@@ -30,9 +30,11 @@ object CheckpointCleanup {
 
   /** What one cleanup did: files deleted, whether it left nothing for a later cleanup of the
    *  same checkpoint state (no failed delete, no file kept only for its age, every manifest read),
-   *  and the other partitions' files its kept manifests list (`borrowed`, for the next cleanup;
-   *  None while no cleanup had a base). */
-  final case class Outcome(deleted: Int, settled: Boolean, borrowed: Option[Set[String]] = None)
+   *  the other partitions' files its kept manifests list (`borrowed`, for the next cleanup; None
+   *  while no cleanup had a base), and the oldest snapshot listed past its retention (`nextBase`):
+   *  until retention reaches that one, a later cleanup would take the same base and delete nothing. */
+  final case class Outcome(deleted: Int, settled: Boolean, borrowed: Option[Set[String]] = None,
+      nextBase: Option[Long] = None)
 
   def run(files: CheckpointFiles, minVersionsToRetain: Int, head: (Long, Option[String]),
       byLineage: Boolean): Outcome = run(files, minVersionsToRetain, head, byLineage, Some(Set.empty[String]))
@@ -65,7 +67,9 @@ object CheckpointCleanup {
     val young = (before: Long) => temps.exists { case (_, modified) => modified >= killedBefore && modified >= before }
     val found = candidates.find { case (v, id) => verified(files, v, id) }
     if (found != candidates.headOption) settled = false
-    val (base, baseId) = found.getOrElse(return Outcome(deleted, settled && !young(Long.MinValue), borrowedBefore))
+    val nextBase = l.snapshotFiles.map(_._1).filter(_ > oldestRetained).minOption
+    val (base, baseId) =
+      found.getOrElse(return Outcome(deleted, settled && !young(Long.MinValue), borrowedBefore, nextBase))
     val dropped = l.snapshotFiles.filter { case (v, id) => v < base || (v == base && id != baseId) }
     // A dropped manifest that cannot be read lists nothing here: the lender's cleanup is the backstop.
     val before = borrowedBefore.getOrElse(
@@ -100,7 +104,7 @@ object CheckpointCleanup {
     temps.foreach { case (name, modified) =>
       if (modified >= killedBefore && modified < horizon) delete(new org.apache.hadoop.fs.Path(files.dir, name))
     }
-    Outcome(deleted, settled && !young(horizon), Some(borrowed))
+    Outcome(deleted, settled && !young(horizon), Some(borrowed), nextBase)
   }
 
   /**
@@ -141,15 +145,22 @@ object CheckpointCleanup {
 }
 
 /**
- * The cleanups of one store partition by its engine: a cleanup is skipped while what it runs on
- * is unchanged since one that settled ([[CheckpointCleanup.Outcome]]): the committed head, the
- * newest snapshot this engine uploaded, and the retention. Such a cleanup would list and read the
- * same files and delete nothing; once head or snapshot move, the next one runs in full. Files
- * other writers add meanwhile (a stopped run's last upload) wait for that run, or the next run's
- * first cleanup.
+ * The cleanups of one store partition by its engine. After one that settled
+ * ([[CheckpointCleanup.Outcome]]), the next ones are skipped, without a listing, while the
+ * retention, the newest snapshot this engine uploaded and the head's attempt are unchanged and
+ * the head has not moved retention past the oldest snapshot that cleanup listed beyond its base:
+ * they would take the same base and delete nothing. Files other writers add meanwhile (a stopped
+ * run's last upload, a killed write's temp file) wait for the cleanup after the base moves, or
+ * the next run's first cleanup.
  */
 final class StoreCleanup(files: CheckpointFiles) {
-  @volatile private var settledAt: Option[(Int, (Long, Option[String]), Long, Boolean)] = None
+  private final case class Settled(retain: Int, head: (Long, Option[String]), newestSnapshot: Long,
+      byLineage: Boolean, nextBase: Option[Long]) {
+    def covers(r: Int, h: (Long, Option[String]), snapshot: Long, lineage: Boolean): Boolean =
+      r == retain && snapshot == newestSnapshot && lineage == byLineage &&
+        (h == head || h._1 > head._1) && nextBase.forall(h._1 - r < _)
+  }
+  @volatile private var settledAt: Option[Settled] = None
   /** The other partitions' files the last cleanup's kept manifests listed ([[SharedFiles.release]]);
    *  unknown until a cleanup had a base. */
   @volatile private var borrowed: Option[Set[String]] = None
@@ -157,12 +168,13 @@ final class StoreCleanup(files: CheckpointFiles) {
   /** Cleanup counting back from the committed version `head` (its unique id `headId` under format
    *  2); the number of files deleted (0 when skipped). */
   def run(minVersionsToRetain: Int, head: Long, headId: Option[String], newestSnapshot: Long, byLineage: Boolean): Int = {
-    val state = (minVersionsToRetain, (head, headId), newestSnapshot, byLineage)
-    if (settledAt.contains(state)) return 0
+    if (settledAt.exists(_.covers(minVersionsToRetain, head -> headId, newestSnapshot, byLineage))) return 0
     settledAt = None
     val outcome = CheckpointCleanup.run(files, minVersionsToRetain, head -> headId, byLineage, borrowed)
     borrowed = outcome.borrowed
-    if (outcome.settled) settledAt = Some(state)
+    if (outcome.settled) {
+      settledAt = Some(Settled(minVersionsToRetain, head -> headId, newestSnapshot, byLineage, outcome.nextBase))
+    }
     outcome.deleted
   }
 }
