@@ -277,3 +277,34 @@ def test_a_lineage_engine_lists_again_for_another_attempt_an_older_head_or_a_new
     assert sorted(p.name for p in store.glob("*.ks-*")) == sorted(
         [f"{V + 8}_{uid(a, 8)}.ks-changelog" for a in "ace"] + [f"{V + 9}_{uid('c', 9)}.ks-changelog",
                                                              f"{V + 7}_{uid('a', 7)}.ks-snapshot"])
+
+
+def test_another_writers_snapshot_past_retention_is_taken_once_this_engine_uploads(spark, tmp_path):
+    """A cleanup that settled with no snapshot past its retention covers every newer head, so a
+    snapshot another writer (a stopped run's last upload) adds meanwhile waits, its versions'
+    changelogs kept; this engine's next upload lists again, and the newest base is taken."""
+    from keyedstate.formats import manifest as mf
+
+    store = tmp_path / "state" / "0" / "0"
+    (store / "ks-files").mkdir(parents=True)
+    old = 1_000_000_000
+
+    def snapshot(version: int) -> None:
+        (store / "ks-files" / f"{version}.sst").write_bytes(b"s" * 10)
+        os.utime(store / "ks-files" / f"{version}.sst", (old, old))
+        listed = (mf.SnapshotFile("000009.sst", f"ks-files/{version}.sst", 10),)
+        (store / f"{V + version}.ks-snapshot").write_bytes(mf.encode(mf.Manifest(version + V, 8, 1, listed)))
+
+    for version in range(1, 13):
+        (store / f"{V + version}.ks-changelog").write_bytes(b"")
+    snapshot(2)
+    cleanup = _store_cleanup(spark, store)  # retains 1 version before the head
+    assert cleanup(4, 2) == 2  # base V + 2: changelogs V + 1, V + 2
+    snapshot(5)  # another writer's
+    assert cleanup(6, 2) == 0 and cleanup(12, 2) == 0
+    assert (store / f"{V + 2}.ks-snapshot").exists() and (store / f"{V + 3}.ks-changelog").exists()
+    snapshot(11)  # this engine's upload
+    # base V + 11: changelogs V + 3 to V + 11, manifests V + 2 and V + 5 and their files
+    assert cleanup(12, 11) == 13
+    assert sorted(p.name for p in store.glob("*.ks-*")) == [f"{V + 11}.ks-snapshot", f"{V + 12}.ks-changelog"]
+    assert sorted(p.name for p in (store / "ks-files").iterdir()) == ["11.sst"]
