@@ -212,3 +212,99 @@ def test_an_engine_lists_again_only_once_retention_reaches_a_newer_snapshot(spar
     assert orphan.exists() and (store / f"{V + 2}.ks-snapshot").exists()
     assert cleanup(8, 7) == 3  # manifest V + 2, its file and the orphan
     assert sorted(p.name for p in (store / "ks-files").iterdir()) == [f"{V + 7}.sst"]
+
+
+def test_a_lineage_engine_lists_again_for_another_attempt_an_older_head_or_a_newer_base(spark, tmp_path):
+    """Under checkpoint format 2 a settled cleanup covers only heads of newer versions (whatever
+    their id) while retention stays below the next snapshot: another attempt of the head's version
+    or an older head runs in full (an orphan file goes); a newer head of another attempt is
+    skipped with every retained version's files kept, until retention reaches that snapshot."""
+    from keyedstate.formats import changelog as cl
+    from keyedstate.formats import manifest as mf
+
+    store = tmp_path / "store"
+    (store / "ks-files").mkdir(parents=True)
+
+    def uid(attempt: str, version: int) -> str:
+        return f"{attempt}0000000-0000-4000-8000-{version:012d}"
+
+    def write_changelog(version: int, attempt: str, lineage: list[tuple[int, str]]) -> None:
+        meta = {"uniqueId": uid(attempt, version), "lineage": [[V + v, uid(a, v)] for v, a in lineage]}
+        name = f"{V + version}_{uid(attempt, version)}.ks-changelog"
+        (store / name).write_bytes(cl.compress(cl.encode(V + version, 8, []), meta))
+
+    old = 1_000_000_000
+
+    def orphan(name: str) -> Path:
+        path = store / "ks-files" / name  # as a killed upload leaves one
+        path.write_bytes(b"o")
+        os.utime(path, (old, old))
+        return path
+
+    for version in range(1, 9):
+        write_changelog(version, "a", [(v, "a") for v in range(version - 1, 0, -1)])
+    for version in (2, 7):
+        (store / "ks-files" / f"{version}.sst").write_bytes(b"s" * 10)
+        os.utime(store / "ks-files" / f"{version}.sst", (old, old))
+        listed = (mf.SnapshotFile("000009.sst", f"ks-files/{version}.sst", 10),)
+        name = f"{V + version}_{uid('a', version)}.ks-snapshot"
+        (store / name).write_bytes(mf.encode(mf.Manifest(V + version, 8, 1, listed)))
+    jvm = spark._jvm
+    files = jvm.io.keyedstate.checkpoint.CheckpointFiles(jvm.org.apache.hadoop.fs.Path(store.as_uri()),
+                                                         spark._jsc.hadoopConfiguration())
+    engine = jvm.io.keyedstate.checkpoint.StoreCleanup(files)
+
+    def cleanup(version: int, attempt: str) -> int:  # retains 2 versions before the head
+        return engine.run(2, V + version, jvm.scala.Option.apply(uid(attempt, version)), V + 7, True)
+
+    assert cleanup(8, "a") == 2  # base V + 2: changelogs V + 1, V + 2
+    write_changelog(8, "e", [(v, "a") for v in range(7, 0, -1)])
+    first = orphan("o1.sst")
+    assert cleanup(8, "e") == 1 and not first.exists()  # another attempt of the head's version
+    second = orphan("o2.sst")
+    assert cleanup(7, "a") == 1 and not second.exists()  # an older head (a reload)
+    write_changelog(8, "c", [(v, "a") for v in range(7, 0, -1)])
+    third = orphan("o3.sst")
+    assert cleanup(8, "c") == 0 and third.exists()  # retention V + 6 is below snapshot V + 7
+    kept = sorted(p.name for p in store.iterdir())
+    assert kept == sorted([f"{V + v}_{uid('a', v)}.ks-changelog" for v in range(3, 9)]
+                          + [f"{V + 8}_{uid(a, 8)}.ks-changelog" for a in "ce"]
+                          + [f"{V + v}_{uid('a', v)}.ks-snapshot" for v in (2, 7)] + ["ks-files"])
+    write_changelog(9, "c", [(8, "c")] + [(v, "a") for v in range(7, 0, -1)])
+    # retention V + 7 reaches the snapshot: changelogs V + 3 to V + 7, manifest V + 2, its file, the orphan
+    assert cleanup(9, "c") == 8
+    assert sorted(p.name for p in (store / "ks-files").iterdir()) == ["7.sst"]
+    assert sorted(p.name for p in store.glob("*.ks-*")) == sorted(
+        [f"{V + 8}_{uid(a, 8)}.ks-changelog" for a in "ace"] + [f"{V + 9}_{uid('c', 9)}.ks-changelog",
+                                                             f"{V + 7}_{uid('a', 7)}.ks-snapshot"])
+
+
+def test_another_writers_snapshot_past_retention_is_taken_once_this_engine_uploads(spark, tmp_path):
+    """A cleanup that settled with no snapshot past its retention covers every newer head, so a
+    snapshot another writer (a stopped run's last upload) adds meanwhile waits, its versions'
+    changelogs kept; this engine's next upload lists again, and the newest base is taken."""
+    from keyedstate.formats import manifest as mf
+
+    store = tmp_path / "state" / "0" / "0"
+    (store / "ks-files").mkdir(parents=True)
+    old = 1_000_000_000
+
+    def snapshot(version: int) -> None:
+        (store / "ks-files" / f"{version}.sst").write_bytes(b"s" * 10)
+        os.utime(store / "ks-files" / f"{version}.sst", (old, old))
+        listed = (mf.SnapshotFile("000009.sst", f"ks-files/{version}.sst", 10),)
+        (store / f"{V + version}.ks-snapshot").write_bytes(mf.encode(mf.Manifest(version + V, 8, 1, listed)))
+
+    for version in range(1, 13):
+        (store / f"{V + version}.ks-changelog").write_bytes(b"")
+    snapshot(2)
+    cleanup = _store_cleanup(spark, store)  # retains 1 version before the head
+    assert cleanup(4, 2) == 2  # base V + 2: changelogs V + 1, V + 2
+    snapshot(5)  # another writer's
+    assert cleanup(6, 2) == 0 and cleanup(12, 2) == 0
+    assert (store / f"{V + 2}.ks-snapshot").exists() and (store / f"{V + 3}.ks-changelog").exists()
+    snapshot(11)  # this engine's upload
+    # base V + 11: changelogs V + 3 to V + 11, manifests V + 2 and V + 5 and their files
+    assert cleanup(12, 11) == 13
+    assert sorted(p.name for p in store.glob("*.ks-*")) == [f"{V + 11}.ks-snapshot", f"{V + 12}.ks-changelog"]
+    assert sorted(p.name for p in (store / "ks-files").iterdir()) == ["11.sst"]
