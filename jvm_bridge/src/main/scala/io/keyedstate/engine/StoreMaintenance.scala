@@ -43,8 +43,8 @@ private[engine] final class StoreMaintenance(session: ServerSession, uploader: S
 
   /**
    * Deletes what no retained version needs, if active ([[RunFence]]), counting back from the
-   * version `head` gives (read once no upload runs); skipped while the head, the newest snapshot
-   * (`newestSnapshot`) and the retention are those of the last cleanup that settled ([[StoreCleanup]]).
+   * version `head` gives (read once no upload runs); skipped, after a cleanup that settled, while
+   * it could take no newer base ([[StoreCleanup]]).
    */
   def cleanUp(head: () => (Long, Option[String]), newestSnapshot: () => Long, byLineage: Boolean): Unit =
     mutex.synchronized {
