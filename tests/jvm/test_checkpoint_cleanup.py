@@ -308,3 +308,28 @@ def test_another_writers_snapshot_past_retention_is_taken_once_this_engine_uploa
     assert cleanup(12, 11) == 13
     assert sorted(p.name for p in store.glob("*.ks-*")) == [f"{V + 11}.ks-snapshot", f"{V + 12}.ks-changelog"]
     assert sorted(p.name for p in (store / "ks-files").iterdir()) == ["11.sst"]
+
+
+def test_a_changelog_opened_ahead_of_its_commit_survives_a_cleanup(spark, tmp_path):
+    """A commit opens its changelog's temporary file when its task starts (off a local disk), so
+    a cleanup that runs meanwhile finds a temp file younger than an hour but older than its base
+    manifest. Above the head it is a commit in progress and stays; at or below the head it is a
+    killed write's and goes."""
+    import time
+    import uuid
+
+    from keyedstate.formats import manifest as mf
+
+    store = tmp_path / "state" / "0" / "0"
+    (store / "ks-files").mkdir(parents=True)
+    (store / "ks-files" / "base.sst").write_bytes(b"s" * 10)
+    listed = (mf.SnapshotFile("000009.sst", "ks-files/base.sst", 10),)
+    (store / f"{V + 2}.ks-snapshot").write_bytes(mf.encode(mf.Manifest(V + 2, 8, 1, listed)))
+    opened_ahead = store / f".{V + 5}.ks-changelog.{uuid.uuid4()}.tmp"
+    killed = store / f".{V + 3}.ks-changelog.{uuid.uuid4()}.tmp"
+    ten_minutes_ago = time.time() - 600
+    for temp in (opened_ahead, killed):
+        temp.write_bytes(b"x")
+        os.utime(temp, (ten_minutes_ago, ten_minutes_ago))
+    _store_cleanup(spark, store)(4, 2)  # head V + 4, base V + 2
+    assert opened_ahead.exists() and not killed.exists()

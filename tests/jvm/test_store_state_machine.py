@@ -313,6 +313,43 @@ def test_a_version_whose_changelog_was_not_written_is_never_applied_or_snapshott
         disarm(spark)
 
 
+def test_a_write_store_opens_its_changelog_when_handed_out_and_a_failed_open_fails_its_commit(spark):
+    """Off a local disk, the changelog a write store's commit will write is opened when Spark
+    hands the store out, while the task computes: the create's failure is seen then, and the
+    commit fails with it, naming the file (a retry commits). A read store opens nothing."""
+    location, _ = objtest_location(spark, "ahead")
+    layer = LayerStore(spark, location)
+    fresh = None
+    try:
+        _commit_one_write(layer, 0)
+        root = arm(spark, create={"nth": 1, "path": "/.2.ks-changelog"})
+
+        def ours():
+            return [f for f in testjar.injected_faults(root) if any(location.split("//")[1] in p for p in f["paths"])]
+
+        reader = layer.provider.getReadStore(1, spark._jvm.scala.Option.empty())
+        reader.abort()
+        time.sleep(1)
+        assert ours() == []  # no create by the read store
+        s = layer.store(1)
+        wait_until(ours, 30, "the open of version 2's changelog")
+        layer.put(s, (1,), (5,))  # the task's writes, after the open
+        with pytest.raises(Exception, match="injected create fault") as failed:
+            s.commit()
+        assert ".2.ks-changelog" in str(failed.value)
+        disarm(spark)
+        s = layer.store(1)
+        layer.put(s, (1,), (6,))
+        assert s.commit() == 2
+        fresh = LayerStore(spark, location)
+        assert fresh.get(fresh.store(2), 1) == 6
+    finally:
+        disarm(spark)
+        layer.close()
+        if fresh is not None:
+            fresh.close()
+
+
 def test_a_task_killed_while_its_changelog_is_written_ends_the_write_and_keeps_the_interrupt(spark):
     """Spark kills a task by interrupting its thread. A write-behind commit waits for its
     changelog's file on another thread: the kill must reach that write (the commit then ends

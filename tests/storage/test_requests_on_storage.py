@@ -146,3 +146,33 @@ def test_commit_and_load_ask_no_more_than_rocksdb(storage_session, storage_root,
                           if (op, what) == kind and n > requests["rocksdb"][(op, what, path)])
              for kind in more}
     assert not more, (more, where, dict(keyedstate), dict(rocksdb))
+
+
+@pytest.mark.parametrize("where", ["hdfs", "s3a"])
+def test_a_write_store_opens_its_changelog_before_the_commit(storage_session, storage_root, s3_proxy,
+                                                            candidate_provider, where):
+    """The commit does not wait for its changelog's create (s3a's probes, HDFS's NameNode create):
+    the file opens when the task's write store is handed out. Nothing of an open that never
+    commits stays: an abort or the provider's close drops it, and only the committed version
+    loads."""
+    if candidate_provider != KS:
+        pytest.skip(f"opens keyedstate's changelogs, which {candidate_provider} has none of")
+    checkpoint = f"{storage_root(where, 'requests')}/opened-ahead"
+    out = storage_session.tool("commit_opened_ahead", checkpoint=checkpoint)
+    temp = re.compile(r"\.1\.ks-changelog\..+\.tmp")
+    assert out["committed"] == 1 and out["value"] == 10, out
+    for step in ("aborted", "closed"):
+        assert out[step] == ["1.ks-changelog"], (step, out)
+    if where == "hdfs":  # a file system shows a file while it is written
+        assert any(temp.fullmatch(n) for n in out["before_commit"]), out
+        assert any(re.fullmatch(r"\.2\.ks-changelog\..+\.tmp", n) for n in out["open"]), out
+    else:  # an object store shows nothing before the upload: its probes were asked before the commit
+        prefix = _key_prefix(f"{checkpoint}/{PARTITION}")
+        probes = [r for r in s3_proxy.since(0, out["commit_start"]) if r.key.startswith(prefix)
+                  and temp.fullmatch(r.key.rstrip("/").rsplit("/", 1)[-1]) and r.op in ("HEAD", "LIST")]
+        # s3a's create probes the new name with a HEAD and LISTs; its rename at the commit HEADs it only
+        in_commit = [(r.op, r.key) for r in s3_proxy.since(out["commit_start"], out["commit_end"])
+                     if r.key.startswith(prefix) and temp.fullmatch(r.key.rstrip("/").rsplit("/", 1)[-1])]
+        assert [r.op for r in probes if r.op == "LIST"], [(r.op, r.key) for r in s3_proxy.since(0)
+                                                          if r.key.startswith(prefix)]
+        assert "PUT" in [op for op, _ in in_commit] and not [op for op, _ in in_commit if op == "LIST"], in_commit

@@ -213,3 +213,52 @@ def store_files(spark, checkpoint: str, partition_dir: str) -> list[str]:
 
     storage = open_storage(checkpoint, spark)
     return sorted(e.name for e in storage.list(storage.join(storage.root, partition_dir)) if not e.is_dir)
+
+
+def commit_opened_ahead(spark, checkpoint: str) -> dict:
+    """One store partition (operator 0, partition 0) driven through the provider contract in this
+    process's JVM: a write store committed after a pause (its changelog opened when the store was
+    handed out), one aborted and one left open when the provider closes. The partition's file
+    names at each step; ``commit_start``/``commit_end`` (time.time()) around the commit."""
+    from .jvm import LayerStore
+
+    def names() -> list[str]:
+        return store_files(spark, checkpoint, "state/0/0")
+
+    def settled(step: str) -> list[str]:  # a cancelled open is dropped off the task's thread
+        deadline = time.monotonic() + 30
+        now = names()
+        while any(n.endswith(".tmp") for n in now) and time.monotonic() < deadline:
+            time.sleep(0.1)
+            now = names()
+        out[step] = now
+        return now
+
+    out: dict[str, Any] = {}
+    layer = LayerStore(spark, f"{checkpoint.rstrip('/')}/state")
+    try:
+        s = layer.store(0)
+        layer.put(s, (1,), (10,))
+        time.sleep(2)  # the task computes; the open ends meanwhile
+        out["before_commit"] = names()
+        out["commit_start"] = time.time()
+        out["committed"] = s.commit()
+        out["commit_end"] = time.time()
+        s = layer.store(1)
+        layer.put(s, (1,), (20,))
+        time.sleep(2)
+        out["open"] = names()
+        s.abort()
+        settled("aborted")
+        s = layer.store(1)
+        layer.put(s, (1,), (30,))
+        time.sleep(2)
+    finally:
+        layer.close()
+    settled("closed")
+    fresh = LayerStore(spark, f"{checkpoint.rstrip('/')}/state")
+    try:
+        out["value"] = fresh.get(fresh.store(1), 1)
+    finally:
+        fresh.close()
+    return out

@@ -4,6 +4,8 @@ import scala.util.control.NonFatal
 
 import org.slf4j.LoggerFactory
 
+import io.keyedstate.format.CheckpointLayout
+
 /**
  * Deletes what no retained version needs, and never what could still rebuild one: the oldest
  * retained version is rebuilt from the newest snapshot at or below it whose files are all in the
@@ -24,6 +26,15 @@ object CheckpointCleanup {
   private val log = LoggerFactory.getLogger(getClass)
   /** Temporary files of interrupted writes: `.<name>.<uuid>[.TID<n>].tmp`, and their checksums. */
   private val TempFile = """\..+\.tmp(\.crc)?""".r
+  private val TempChangelog = ("""\.(.+""" + java.util.regex.Pattern.quote(CheckpointLayout.ChangelogSuffix) +
+    """)\.[^.]+(?:\.TID\d+)?\.tmp(?:\.crc)?""").r
+
+  /** The temporary file of a changelog above `head`: a commit in progress opens it ahead of its
+   *  write ([[CheckpointFiles.openOnce]]), so it is no killed write's until `head` passes it. */
+  private def openedAhead(name: String, head: Long): Boolean = name match {
+    case TempChangelog(changelog) => CheckpointLayout.versionOf(changelog, CheckpointLayout.ChangelogSuffix).exists(_._1 > head)
+    case _ => false
+  }
   /** A temporary file this old belongs to a write that was killed (no write of keyedstate's takes
    *  an hour; deleting a live one would only fail that write, and its task would retry). */
   val TempFileGraceMs: Long = 60L * 60 * 1000
@@ -53,7 +64,9 @@ object CheckpointCleanup {
         case NonFatal(e) => settled = false; failedDelete = true; log.warn(s"keyedstate: cannot delete $p", e)
       }
     val killedBefore = System.currentTimeMillis() - TempFileGraceMs
-    val temps = l.modified.filter { case (name, _) => TempFile.matches(name) }
+    val temps = l.modified.filter { case (name, modified) =>
+      TempFile.matches(name) && (modified < killedBefore || !openedAhead(name, head._1))
+    }
     temps.foreach { case (name, modified) => if (modified < killedBefore) delete(new org.apache.hadoop.fs.Path(files.dir, name)) }
     // `head` may be a version a task just committed and Spark's commit log does not hold yet: the
     // versions kept are the `minVersionsToRetain` before it too (Spark's HDFS provider counts so).

@@ -91,10 +91,20 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration, defaultSto
    * does a close that fails once the file is there: on an object store a rename copies, then
    * deletes, and a task killed in between leaves this attempt's own complete file.
    */
-  def createOnce(path: Path, data: ByteBuffer): Boolean = {
+  def createOnce(path: Path, data: ByteBuffer): Boolean = finishOnce(path, openOnce(path), data)
+
+  /**
+   * Opens `path` for [[finishOnce]], which may follow much later: nothing is published until it
+   * does (a temporary file, or an object store's pending upload), and `cancel()` drops it. The
+   * open is where a store spends its create requests (s3a's probes, HDFS's NameNode create).
+   */
+  def openOnce(path: Path): CheckpointFileManager.CancellableFSDataOutputStream =
     // No probe first: the rename that publishes the file refuses an existing one (Spark's
-    // createAtomic without overwrite), and the close below tells that case apart.
-    val out = try fm.createAtomic(path, false) catch { case NonFatal(e) => throw unwritable(path, e) }
+    // createAtomic without overwrite), and finishOnce's close tells that case apart.
+    try fm.createAtomic(path, false) catch { case NonFatal(e) => throw unwritable(path, e) }
+
+  /** Writes `data` to `out` (opened by [[openOnce]] for `path`) and publishes it, as [[createOnce]]. */
+  def finishOnce(path: Path, out: CheckpointFileManager.CancellableFSDataOutputStream, data: ByteBuffer): Boolean = {
     try {
       out.write(data.array(), data.arrayOffset() + data.position(), data.remaining())
       out.hsync()
@@ -111,6 +121,10 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration, defaultSto
       case NonFatal(e) => throw unwritable(path, e)
     }
   }
+
+  /** Whether a commit opens its changelog when its version starts ([[openOnce]]): off a local
+   *  disk, where a create costs requests; a local create is cheap and would only add a file. */
+  def opensAhead: Boolean = !localDisk
 
   private def unwritable(path: Path, e: Throwable) =
     new CheckpointFileException(s"keyedstate: cannot write $path to the checkpoint: ${e.getMessage}", e)

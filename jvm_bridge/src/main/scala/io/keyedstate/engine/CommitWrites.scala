@@ -2,10 +2,15 @@ package io.keyedstate.engine
 
 import java.util.concurrent.{Callable, ExecutionException, Executors, FutureTask}
 
+import scala.util.control.NonFatal
+
+import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager.CancellableFSDataOutputStream
+
 /**
  * Writes write-behind commits' changelog files to the checkpoint on threads of their own, so that
- * the task thread ships the same changelog to the state server meanwhile ([[StoreEngine.commit]]).
- * One thread per commit in flight, at most one per task slot.
+ * the task thread ships the same changelog to the state server meanwhile ([[StoreEngine.commit]]),
+ * and opens a version's changelog file while its task still computes ([[open]]). One thread per
+ * commit in flight or file opening, at most two per task slot.
  */
 private object CommitWrites {
   private val pool = Executors.newCachedThreadPool((r: Runnable) => {
@@ -19,6 +24,54 @@ private object CommitWrites {
     val w = new Write(write)
     pool.execute(w.task)
     w
+  }
+
+  /** Starts `open` on a pool thread; the commit takes the stream ([[Opening.take]]), or
+   *  [[Opening.cancel]] drops it. */
+  def open(open: () => CancellableFSDataOutputStream): Opening = {
+    val o = new Opening(open)
+    pool.execute(o.task)
+    o
+  }
+
+  /** A changelog file being opened ahead of its commit; taken once, or cancelled. */
+  final class Opening(open: () => CancellableFSDataOutputStream) {
+    // Under this Opening's lock: the opener hands its stream over here unless cancelled first,
+    // so exactly one of the opener and cancel() drops a stream nobody takes.
+    private var cancelled = false
+    private var taken = false
+    private var opened: CancellableFSDataOutputStream = _
+    private[CommitWrites] val task = new FutureTask[CancellableFSDataOutputStream](() => {
+      val out = open()
+      if (Opening.this.synchronized { if (!cancelled) opened = out; cancelled }) drop(out)
+      out
+    })
+
+    /** The open stream, waiting for the open (a failed open's error is rethrown: the commit fails
+     *  as if it had opened the file itself). Interrupted, the open is cancelled. */
+    def take(): CancellableFSDataOutputStream = {
+      synchronized {
+        if (cancelled || taken) throw new IllegalStateException("keyedstate: a changelog opened ahead was taken twice or after its cancel")
+        taken = true
+      }
+      try task.get() catch {
+        case e: InterruptedException => synchronized { taken = false }; cancel(); throw e
+        case e: ExecutionException => throw e.getCause
+      }
+    }
+
+    /** Drops the stream unless a commit took it: publishes nothing, and removes what the open made
+     *  (a temporary file), off the caller's thread. Idempotent. */
+    def cancel(): Unit = {
+      val out = synchronized {
+        if (cancelled || taken) return
+        cancelled = true
+        opened
+      }
+      if (out != null) pool.execute(() => drop(out))
+    }
+
+    private def drop(out: CancellableFSDataOutputStream): Unit = try out.cancel() catch { case NonFatal(_) => }
   }
 
   final class Write(write: () => Boolean) {

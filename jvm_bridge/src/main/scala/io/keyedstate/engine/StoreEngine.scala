@@ -139,7 +139,33 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     val nowMs = if (policy.enabled) clock.now(version) else 0L
     val buffered = new BufferedVersion(version, session.settings.keyGroups, cachedReads(),
       () => holds(version), writer, pipeline.expected, committedEmpty = numKeys == 0)
-    new StoreVersion(version, id, buffered, new TtlView(buffered, policy, nowMs, writable), nowMs, fromEmpty = loadEmpty)
+    val nextId = if (uniqueIds) Some(UUID.randomUUID().toString) else None
+    new StoreVersion(version, id, buffered, new TtlView(buffered, policy, nowMs, writable), nowMs, fromEmpty = loadEmpty,
+      nextId)
+  }
+
+  /**
+   * Starts opening the changelog `v`'s commit will write ([[CheckpointFiles.openOnce]]), on a
+   * thread of its own while the task computes, where opening costs requests; for a version that
+   * will commit. The commit takes it; an abort, the next version's start or the close drops it.
+   */
+  def prepareCommit(v: StoreVersion): Unit = synchronized {
+    if (!closed && files.opensAhead && v.opening.isEmpty && holds(v.version)) {
+      openedAhead.foreach(_.cancel()) // a version never committed nor aborted
+      val path = files.changelog(v.version + 1, v.nextId)
+      val opening = CommitWrites.open(() => { files.ensureDirs(); files.openOnce(path) })
+      v.opening = Some(opening)
+      openedAhead = Some(opening)
+    }
+  }
+  private var openedAhead: Option[CommitWrites.Opening] = None // the newest; under `this`
+
+  /** `v`'s changelog opened ahead, for its commit alone (None: the commit opens it). */
+  private def takeOpening(v: StoreVersion): Option[CommitWrites.Opening] = {
+    val o = v.opening
+    v.opening = None
+    if (o.isDefined && openedAhead == o) openedAhead = None
+    o
   }
 
   private def load(version: Long, id: Option[String], loadEmpty: Boolean): Unit = {
@@ -191,13 +217,15 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     requireOpen()
     // Another version writes into the cache, or this one wrote and lost it (an invalidation).
     val cacheNotOurs = !writer.isWriter(v.buffered) && (writer.current != null || v.buffered.touchedCache)
+    val opening = takeOpening(v)
     if (loaded != v.version || cacheNotOurs) {
+      opening.foreach(_.cancel())
       writer.release(v.buffered)
       throw new IllegalStateException(s"keyedstate: $describe holds version $loaded, cannot commit on top of " +
         s"version ${v.version} (two stores of one partition were open at once)")
     }
     val newVersion = v.version + 1
-    val newId = if (uniqueIds) Some(UUID.randomUUID().toString) else None
+    val newId = v.nextId
     try {
       // Still the cache's writer while the cleanup reads (a cold cache may scan the version in
       // and must take these writes in again) and deletes (which write into the cache too).
@@ -215,7 +243,8 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       val t1 = System.nanoTime()
       val overdue = newVersion - lastSnapshot >= 2L * session.settings.snapshotInterval
       val behind = session.settings.writeBehind && unknown == 0 && !forceSnapshot && !overdue
-      val shipped = pipeline.writeAndShip(newVersion, newId, v.fromEmpty, changelog, file, cleanup.scanRequest(v.nowMs), behind)
+      val shipped = pipeline.writeAndShip(newVersion, newId, v.fromEmpty, changelog, file, cleanup.scanRequest(v.nowMs),
+        behind, opening)
       if (!shipped.created) {
         pipeline.adoptFound(newVersion, newId, v.fromEmpty)
         invalidate()
@@ -237,7 +266,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       CommitResult(newVersion, bytes, cleaned, cleanupMs, newId, v.uniqueId)
     } catch {
       case NonFatal(e) => invalidate(); throw e
-    }
+    } finally opening.foreach(_.cancel()) // a no-op once the write took it
   }
 
   /** The committed value of `key` if this engine holds `version` (Some(null) = absent), for a
@@ -269,6 +298,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   /** A version that will not commit: if its writes reached the near cache, the cache no longer
    *  shows the committed version, so everything is reloaded. */
   def abandon(v: StoreVersion): Unit = synchronized {
+    takeOpening(v).foreach(_.cancel())
     if (v.buffered.touchedCache && writer.isWriter(v.buffered)) invalidate()
     writer.release(v.buffered)
   }
@@ -313,6 +343,8 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     // that upload is finished first, as the JVM's exit does ([[SnapshotKick]]).
     if (uploadAsked > lastSnapshot) SnapshotKick.uploading(files.dir.toString, uploadAsked)(uploadSnapshots(uploadAsked))
     closed = true
+    openedAhead.foreach(_.cancel())
+    openedAhead = None
     if (cache != null) cache.clear()
     native.close()
     session.close()

@@ -47,6 +47,10 @@ class KeyedStateProvider extends StateStoreProvider with SupportsFineGrainedRepl
 
   override def getStore(version: Long, uniqueId: Option[String], forceSnapshotOnCommit: Boolean,
       loadEmpty: Boolean): StateStore =
+    store(version, uniqueId, forceSnapshotOnCommit, loadEmpty).willCommit()
+
+  private def store(version: Long, uniqueId: Option[String], forceSnapshotOnCommit: Boolean,
+      loadEmpty: Boolean): KeyedStateStore =
     loading(new KeyedStateStore(engine, version, uniqueId, forceSnapshotOnCommit, loadEmpty, hadoopConf))
 
   /** A version, snapshot or changelog the checkpoint cannot serve is Spark's
@@ -56,7 +60,7 @@ class KeyedStateProvider extends StateStoreProvider with SupportsFineGrainedRepl
     try f catch { case e: CheckpointFileException => throw SparkErrors.cannotLoadStateStore(e) }
 
   override def getReadStore(version: Long, uniqueId: Option[String]): ReadStateStore =
-    getStore(version, uniqueId, forceSnapshotOnCommit = false, loadEmpty = false)
+    store(version, uniqueId, forceSnapshotOnCommit = false, loadEmpty = false)
 
   /**
    * Aggregations open a read store and then a write store on the same version: reuse it. Only
@@ -69,7 +73,7 @@ class KeyedStateProvider extends StateStoreProvider with SupportsFineGrainedRepl
   override def upgradeReadStoreToWriteStore(readStore: ReadStateStore, version: Long,
       uniqueId: Option[String], forceSnapshotOnCommit: Boolean): StateStore = readStore match {
     case s: KeyedStateStore if s.servedBy(engine) =>
-      if (s.version == version && s.isUpdating && s.uniqueIdLoaded == engine.idOf(uniqueId)) s
+      if (s.version == version && s.isUpdating && s.uniqueIdLoaded == engine.idOf(uniqueId)) s.willCommit()
       else {
         if (s.isUpdating) s.abort()
         getStore(version, uniqueId, forceSnapshotOnCommit, loadEmpty = false)
@@ -93,7 +97,8 @@ class KeyedStateProvider extends StateStoreProvider with SupportsFineGrainedRepl
   override def replayStateFromSnapshot(snapshotVersion: Long, endVersion: Long, readOnly: Boolean,
       snapshotVersionStateStoreCkptId: Option[String], endVersionStateStoreCkptId: Option[String]): StateStore = {
     loading(SnapshotReplay.check(engine, snapshotVersion, endVersion, engine.idOf(snapshotVersionStateStoreCkptId)))
-    getStore(endVersion, endVersionStateStoreCkptId, forceSnapshotOnCommit = false, loadEmpty = false)
+    val s = store(endVersion, endVersionStateStoreCkptId, forceSnapshotOnCommit = false, loadEmpty = false)
+    if (readOnly) s else s.willCommit()
   }
 
   /** The state data source's `readChangeFeed` ([[ChangeFeed]]). */

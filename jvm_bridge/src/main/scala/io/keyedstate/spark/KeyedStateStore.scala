@@ -37,6 +37,8 @@ final class KeyedStateStore private[spark] (engine: StoreEngine, override val ve
   private[spark] def isUpdating: Boolean = state == Updating
   private[spark] def servedBy(e: StoreEngine): Boolean = engine eq e
   private[spark] def uniqueIdLoaded: Option[String] = current.uniqueId
+  /** This store is a task's write store: its commit's file starts opening now. */
+  private[spark] def willCommit(): this.type = { if (state == Updating) engine.prepareCommit(current); this }
 
   private def verify(condition: Boolean, message: => String): Unit =
     if (!condition) throw new IllegalStateException(s"keyedstate: $message (store of version $version of ${engine.describe})")
