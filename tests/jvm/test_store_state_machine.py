@@ -61,6 +61,21 @@ def test_abort_drops_the_writes_and_may_repeat(layer):
 
 
 def test_a_second_store_of_the_same_version_cannot_commit_over_the_first(layer):
+    _second_store_cannot_commit_over_the_first(layer)
+
+
+def test_a_second_store_opening_its_changelog_ahead_leaves_the_first_ones_commit_whole(spark):
+    """Off a local disk each write store opens its changelog when handed out; the second one's
+    hand-out drops the first's open file, whose commit then opens its own."""
+    location, _ = objtest_location(spark, "second-store")
+    layer = LayerStore(spark, location)
+    try:
+        _second_store_cannot_commit_over_the_first(layer)
+    finally:
+        layer.close()
+
+
+def _second_store_cannot_commit_over_the_first(layer: LayerStore) -> None:
     v0 = layer.store(0)
     layer.put(v0, (1,), (10,))
     v0.commit()
