@@ -350,6 +350,30 @@ def test_a_write_store_opens_its_changelog_when_handed_out_and_a_failed_open_fai
             fresh.close()
 
 
+def test_a_write_store_whose_opened_changelog_a_later_store_dropped_still_commits(spark):
+    """Off a local disk, handing out a write store drops the changelog a store handed out before
+    opened ahead (one never committed nor aborted would leak it). Two stores of one partition
+    at once (a zombie beside its retry): the first one that commits cleanly is the version, as
+    on a local disk, opening its file itself, and the other one gives way."""
+    location, _ = objtest_location(spark, "ahead-dropped")
+    layer = LayerStore(spark, location)
+    fresh = None
+    try:
+        _commit_one_write(layer, 0)
+        first, second = layer.store(1), layer.store(1)  # the second drops the first's open
+        layer.put(first, (2,), (20,))
+        assert first.commit() == 2
+        with pytest.raises(Exception, match="two stores of one partition were open at once"):
+            second.commit()
+        fresh = LayerStore(spark, location)
+        v2 = fresh.store(2)
+        assert (fresh.get(v2, 0), fresh.get(v2, 2)) == (0, 20)
+    finally:
+        layer.close()
+        if fresh is not None:
+            fresh.close()
+
+
 def test_a_task_killed_while_its_changelog_is_written_ends_the_write_and_keeps_the_interrupt(spark):
     """Spark kills a task by interrupting its thread. A write-behind commit waits for its
     changelog's file on another thread: the kill must reach that write (the commit then ends

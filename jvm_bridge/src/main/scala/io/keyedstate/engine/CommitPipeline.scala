@@ -49,14 +49,15 @@ private[engine] final class CommitPipeline(session: ServerSession, files: Checkp
   /**
    * Writes `file` as `version`'s changelog and ships `changelog` to the server, write-behind
    * (`behind`) or one after the other. The server applies the changelog only if the file was
-   * created by this commit ([[Shipped.created]]). `opened`: the file, opened ahead of the commit.
+   * created by this commit ([[Shipped.created]]). `opened`: the file, opened ahead of the commit
+   * unless that open was cancelled since.
    */
   def writeAndShip(version: Long, id: Option[String], fromEmpty: Boolean, changelog: SplitChangelog, file: ByteBuffer,
       scan: Option[TtlScan], behind: Boolean, opened: Option[CommitWrites.Opening]): Shipped = {
     files.ensureDirs()
     val path = files.changelog(version, id)
     // The file of an earlier run's attempt of this version is replaced, with its snapshot.
-    val publish = () => opened.fold(files.createOnce(path, file))(o => files.finishOnce(path, o.take(), file)) ||
+    val publish = () => opened.flatMap(_.take()).fold(files.createOnce(path, file))(files.finishOnce(path, _, file)) ||
       rerunOf(version, id, fromEmpty).exists(seen =>
         files.replace(path, file, Seq(files.manifest(version, id)), seen))
     val what = s"committing version $version of $describe"

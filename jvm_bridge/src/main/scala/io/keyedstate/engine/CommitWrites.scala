@@ -48,13 +48,15 @@ private object CommitWrites {
     })
 
     /** The open stream, waiting for the open (a failed open's error is rethrown: the commit fails
-     *  as if it had opened the file itself). Interrupted, the open is cancelled. */
-    def take(): CancellableFSDataOutputStream = {
+     *  as if it had opened the file itself). Interrupted, the open is cancelled. None once
+     *  cancelled (a later store of the partition was handed out): the commit opens the file. */
+    def take(): Option[CancellableFSDataOutputStream] = {
       synchronized {
-        if (cancelled || taken) throw new IllegalStateException("keyedstate: a changelog opened ahead was taken twice or after its cancel")
+        if (taken) throw new IllegalStateException("keyedstate: a changelog opened ahead was taken twice")
+        if (cancelled) return None
         taken = true
       }
-      try task.get() catch {
+      try Some(task.get()) catch {
         case e: InterruptedException => synchronized { taken = false }; cancel(); throw e
         case e: ExecutionException => throw e.getCause
       }
