@@ -333,3 +333,26 @@ def test_a_changelog_opened_ahead_of_its_commit_survives_a_cleanup(spark, tmp_pa
         os.utime(temp, (ten_minutes_ago, ten_minutes_ago))
     _store_cleanup(spark, store)(4, 2)  # head V + 4, base V + 2
     assert opened_ahead.exists() and not killed.exists()
+
+
+def test_a_changelog_opened_ahead_stays_however_long_its_task_computes(spark, tmp_path):
+    """A changelog opened ahead lives as long as its task computes, which may take over an hour
+    (on HDFS its modification time stays the create's until the commit): above the head it is
+    never taken for a killed write's, whatever its age, or the task's own maintenance deletes
+    it and every retry's commit fails. Once the head passes it, age decides again."""
+    import time
+    import uuid
+
+    store = tmp_path / "state" / "0" / "0"
+    store.mkdir(parents=True)
+    opened_ahead = store / f".{V + 5}.ks-changelog.{uuid.uuid4()}.TID7.tmp"
+    killed = store / f".{V + 4}.ks-changelog.{uuid.uuid4()}.tmp"
+    two_hours_ago = time.time() - 2 * 3600
+    for temp in (opened_ahead, killed):
+        temp.write_bytes(b"x")
+        os.utime(temp, (two_hours_ago, two_hours_ago))
+    cleanup = _store_cleanup(spark, store)
+    cleanup(4, 0)  # head V + 4
+    assert opened_ahead.exists() and not killed.exists()
+    _store_cleanup(spark, store)(5, 0)  # the head passed it: a killed write's
+    assert not opened_ahead.exists()

@@ -10,7 +10,7 @@ import pytest
 
 from support import testjar
 from support.constants import PFX
-from support.durability import RUN_ID_KEY, arm, deactivate, disarm, objtest_location, report_active
+from support.durability import RUN_ID_KEY, arm, deactivate, disarm, objtest_location, objtest_root, report_active
 from support.jvm import LayerStore
 from support.processes import wait_until
 
@@ -402,6 +402,76 @@ def test_a_task_killed_while_its_changelog_is_written_ends_the_write_and_keeps_t
         layer.close()
         if fresh is not None:
             fresh.close()
+
+
+@pytest.mark.parametrize("write_behind", ["true", "false"])
+def test_a_task_killed_while_its_commit_waits_for_the_changelog_opened_ahead(spark, write_behind):
+    """The changelog a write store opened ahead may still be opening when the commit needs it (a
+    slow create), on the task's thread or the write's (write-behind). A kill then ends the commit
+    without waiting the open out, and the task thread keeps its interrupt for Spark; the open,
+    once done, is dropped (no temporary object, nothing published), and a retry commits."""
+    location, local = objtest_location(spark, "killed-open")
+    delay_ms = 15_000
+    layer = LayerStore(spark, location, confs={PFX + "writeBehind": write_behind})
+    parts = objtest_root(spark) / ".objtest" / "tmp"
+    fresh = None
+    try:
+        _commit_one_write(layer, 0)
+        pending_before = set(parts.iterdir())
+        arm(spark, {"create.delayMs": delay_ms, "create.delayPath": ".2.ks-changelog"})
+        opened_at = time.monotonic()
+        s = layer.store(1)
+        layer.put(s, (1,), (20,))
+        version, error, kept_interrupt, ms_after_kill = spark._jvm.io.keyedstate.testing.StateStores \
+            .commitKilledWhileIn(s, "CommitWrites", 60_000)
+        assert version is None and error is not None and "interrupt" in error.lower(), (version, error)
+        assert ms_after_kill < delay_ms / 2, f"the commit waited out the open ({ms_after_kill} ms after the kill)"
+        assert kept_interrupt, "the task thread lost Spark's interrupt"
+        time.sleep(max(0.0, opened_at + delay_ms / 1000 + 3 - time.monotonic()))  # the open ends, is dropped
+        assert sorted(p.name for p in local.rglob("*ks-changelog*")) == ["1.ks-changelog"]
+        assert set(parts.iterdir()) <= pending_before, "the open's stream was never dropped"
+        disarm(spark)
+        s.abort()  # Spark's task completion
+        s = layer.store(1)
+        layer.put(s, (1,), (21,))
+        assert s.commit() == 2
+        fresh = LayerStore(spark, location)
+        assert fresh.get(fresh.store(2), 1) == 21
+    finally:
+        disarm(spark)
+        layer.close()
+        if fresh is not None:
+            fresh.close()
+
+
+def test_a_provider_closed_while_a_changelog_opens_ahead_leaves_no_file(spark):
+    """A provider closed (Spark's maintenance unloading it, the executor stopping) while the
+    changelog of a store it handed out still opens: the close does not wait for the open, and
+    the open, once done, is dropped: no temporary object stays, no upload is left pending (the
+    object store's part file), nothing is published."""
+    location, local = objtest_location(spark, "closed-open")
+    delay_ms = 8_000
+    layer = LayerStore(spark, location)
+    parts = objtest_root(spark) / ".objtest" / "tmp"
+    try:
+        _commit_one_write(layer, 0)
+        pending_before = set(parts.iterdir())
+        arm(spark, {"create.delayMs": delay_ms, "create.delayPath": ".2.ks-changelog"})
+        opened_at = time.monotonic()
+        s = layer.store(1)
+        layer.put(s, (1,), (20,))
+    finally:
+        layer.close()
+    assert time.monotonic() - opened_at < delay_ms / 2000, "the close waited for the open"
+    time.sleep(max(0.0, opened_at + delay_ms / 1000 + 3 - time.monotonic()))
+    disarm(spark)
+    assert sorted(p.name for p in local.rglob("*ks-changelog*")) == ["1.ks-changelog"]
+    assert set(parts.iterdir()) <= pending_before, "the open's stream was never dropped"
+    fresh = LayerStore(spark, location)
+    try:
+        assert fresh.get(fresh.store(1), 0) == 0 and fresh.get(fresh.store(1), 1) is None
+    finally:
+        fresh.close()
 
 
 def test_a_second_store_of_the_same_version_does_not_read_the_first_ones_writes(layer):

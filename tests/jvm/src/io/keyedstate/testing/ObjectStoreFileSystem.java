@@ -99,6 +99,8 @@ import org.apache.hadoop.util.Progressable;
  * rename.delayMs, rename.existing, dirMarkers   settings, as above
  * delete.delayMs=N      a delete of an object whose path contains delete.delayPath (default: any)
  *                       returns N ms after the object is gone, so a test can race that window
+ * create.delayMs=N      a create of a path containing create.delayPath (default: any) waits N ms
+ *                       first (a slow create)
  * </pre>
  * Any key may also be given as Hadoop conf {@code fs.objtest.<key>}; the control file wins.
  * Every injected fault appends one line to {@code <root>/.objtest/faults.log}:
@@ -304,6 +306,16 @@ public class ObjectStoreFileSystem extends FileSystem {
     public FSDataOutputStream create(Path path, FsPermission permission, boolean overwrite, int bufferSize,
                                      short replication, long blockSize, Progressable progress) throws IOException {
         control.maybeFail(this, "create", "start", path);
+        Control.View settings = control.view(this, false);
+        long delayMs = Long.parseLong(settings.get("create.delayMs", "0"));
+        if (delayMs > 0 && path.toString().contains(settings.get("create.delayPath", ""))) {
+            try {
+                Thread.sleep(delayMs); // a slow create (s3a's probes, a busy NameNode)
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+                throw new java.io.InterruptedIOException("objtest: create of " + path + " interrupted");
+            }
+        }
         java.nio.file.Path target = local(path);
         if (target.equals(bucketDir) || isPrefix(target)) {
             throw new FileAlreadyExistsException("objtest: " + path + " is a prefix (a directory)");

@@ -29,14 +29,16 @@ object CheckpointCleanup {
   private val TempChangelog = ("""\.(.+""" + java.util.regex.Pattern.quote(CheckpointLayout.ChangelogSuffix) +
     """)\.[^.]+(?:\.TID\d+)?\.tmp(?:\.crc)?""").r
 
-  /** The temporary file of a changelog above `head`: a commit in progress opens it ahead of its
-   *  write ([[CheckpointFiles.openOnce]]), so it is no killed write's until `head` passes it. */
+  /** The temporary file of a changelog above `head`: a commit opens it when its task starts
+   *  ([[CheckpointFiles.openOnce]]) and it lives while the task computes, for however long, so
+   *  it is no killed write's, whatever its age, until `head` passes it. */
   private def openedAhead(name: String, head: Long): Boolean = name match {
     case TempChangelog(changelog) => CheckpointLayout.versionOf(changelog, CheckpointLayout.ChangelogSuffix).exists(_._1 > head)
     case _ => false
   }
   /** A temporary file this old belongs to a write that was killed (no write of keyedstate's takes
-   *  an hour; deleting a live one would only fail that write, and its task would retry). */
+   *  an hour, bar a changelog opened ahead; deleting a live one would only fail that write, and
+   *  its task would retry). */
   val TempFileGraceMs: Long = 60L * 60 * 1000
 
   /** What one cleanup did: files deleted, whether it left nothing for a later cleanup of the
@@ -64,9 +66,7 @@ object CheckpointCleanup {
         case NonFatal(e) => settled = false; failedDelete = true; log.warn(s"keyedstate: cannot delete $p", e)
       }
     val killedBefore = System.currentTimeMillis() - TempFileGraceMs
-    val temps = l.modified.filter { case (name, modified) =>
-      TempFile.matches(name) && (modified < killedBefore || !openedAhead(name, head._1))
-    }
+    val temps = l.modified.filter { case (name, _) => TempFile.matches(name) && !openedAhead(name, head._1) }
     temps.foreach { case (name, modified) => if (modified < killedBefore) delete(new org.apache.hadoop.fs.Path(files.dir, name)) }
     // `head` may be a version a task just committed and Spark's commit log does not hold yet: the
     // versions kept are the `minVersionsToRetain` before it too (Spark's HDFS provider counts so).

@@ -49,7 +49,8 @@ private[engine] final class CommitPipeline(session: ServerSession, files: Checkp
   /**
    * Writes `file` as `version`'s changelog and ships `changelog` to the server, write-behind
    * (`behind`) or one after the other. The server applies the changelog only if the file was
-   * created by this commit ([[Shipped.created]]). `opened`: the file, opened ahead of the commit.
+   * created by this commit ([[Shipped.created]]). `opened`: the file, opened ahead of the commit
+   * unless that open was cancelled since.
    */
   def writeAndShip(version: Long, id: Option[String], fromEmpty: Boolean, changelog: SplitChangelog, file: ByteBuffer,
       scan: Option[TtlScan], behind: Boolean, opened: Option[CommitWrites.Opening]): Shipped = {

@@ -48,8 +48,9 @@ private object CommitWrites {
     })
 
     /** The open stream, waiting for the open (a failed open's error is rethrown: the commit fails
-     *  as if it had opened the file itself); None once cancelled (another store of the partition
-     *  started since): the commit opens the file itself. Interrupted, the open is cancelled. */
+     *  as if it had opened the file itself). Interrupted (a task kill), the open is cancelled and
+     *  the thread keeps its interrupt for Spark. None once cancelled (a later store of the
+     *  partition was handed out): the commit opens the file itself. */
     def take(): Option[CancellableFSDataOutputStream] = {
       synchronized {
         if (taken) throw new IllegalStateException("keyedstate: a changelog opened ahead was taken twice")
@@ -57,7 +58,11 @@ private object CommitWrites {
         taken = true
       }
       try Some(task.get()) catch {
-        case e: InterruptedException => synchronized { taken = false }; cancel(); throw e
+        case e: InterruptedException =>
+          synchronized { taken = false }
+          cancel()
+          Thread.currentThread().interrupt()
+          throw e
         case e: ExecutionException => throw e.getCause
       }
     }

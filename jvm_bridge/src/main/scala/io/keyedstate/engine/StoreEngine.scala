@@ -151,7 +151,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
    */
   def prepareCommit(v: StoreVersion): Unit = synchronized {
     if (!closed && files.opensAhead && v.opening.isEmpty && holds(v.version)) {
-      openedAhead.foreach(_.cancel()) // a store never committed nor aborted; if it commits, it opens its file itself
+      openedAhead.foreach(_.cancel()) // a version never committed nor aborted (if it commits, it opens its own)
       val path = files.changelog(v.version + 1, v.nextId)
       val opening = CommitWrites.open(() => { files.ensureDirs(); files.openOnce(path) })
       v.opening = Some(opening)
