@@ -12,7 +12,6 @@
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import signal
@@ -21,7 +20,6 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -31,7 +29,8 @@ import keyedstate
 from support.constants import KS, PFX, PROVIDER_CONF
 from support.driver import FileStream, collect_into, count_by_key, session_confs
 from support.files import CreatedNames
-from support.processes import alive, children, cmdline, open_files, unix_listening_paths, wait_until
+from support.processes import (alive, children, cmdline, open_files, started_beside, unix_listening_paths,
+                                wait_until)
 from support.sessions import SessionProcess
 
 pytestmark = pytest.mark.timeout(300)
@@ -236,19 +235,9 @@ def test_executors_with_equal_pids_sharing_a_local_dir_do_not_collide(tmp_path):
     local.mkdir()
     confs = {PFX + "localDir": str(local), PFX + "serverProcesses": "1"}
     # The two sessions start at once (each start is a JVM's); the with-block below stops both.
-    with ThreadPoolExecutor(1) as pool:
-        starting = pool.submit(SessionProcess, tmp_path / "b", confs=confs, wrapper=wrapper)
-        try:
-            a = SessionProcess(tmp_path / "a", confs=confs, wrapper=wrapper)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                starting.result().kill()
-            raise
-        try:
-            b = starting.result()
-        except BaseException:
-            a.kill()
-            raise
+    b, a = started_beside(lambda: SessionProcess(tmp_path / "b", confs=confs, wrapper=wrapper),
+                          lambda: SessionProcess(tmp_path / "a", confs=confs, wrapper=wrapper),
+                          stop_beside=lambda session: session.kill(), stop_here=lambda session: session.kill())
     with a, b:
         if a.jvm_pid_in_ns != b.jvm_pid_in_ns:
             pytest.skip(f"the two JVMs got different pids ({a.jvm_pid_in_ns}, {b.jvm_pid_in_ns})")

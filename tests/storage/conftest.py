@@ -5,14 +5,12 @@ minute on 2 loaded cores. The jars come from Maven Central through tests/storage
 use; without ``mvn`` these tests are skipped with a message saying how to run them."""
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
 import tempfile
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -20,6 +18,7 @@ from typing import Callable
 import pytest
 
 from support.constants import PFX, REFERENCE_PROVIDER
+from support.processes import started_beside
 from support.scenarios import SCENARIOS
 from support.s3proxy import S3Proxy
 from support.storage import MiniHdfs, MotoS3, StorageSession, StorageUnavailable
@@ -88,18 +87,12 @@ def storage_session(s3, s3_proxy, tmp_path_factory, request):
     confs = {**s3.s3a_confs(), "spark.hadoop.fs.s3a.endpoint": s3_proxy.endpoint,
              "spark.hadoop.dfs.replication": "2",
              "spark.sql.streaming.stateStore.maintenanceInterval": "60s"}
-    with ThreadPoolExecutor(1) as pool:
-        starting = pool.submit(StorageSession, tmp_path_factory.mktemp("storage-session"), confs)
-        try:
-            request.getfixturevalue("hdfs")
-        except BaseException:
-            with contextlib.suppress(Exception):
-                starting.result().exit()
-            raise
-        try:
-            session = starting.result()
-        except StorageUnavailable as missing:
-            pytest.skip(str(missing))
+    directory = tmp_path_factory.mktemp("storage-session")
+    try:
+        session, _ = started_beside(lambda: StorageSession(directory, confs), lambda: request.getfixturevalue("hdfs"),
+                                    stop_beside=lambda started: started.exit())
+    except StorageUnavailable as missing:
+        pytest.skip(str(missing))
     yield session
     session.exit()
 

@@ -2,12 +2,17 @@
 from /proc; nothing here reaches into keyedstate's internals)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
+
+B = TypeVar("B")
+F = TypeVar("F")
 
 
 def state_server_pids() -> list[int]:
@@ -210,3 +215,26 @@ def wait_until(condition: Callable[[], Any], timeout: float, what: str, interval
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def started_beside(beside: Callable[[], B], here: Callable[[], F], stop_beside: Callable[[B], Any],
+                   stop_here: Callable[[F], Any] | None = None) -> tuple[B, F]:
+    """``beside()`` on a thread while ``here()`` runs on this one (two slow starts at once, such
+    as two JVMs); both results. When either fails, what the other started is stopped
+    (``stop_beside``, ``stop_here``; best effort) and the first failure is raised."""
+    with ThreadPoolExecutor(1) as pool:
+        starting = pool.submit(beside)
+        try:
+            mine = here()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                stop_beside(starting.result())
+            raise
+        try:
+            theirs = starting.result()
+        except BaseException:
+            if stop_here is not None:
+                with contextlib.suppress(Exception):
+                    stop_here(mine)
+            raise
+    return theirs, mine
