@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     rc = 0
     if not args.report_only:
         import pytest
-        pytest_args = [str(BENCH_DIR / "test_providers.py"), "-p", "no:cacheprovider", "-q", "-s",
+        # -n 0: not on pyproject.toml's 2 xdist workers (pytest-benchmark turns itself off under xdist)
+        pytest_args = [str(BENCH_DIR / "test_providers.py"), "-p", "no:cacheprovider", "-q", "-s", "-n", "0",
                        f"--benchmark-json={json_out}", "--benchmark-columns=min,rounds",
                        f"--bench-timeout={args.timeout}", f"--bench-near-cache={args.near_cache}"]
         if args.batches:

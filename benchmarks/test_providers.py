@@ -3,7 +3,7 @@
 Not part of the test suite (``python3 -m pytest tests``). Run through ``python3 -m benchmarks``
 or directly::
 
-    python3 -m pytest benchmarks --benchmark-json=benchmarks/.work/results.json \\
+    python3 -m pytest benchmarks -n 0 --benchmark-json=benchmarks/.work/results.json \\
         --bench-only W1 --bench-providers hdfs,keyedstate --bench-rows 100000
 """
 from __future__ import annotations

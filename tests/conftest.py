@@ -14,6 +14,16 @@ settings.register_profile("keyedstate", deadline=None, suppress_health_check=[He
 settings.load_profile("keyedstate")
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent under -p no:xdist
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile``, tests/storage as one file (support/scheduling.py)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from support.scheduling import FileOrDirScheduling
+
+    return FileOrDirScheduling(config, log)
+
+
 def pytest_configure(config):
     # Python UDF workers cannot import the tests' support package: ship it by value.
     from pyspark import cloudpickle

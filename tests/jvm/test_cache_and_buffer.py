@@ -19,10 +19,13 @@ def engine(jvm):
 
 
 @pytest.fixture(params=[0, 64 * 1024], ids=["alone", "beside-other-caches"])
-def budget(engine, request):
+def budget(jvm, engine, request):
     """A small shared budget on top of what other caches of this JVM hold right now (plus, in
     the second case, 64 KiB charged as if by other stores, which a full suite run leaves);
-    restored after."""
+    restored after. The stores an earlier test's query left loaded are unloaded first: Spark's
+    maintenance would unload them within seconds, during the test, and their caches' bytes
+    would leave this cache room beyond the budget (and nothing to evict)."""
+    jvm.org.apache.spark.sql.execution.streaming.state.StateStore.stop()  # restarts with the next query
     budget = engine.CacheBudget
     previous = budget.limitBytes()
     budget.add(request.param)
