@@ -38,7 +38,7 @@ setup(
     ],
     extras_require={
         # pandas 3 is not supported by PySpark 4.3 (it warns, and applyInPandas* may misbehave)
-        "test": ["pytest>=8", "pytest-benchmark>=4", "pytest-timeout>=2", "pytest-xdist>=3.6", "hypothesis>=6",
+        "test": ["pytest>=8", "pytest-benchmark>=4", "pytest-timeout>=2", "pytest-xdist>=3.6,<4", "hypothesis>=6",
                  "pandas>=2,<3", "pyarrow>=15",
                  "moto[server]>=5"],  # tests/storage: an S3 API server on loopback for s3a://
         "bench": ["pytest-benchmark>=4", "matplotlib>=3.8", "pandas>=2,<3", "pyarrow>=15"],

@@ -1,4 +1,5 @@
-"""How pytest-xdist shares the suite between its workers (pyproject.toml: ``-n 2 --dist loadfile``).
+"""How pytest-xdist shares the suite between its workers (pyproject.toml: ``-n 2 --dist loadfile``;
+the scheduler below extends xdist 3's LoadFileScheduling, so setup.py keeps xdist below 4).
 
 A worker runs whole files, so a module-scoped fixture is built once, and all of tests/storage, so
 that one worker alone starts HDFS, moto and the s3a session (session fixtures, ~1 min each on 2
