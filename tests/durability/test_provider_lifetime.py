@@ -737,7 +737,9 @@ def test_a_new_runs_first_load_waits_for_the_snapshot_the_last_run_is_uploading(
         old.commit(0)
         wait_for(lambda: old.snapshot() or next(local.rglob("1.ks-snapshot"), None) is not None, timeout=30,
                  what="the snapshot of version 1")
-        arm(spark, {"rename.delayMs": 1500})  # publishing a file now takes 1.5 s, as an object store's copy
+        # publishing a file now takes 1.5 s, as an object store's copy, and version 2's snapshot
+        # manifest is created 6 s late: its upload is still under way when the new run loads
+        arm(spark, {"rename.delayMs": 1500, "create.delayMs": 6000, "create.delayPath": "/.2.ks-snapshot."})
         old.commit(1)  # version 2: its snapshot's upload starts in the background
         for changelog in local.rglob("*.ks-changelog"):
             changelog.unlink()
