@@ -123,6 +123,15 @@ def _commit_one_write(layer: LayerStore, version: int) -> None:
     s.commit()
 
 
+def _loaded_elsewhere(spark, location: str, version: int, key: int):
+    """The value of ``key`` in ``version`` as another executor (a fresh provider) loads it."""
+    fresh = LayerStore(spark, location)
+    try:
+        return fresh.get(fresh.store(version), key)
+    finally:
+        fresh.close()
+
+
 def _snapshot_versions(directory) -> list[int]:
     return sorted(int(p.name.split(".")[0]) for p in directory.rglob("*.ks-snapshot"))
 
@@ -302,7 +311,6 @@ def test_a_version_whose_changelog_was_not_written_is_never_applied_or_snapshott
     would take it over the changelog the retry writes."""
     location, directory = objtest_location(spark, "held")
     layer = LayerStore(spark, location, confs={PFX + "snapshotInterval": "2"})
-    fresh = None
     try:
         _commit_one_write(layer, 0)
         root = arm(spark, create={"nth": 1, "path": "/.2.ks-changelog"})
@@ -319,12 +327,9 @@ def test_a_version_whose_changelog_was_not_written_is_never_applied_or_snapshott
         s = layer.store(1)  # the task's retry, a commit of the same shape
         layer.put(s, (1,), (99,))
         assert s.commit() == 2
-        fresh = LayerStore(spark, location)  # another executor loads version 2
-        assert fresh.get(fresh.store(2), 1) == 99
+        assert _loaded_elsewhere(spark, location, 2, 1) == 99  # another executor loads version 2
     finally:
         layer.close()
-        if fresh is not None:
-            fresh.close()
         disarm(spark)
 
 
@@ -334,7 +339,6 @@ def test_a_write_store_opens_its_changelog_when_handed_out_and_a_failed_open_fai
     commit fails with it, naming the file (a retry commits). A read store opens nothing."""
     location, _ = objtest_location(spark, "ahead")
     layer = LayerStore(spark, location)
-    fresh = None
     try:
         _commit_one_write(layer, 0)
         root = arm(spark, create={"nth": 1, "path": "/.2.ks-changelog"})
@@ -356,13 +360,10 @@ def test_a_write_store_opens_its_changelog_when_handed_out_and_a_failed_open_fai
         s = layer.store(1)
         layer.put(s, (1,), (6,))
         assert s.commit() == 2
-        fresh = LayerStore(spark, location)
-        assert fresh.get(fresh.store(2), 1) == 6
+        assert _loaded_elsewhere(spark, location, 2, 1) == 6
     finally:
         disarm(spark)
         layer.close()
-        if fresh is not None:
-            fresh.close()
 
 
 def test_a_task_killed_while_its_changelog_is_written_ends_the_write_and_keeps_the_interrupt(spark):
@@ -374,7 +375,6 @@ def test_a_task_killed_while_its_changelog_is_written_ends_the_write_and_keeps_t
     location, _ = objtest_location(spark, "killed")
     delay_ms = 20_000
     layer = LayerStore(spark, location)
-    fresh = None
     try:
         s = layer.store(0)
         layer.put(s, (1,), (10,))
@@ -395,13 +395,10 @@ def test_a_task_killed_while_its_changelog_is_written_ends_the_write_and_keeps_t
         else:
             assert version == 2
         assert layer.get(layer.store(2), 1) == expected
-        fresh = LayerStore(spark, location)  # another executor
-        assert fresh.get(fresh.store(2), 1) == expected
+        assert _loaded_elsewhere(spark, location, 2, 1) == expected  # another executor
     finally:
         disarm(spark)
         layer.close()
-        if fresh is not None:
-            fresh.close()
 
 
 @pytest.mark.parametrize("write_behind", ["true", "false"])
@@ -414,7 +411,6 @@ def test_a_task_killed_while_its_commit_waits_for_the_changelog_opened_ahead(spa
     delay_ms = 15_000
     layer = LayerStore(spark, location, confs={PFX + "writeBehind": write_behind})
     parts = objtest_root(spark) / ".objtest" / "tmp"
-    fresh = None
     try:
         _commit_one_write(layer, 0)
         pending_before = set(parts.iterdir())
@@ -435,13 +431,10 @@ def test_a_task_killed_while_its_commit_waits_for_the_changelog_opened_ahead(spa
         s = layer.store(1)
         layer.put(s, (1,), (21,))
         assert s.commit() == 2
-        fresh = LayerStore(spark, location)
-        assert fresh.get(fresh.store(2), 1) == 21
+        assert _loaded_elsewhere(spark, location, 2, 1) == 21
     finally:
         disarm(spark)
         layer.close()
-        if fresh is not None:
-            fresh.close()
 
 
 def test_a_provider_closed_while_a_changelog_opens_ahead_leaves_no_file(spark):
