@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from support.durability import arm, disarm, objtest_location
+
 # Versions past 2^32 reach the JVM as Longs through py4j (Scala's tuple holds boxed Longs).
 HEAD = 2**32 + 5
 UNIQUE_ID = "0b5a2c1e-7d3f-4e8a-9c6b-2f1d0e9a8b7c"
@@ -66,9 +68,9 @@ def _operator_with_a_lender(tmp_path: Path, borrower_lists: list[str]) -> tuple[
     return lender, borrower
 
 
-def _cleanup_at(spark, store: Path, head: int, retain: int):
+def _cleanup_at(spark, store: Path, head: int, retain: int, uri: str | None = None):
     jvm = spark._jvm
-    files = jvm.io.keyedstate.checkpoint.CheckpointFiles(jvm.org.apache.hadoop.fs.Path(store.as_uri()),
+    files = jvm.io.keyedstate.checkpoint.CheckpointFiles(jvm.org.apache.hadoop.fs.Path(uri or store.as_uri()),
                                                          spark._jsc.hadoopConfiguration())
     return jvm.io.keyedstate.checkpoint.CheckpointCleanup.run(files, retain, jvm.scala.Tuple2(V + head, jvm.scala.Option.empty()), False)
 
@@ -93,9 +95,9 @@ def test_cleanup_drops_a_borrower_marker_once_the_heir_lists_nothing_of_its(spar
     assert not (lender / "ks-borrower-4").exists()
 
 
-def _store_cleanup(spark, store: Path):
+def _store_cleanup(spark, store: Path, uri: str | None = None):
     jvm = spark._jvm
-    files = jvm.io.keyedstate.checkpoint.CheckpointFiles(jvm.org.apache.hadoop.fs.Path(store.as_uri()),
+    files = jvm.io.keyedstate.checkpoint.CheckpointFiles(jvm.org.apache.hadoop.fs.Path(uri or store.as_uri()),
                                                          spark._jsc.hadoopConfiguration())
     cleanup = jvm.io.keyedstate.checkpoint.StoreCleanup(files)
     return lambda head, newest_snapshot: cleanup.run(1, V + head, jvm.scala.Option.empty(), V + newest_snapshot, False)
@@ -158,6 +160,47 @@ def test_a_heir_keeps_a_parents_file_that_the_parent_or_another_heir_lists(spark
     heir_cleanup(9, 8)
     assert sorted(p.name for p in (lender / "ks-files").iterdir()) == ["x-A.sst", "x-B.sst", "x-C.sst"]
     assert not (lender / "ks-borrower-4").exists() and (lender / "ks-borrower-5").exists()
+
+
+def test_a_heir_that_cannot_list_its_parent_keeps_the_parents_file_for_a_later_cleanup(spark):
+    """The heir's cleanup that drops its last listing of the parent's file A meets a storage error
+    listing the parent: its own cleanup still ends (its old manifest goes), A and the marker stay,
+    and its next cleanup, once the parent lists again, deletes both."""
+    location, local = objtest_location(spark, "unlisted-lender")
+    lender, borrower = _operator_with_a_lender(local, ["../0/ks-files/x-A.sst"])
+    _cleanup_at(spark, lender, 7, 1)
+    heir_cleanup = _store_cleanup(spark, borrower, f"{location}/state/0/4")
+    heir_cleanup(7, 6)
+    _heir_moves_on(borrower)
+    arm(spark, listStatus={"path": "/state/0/0", "nth": 1, "times": 1000})
+    try:
+        heir_cleanup(9, 8)
+    finally:
+        disarm(spark)
+    assert not (borrower / f"{V + 6}.ks-snapshot").exists()
+    assert sorted(p.name for p in (lender / "ks-files").iterdir()) == ["x-A.sst", "x-B.sst"]
+    assert (lender / "ks-borrower-4").exists()
+    heir_cleanup(9, 8)
+    assert sorted(p.name for p in (lender / "ks-files").iterdir()) == ["x-B.sst"]
+    assert not (lender / "ks-borrower-4").exists()
+
+
+def test_a_parent_that_cannot_list_its_heir_keeps_every_file_until_it_can(spark):
+    """The parent's cleanup meets a storage error listing its heir (whose manifest lists A): the
+    cleanup ends unsettled, deleting no snapshot file; once the heir lists again, the next
+    cleanup deletes C, which no one lists, and keeps A."""
+    location, local = objtest_location(spark, "unlisted-borrower")
+    lender, _ = _operator_with_a_lender(local, ["../0/ks-files/x-A.sst"])
+    arm(spark, listStatus={"path": "/state/0/4", "nth": 1, "times": 1000})
+    try:
+        outcome = _cleanup_at(spark, lender, 7, 1, f"{location}/state/0/0")
+    finally:
+        disarm(spark)
+    assert not outcome.settled()
+    assert not (lender / f"{V + 3}.ks-snapshot").exists()
+    assert sorted(p.name for p in (lender / "ks-files").iterdir()) == ["x-A.sst", "x-B.sst", "x-C.sst"]
+    _cleanup_at(spark, lender, 7, 1, f"{location}/state/0/0")
+    assert sorted(p.name for p in (lender / "ks-files").iterdir()) == ["x-A.sst", "x-B.sst"]
 
 
 def test_a_heir_whose_old_manifest_failed_to_go_keeps_its_marker(spark, tmp_path):

@@ -1,5 +1,7 @@
 package io.keyedstate.checkpoint
 
+import java.io.IOException
+
 import scala.util.control.NonFatal
 
 import org.slf4j.LoggerFactory
@@ -102,13 +104,21 @@ object CheckpointCleanup {
       borrowed = borrowedNow ++ undecided ++ (if (failedDelete) before else Set.empty)
       Some(files.paths.ownFiles(kept) ++ SharedFiles.lentOut(files, l, delete))
     } catch {
-      case e: CheckpointFileException =>
+      // The manifests dropped above are gone: the round still ends with an outcome, so that
+      // what they listed of other partitions (`borrowed`) reaches the next cleanup.
+      case e @ (_: CheckpointFileException | _: IOException) =>
         log.warn(s"keyedstate: cleanup of ${files.dir} keeps every snapshot file: ${e.getMessage}")
         settled = false
         None
     }
     referenced.foreach { kept =>
-      files.snapshotFiles().foreach { case (rel, (_, modified)) =>
+      val own = try files.snapshotFiles() catch {
+        case e: IOException =>
+          log.warn(s"keyedstate: cleanup of ${files.dir} cannot list its snapshot files: ${e.getMessage}")
+          settled = false
+          Map.empty[String, (Long, Long)]
+      }
+      own.foreach { case (rel, (_, modified)) =>
         if (!kept.contains(rel) && !rel.endsWith(".crc")) {
           if (modified < horizon) delete(files.resolve(rel)) else settled = false
         }

@@ -1,5 +1,7 @@
 package io.keyedstate.checkpoint
 
+import java.io.IOException
+
 import org.apache.hadoop.fs.Path
 import org.slf4j.LoggerFactory
 
@@ -17,7 +19,7 @@ object SharedFiles {
   /**
    * The files of `lender` (as its listing names them) that any manifest of a borrower lists. A
    * marker whose borrower lists none goes when `dropMarker` says so; a borrower's manifest that
-   * cannot be read throws [[CheckpointFileException]].
+   * cannot be read throws [[CheckpointFileException]], a listing the storage fails IOException.
    */
   def lentOut(lender: CheckpointFiles, l: Listing, dropMarker: Path => Unit): Set[String] =
     lender.paths.borrowers(l.modified.keys).flatMap { q =>
@@ -43,8 +45,8 @@ object SharedFiles {
    * no more), those that no manifest of their lender nor of its borrowers lists; and the
    * borrower's marker in a lender it lists nothing of now, by [[lentOut]]'s rule on the
    * borrower's manifests read here (a manifest that failed to go, or one written since this
-   * cleanup listed, keeps it). Returns the released paths of lenders that could not be read: a
-   * later cleanup decides on them.
+   * cleanup listed, keeps it). Returns the released paths of lenders that could not be read or
+   * listed (a corrupt manifest, a storage error): a later cleanup decides on them.
    */
   def release(borrower: CheckpointFiles, released: Set[String], delete: Path => Unit): Set[String] =
     released.groupBy(path => borrower.paths.lenderOf(path).get).flatMap { case (p, paths) =>
@@ -59,7 +61,7 @@ object SharedFiles {
         }
         Set.empty[String]
       } catch {
-        case e: CheckpointFileException =>
+        case e @ (_: CheckpointFileException | _: IOException) =>
           log.warn(s"keyedstate: cleanup of ${borrower.dir} keeps the files of partition $p it no longer lists, " +
             s"for now: ${e.getMessage}")
           paths
