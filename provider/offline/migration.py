@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..checkpoint import spark as spark_files
-from ..formats.layout import number_of
+from ..formats.layout import BORROWER_MARKER, number_of
 from .checkpoint_format import refuse_checkpoint_format_2
 from .progress import tracked
 from .storage import HadoopStorage, LocalStorage, Storage, active_or_new_session, is_local
@@ -62,6 +62,9 @@ FILES_OF = {  # a provider's files in a store partition directory: (file pattern
     PROVIDERS["hdfs"]: (re.compile(r"[0-9]+\.(?:delta|snapshot)"), ()),
     PROVIDERS["rocksdb"]: (re.compile(r"[0-9]+" + _UUID + r"\.(?:zip|changelog)"), ("SSTs",)),
     PROVIDERS["keyedstate"]: (re.compile(r"[0-9]+" + _UUID + r"\.ks-(?:changelog|snapshot)"), ("ks-files",)),
+}
+UNVERSIONED_FILES_OF = {  # a provider's other files there, which retiring it deletes too
+    PROVIDERS["keyedstate"]: BORROWER_MARKER,  # a rescale's heir lists this partition's files
 }
 
 
@@ -287,9 +290,11 @@ def _retire(ck: Checkpoint, the_plan: Plan, keep_old: bool) -> None:
             for cls, (pattern, dirs) in FILES_OF.items():
                 if cls == the_plan.target:
                     continue
+                other = UNVERSIONED_FILES_OF.get(cls)
                 for e in storage.list(d):
                     name = e.name[1:-4] if e.name.startswith(".") and e.name.endswith(".crc") else e.name
-                    if (not e.is_dir and pattern.fullmatch(name)) or (e.is_dir and e.name in dirs):
+                    ours = pattern.fullmatch(name) or (other is not None and other.fullmatch(name))
+                    if (not e.is_dir and ours) or (e.is_dir and e.name in dirs):
                         storage.delete(storage.join(d, e.name))
 
 

@@ -23,7 +23,7 @@ from keyedstate.formats import keygroups, layout
 from keyedstate.offline import remote, rescaling
 from keyedstate.offline.storage import HadoopStorage, LocalStorage
 from keyedstate.checkpoint import Checkpoint
-from support.constants import HDFS_PROVIDER, PROVIDER_CONF
+from support.constants import HDFS_PROVIDER, PROVIDER_CONF, ROCKSDB_PROVIDER
 from support.driver import FileStream, assert_same_output, collect_into, run_query, session_confs
 from support.offline import kill_rescale_after, rescale_cli, to_objtest
 from support.scenarios import SCENARIOS
@@ -810,6 +810,34 @@ def test_a_heir_split_by_files_again_marks_every_partition_it_lists_files_of(spa
     last = second.batch + batches
     assert {(k, n) for k, n, _ in _state(spark, stream.checkpoint, batchId=last)} == set(_expected(3 + batches).items())
     assert keyedstate.verify(stream.checkpoint)["ok"], keyedstate.verify(stream.checkpoint)
+
+
+def test_migrating_a_checkpoint_split_by_files_away_leaves_no_keyedstate_file(spark, tmp_path):
+    """After a 4 -> 8 split by files (heirs list their parents' files; parents hold borrower
+    markers), migrating to Spark's RocksDB provider keeps the state and retires every file of
+    keyedstate's, the markers included; the query goes on there."""
+    confs = {"spark.sql.streaming.stateStore.keyedstate.snapshotInterval": "1"}
+    stream = FileStream(spark, tmp_path, "k LONG")
+    out: dict = {}
+    state_dir = Path(stream.checkpoint) / "state"
+    with session_confs(spark, confs):
+        _run(spark, stream, range(3), out)
+    _await_snapshots(state_dir / "0", 3)
+    result = keyedstate.rescale(stream.checkpoint, 8, spark=spark)
+    assert "clip" in result.task_seconds, result
+    assert list(state_dir.glob("0/*/ks-borrower-*"))
+    before = _state(spark, stream.checkpoint)
+    keyedstate.migrate(stream.checkpoint, "rocksdb", spark=spark)
+    assert _state(spark, stream.checkpoint) == before
+    left = sorted(str(p.relative_to(state_dir)) for p in state_dir.rglob("*") if "ks-" in p.name)
+    assert left == [], left
+    with session_confs(spark, {PROVIDER_CONF: ROCKSDB_PROVIDER, "spark.sql.shuffle.partitions": "8"}):
+        query = stream.start(_agg, lambda df, _: out.update({r.k: r.n for r in df.collect()}))
+        try:
+            stream.step(query, _batch_rows(3))
+        finally:
+            query.stop()
+    assert out == _expected(4)
 
 
 def test_a_split_by_files_from_a_snapshot_and_changelogs_counts_and_hides_exactly(spark, tmp_path):
