@@ -42,6 +42,11 @@ BORROWER_MARKER = re.compile(r"ks-borrower-([0-9]{1,10})")
 """A file in a store partition whose snapshot files partition ``<q>`` of the same operator and
 store lists (a rescale's heir): cleanup keeps what that partition's manifests still list."""
 
+RETIRED_MARKER = re.compile(r"ks-retired-([0-9]{1,10})-([0-9]{1,19})")
+"""A file in a store partition naming partition ``<q>`` of the same operator and store, which a
+scale-down retired at version ``<v>`` (the new partitions' first): once this partition retains no
+version below ``<v>``, its cleanup deletes what ``<q>`` holds."""
+
 STORE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 """A store's name: ``default``, or a subdirectory of the partition directory such as a join's
 ``left-keyToNumValues`` (Spark names them so; it does not check a name read back from a file)."""

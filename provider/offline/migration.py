@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..checkpoint import spark as spark_files
-from ..formats.layout import BORROWER_MARKER, number_of
+from ..formats.layout import BORROWER_MARKER, RETIRED_MARKER, number_of
 from .checkpoint_format import refuse_checkpoint_format_2
 from .progress import tracked
 from .storage import HadoopStorage, LocalStorage, Storage, active_or_new_session, is_local
@@ -64,7 +64,7 @@ FILES_OF = {  # a provider's files in a store partition directory: (file pattern
     PROVIDERS["keyedstate"]: (re.compile(r"[0-9]+" + _UUID + r"\.ks-(?:changelog|snapshot)"), ("ks-files",)),
 }
 UNVERSIONED_FILES_OF = {  # a provider's other files there, which retiring it deletes too
-    PROVIDERS["keyedstate"]: BORROWER_MARKER,  # a rescale's heir lists this partition's files
+    PROVIDERS["keyedstate"]: re.compile(f"{BORROWER_MARKER.pattern}|{RETIRED_MARKER.pattern}"),  # a rescale's markers
 }
 
 

@@ -78,3 +78,12 @@ def set_metadata_partitions(op_dir: Path, partitions: int) -> None:
     log.info("%s: numPartitions %d", path, partitions)
 
 
+def mark_retired(op_dir: Path, store: str, partitions: int, from_partitions: int, version: int) -> None:
+    """Before a scale-down commits: partition ``q mod partitions`` of each retired partition ``q``
+    gets the marker ``ks-retired-<q>-<version>``, so that its cleanup deletes ``q``'s files once
+    it retains no version below ``version`` (FORMATS.md, "Partitions a scale-down retires")."""
+    for q in range(partitions, from_partitions):
+        target = ckpt.store_dir(op_dir, q % partitions, store)
+        marker = target / f"ks-retired-{q}-{version}"
+        if not marker.is_file():
+            ckpt.write_atomically(marker, b"")

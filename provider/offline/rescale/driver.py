@@ -21,7 +21,7 @@ from ...checkpoint import Checkpoint
 from ...checkpoint.storage import LocalStorage
 from .. import checkpoint_format
 from ..progress import tracked
-from .commit import publish, set_metadata_partitions
+from .commit import mark_retired, publish, set_metadata_partitions
 from .errors import RescaleError
 from .merge import MergeTask, merge
 from .plan import hash_spec, json_or_none, key_group_count, list_stores, store_key_layout
@@ -309,6 +309,7 @@ class Rescale:
             for q in range(self.n):
                 publish(ckpt.store_dir(outbox / str(op), q, name),
                         ckpt.store_dir(self.root / "state" / str(op), q, name), write_version, self.root, q, name)
+            mark_retired(self.root / "state" / str(op), name, self.n, old_n, write_version)
         return keys, whole, task_seconds
 
     def _run_tasks(self, fn, tasks: list, phase: str) -> list[dict]:

@@ -43,6 +43,7 @@ def roll_back(logs: SparkLogs, latest: int) -> None:
                for op_dir in op_dirs for name, parts in ckpt.discover_stores(op_dir).items() for files in parts]
     for op_dir, name, files, listed_by_removed in removed:
         remove_unlisted_files(files, op_dir, name, listed_by_removed, started, logs.root)
+        remove_retired_markers(files.path, version)
     for op_dir in op_dirs:
         if old_n is not None:
             set_metadata_partitions(op_dir, old_n)
@@ -125,6 +126,15 @@ def remove_unlisted_files(files: ckpt.StoreFiles, op_dir: Path, store: str, cand
         if rel in listed or entry.is_dir():
             continue
         if rel in (candidates or ()) or (started is not None and entry.lstat().st_mtime >= started - 1):
+            entry.unlink()
+
+
+def remove_retired_markers(store_path: Path, version: int) -> None:
+    """Delete the markers of partitions the rolled-back scale-down would have retired at ``version``
+    (commit.mark_retired): those partitions stay the checkpoint's."""
+    for entry in store_path.iterdir():
+        retired = layout.RETIRED_MARKER.fullmatch(entry.name)
+        if retired is not None and int(retired.group(2)) == version and entry.is_file():
             entry.unlink()
 
 

@@ -46,4 +46,13 @@ final class PartitionPaths(dir: Path, defaultStore: Boolean) {
     names.toSeq.collect { case CheckpointLayout.BorrowerMarker(q) if q.toIntOption.isDefined => q.toInt }.sorted
 
   def borrowerMarker(q: Int): Path = new Path(dir, s"ks-borrower-$q")
+
+  /** The partitions a scale-down retired (with the version it retired them at) whose files this
+   *  one deletes once its retention passes that version, by the markers in `names`. */
+  def retired(names: Iterable[String]): Seq[(Int, Long)] =
+    names.toSeq.collect {
+      case CheckpointLayout.RetiredMarker(q, v) if q.toIntOption.isDefined && v.toLongOption.isDefined => (q.toInt, v.toLong)
+    }.sorted
+
+  def retiredMarker(q: Int, version: Long): Path = new Path(dir, s"ks-retired-$q-$version")
 }

@@ -38,6 +38,11 @@ object CheckpointLayout {
    *  store lists (a rescale's heir): cleanup keeps what that partition's manifests still list. */
   val BorrowerMarker: Regex = """ks-borrower-(\d{1,10})""".r
 
+  /** A file in a store partition naming partition `<q>` of the same operator and store, which a
+   *  scale-down retired at version `<v>` (the new partitions' first): once this partition retains
+   *  no version below `<v>`, its cleanup deletes what `<q>` holds. */
+  val RetiredMarker: Regex = """ks-retired-(\d{1,10})-(\d{1,19})""".r
+
   def checkedFileName(name: String, source: String): String =
     if (name != null && FileName.matches(name)) name
     else throw new UnsafePathException(s"$source names the snapshot file '$name', which is not a RocksDB or " +
