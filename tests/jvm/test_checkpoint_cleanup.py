@@ -399,3 +399,99 @@ def test_a_changelog_opened_ahead_stays_however_long_its_task_computes(spark, tm
     assert opened_ahead.exists() and not killed.exists()
     _store_cleanup(spark, store)(5, 0)  # the head passed it: a killed write's
     assert not opened_ahead.exists()
+
+
+def _scaled_down_operator(tmp_path: Path) -> tuple[Path, Path, Path, Path]:
+    """Partitions 0, 1 and 2 live and 5 retired at version V + 4 by a scale-down (1 holds its
+    marker). 5 holds changelogs and a manifest listing its own q.sst and 0's x-A.sst (0 holds its
+    borrower marker and lists A in no manifest); 5 lent lent.sst to 2, whose manifest lists it."""
+    from keyedstate.formats import manifest as mf
+
+    op = tmp_path / "state" / "0"
+    lender, live, borrower, retired = (op / str(p) for p in (0, 1, 2, 5))
+    for d in (lender, live, borrower, retired):
+        (d / "ks-files").mkdir(parents=True)
+
+    def snapshot(d: Path, version: int, *paths: str) -> None:
+        listed = tuple(mf.SnapshotFile(f"00001{i}.sst", path, 1) for i, path in enumerate(paths))
+        (d / f"{version}.ks-snapshot").write_bytes(mf.encode(mf.Manifest(version, 8, 1, listed)))
+
+    old = 1_000_000_000
+    for d, name in ((lender, "x-A.sst"), (lender, "x-B.sst"), (retired, "q.sst"), (retired, "lent.sst"),
+                    (live, "p3.sst"), (live, "p5.sst")):
+        (d / "ks-files" / name).write_bytes(b"s")
+        os.utime(d / "ks-files" / name, (old, old))
+    snapshot(lender, V + 5, "ks-files/x-B.sst")
+    (lender / "ks-borrower-5").write_bytes(b"")
+    snapshot(retired, V + 2, "ks-files/q.sst", "../0/ks-files/x-A.sst")
+    for v in (1, 2, 3):
+        (retired / f"{V + v}.ks-changelog").write_bytes(b"c")
+    (retired / "ks-borrower-2").write_bytes(b"")
+    snapshot(borrower, V + 5, "../5/ks-files/lent.sst")
+    snapshot(live, V + 3, "ks-files/p3.sst")
+    snapshot(live, V + 5, "ks-files/p5.sst")
+    (live / f"ks-retired-5-{V + 4}").write_bytes(b"")
+    return lender, live, borrower, retired
+
+
+def _names(d: Path) -> list[str]:
+    return sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file())
+
+
+def test_a_partition_deletes_what_a_scale_down_retired_once_its_retention_passes_the_scale_down(spark, tmp_path):
+    """1's cleanup leaves the retired 5 alone while it retains a version below V + 4; past it, it
+    deletes 5's changelogs, manifests and files, releases 0's file that only 5 listed (and 5's
+    marker in 0), and keeps lent.sst while 2 lists it, with its marker; once 2 lists it no more,
+    the next cleanup deletes it and the marker of 5 in 1."""
+    from keyedstate.formats import manifest as mf
+
+    lender, live, borrower, retired = _scaled_down_operator(tmp_path)
+    before = _names(retired)
+    outcome = _cleanup_at(spark, live, 5, 1)  # base V + 3: below the scale-down
+    assert _names(retired) == before and (live / f"ks-retired-5-{V + 4}").exists()
+    outcome = _cleanup_at(spark, live, 7, 1)  # base V + 5
+    assert not outcome.settled()
+    assert _names(retired) == ["ks-borrower-2", "ks-files/lent.sst"]
+    assert _names(lender) == [f"{V + 5}.ks-snapshot", "ks-files/x-B.sst"]
+    assert (live / f"ks-retired-5-{V + 4}").exists()
+    (borrower / f"{V + 5}.ks-snapshot").unlink()  # 2 moved on: its newer snapshot lists its own file
+    (borrower / f"{V + 7}.ks-snapshot").write_bytes(mf.encode(mf.Manifest(V + 7, 8, 1, ())))
+    outcome = _cleanup_at(spark, live, 7, 1)
+    assert outcome.settled()
+    assert _names(retired) == []
+    assert _names(live) == [f"{V + 5}.ks-snapshot", "ks-files/p5.sst"]
+
+
+def test_a_retired_partition_that_holds_a_later_version_is_live_again_and_stays(spark, tmp_path):
+    """A marker whose partition holds a version at or past the scale-down's (a rolled-back
+    scale-down, or a later scale-up recreated it) goes, and nothing of that partition does."""
+    _, live, _, retired = _scaled_down_operator(tmp_path)
+    (retired / f"{V + 4}.ks-changelog").write_bytes(b"c")
+    before = _names(retired)
+    _cleanup_at(spark, live, 7, 1)
+    assert _names(retired) == before
+    assert not (live / f"ks-retired-5-{V + 4}").exists()
+
+
+def test_a_partition_retired_before_a_retired_one_goes_with_it(spark, tmp_path):
+    """The retired 5 holds the marker of 13, which an earlier scale-down retired: 1's cleanup
+    deletes 13's files with 5's. A marker in 5 past 5's own retirement (naming the live 2; no
+    scale-down writes one) goes unfollowed."""
+    from keyedstate.formats import manifest as mf
+
+    _, live, borrower, retired = _scaled_down_operator(tmp_path)
+    earlier = retired.parent / "13"
+    (earlier / "ks-files").mkdir(parents=True)
+    (earlier / "ks-files" / "e.sst").write_bytes(b"e")
+    os.utime(earlier / "ks-files" / "e.sst", (1_000_000_000, 1_000_000_000))
+    listed = (mf.SnapshotFile("000011.sst", "ks-files/e.sst", 1),)
+    (earlier / f"{V + 1}.ks-snapshot").write_bytes(mf.encode(mf.Manifest(V + 1, 8, 1, listed)))
+    (retired / f"ks-retired-13-{V + 2}").write_bytes(b"")
+    (retired / f"ks-retired-2-{V + 9}").write_bytes(b"")
+    (borrower / f"{V + 5}.ks-snapshot").unlink()  # 2 lists nothing of 5's: 5 can go whole
+    (borrower / f"{V + 7}.ks-snapshot").write_bytes(mf.encode(mf.Manifest(V + 7, 8, 1, ())))
+    outcome = _cleanup_at(spark, live, 7, 1)
+    assert _names(earlier) == []
+    assert _names(borrower) == [f"{V + 7}.ks-snapshot"]
+    assert _names(retired) == []
+    assert not (live / f"ks-retired-5-{V + 4}").exists() and outcome.settled()

@@ -840,6 +840,48 @@ def test_migrating_a_checkpoint_split_by_files_away_leaves_no_keyedstate_file(sp
     assert out == _expected(4)
 
 
+def test_a_scale_down_after_a_split_by_files_leaves_nothing_once_retention_passes_it(spark, tmp_path, monkeypatch):
+    """4 -> 8 by files, then 8 -> 4: the live partitions hold markers of the retired 4..7 (a
+    scale-down that fails at its commit and rolls back leaves none), and after 3 x
+    minBatchesToRetain batches with maintenance the retired partitions hold no file, no marker
+    of theirs is left, every file is listed by a manifest and the state is exact."""
+    from keyedstate.offline.rescale import driver
+
+    retain = 2
+    confs = {"spark.sql.streaming.stateStore.keyedstate.snapshotInterval": "1",
+             "spark.sql.streaming.minBatchesToRetain": str(retain)}
+    stream = FileStream(spark, tmp_path, "k LONG")
+    out: dict = {}
+    op_dir = Path(stream.checkpoint) / "state" / "0"
+    with session_confs(spark, confs):
+        _run(spark, stream, range(3), out)
+    _await_snapshots(op_dir, 3)
+    assert "clip" in keyedstate.rescale(stream.checkpoint, 8, spark=spark).task_seconds
+    with session_confs(spark, confs):
+        _run(spark, stream, range(3, 5), out, partitions=8)
+    with monkeypatch.context() as m:
+        m.setattr(driver.Rescale, "_commit", lambda *_: (_ for _ in ()).throw(OSError("commit refused")))
+        with pytest.raises(OSError, match="commit refused"):
+            keyedstate.rescale(stream.checkpoint, 4, spark=spark)
+    assert not list(op_dir.glob("*/ks-retired-*"))
+    down = keyedstate.rescale(stream.checkpoint, 4, spark=spark)
+    version = down.batch + 1
+    assert sorted(p.name for p in op_dir.glob("*/ks-retired-*")) == [f"ks-retired-{q}-{version}" for q in range(4, 8)]
+    assert keyedstate.verify(stream.checkpoint)["ok"], keyedstate.verify(stream.checkpoint)
+
+    with session_confs(spark, confs):
+        _run(spark, stream, range(5, 5 + 3 * retain), out)
+    assert out == _expected(5 + 3 * retain)
+    _await_every_file_listed(op_dir)
+    left = sorted(str(p.relative_to(op_dir)) for q in range(4, 8) for p in (op_dir / str(q)).rglob("*") if p.is_file())
+    assert left == [], left
+    markers = sorted(str(p.relative_to(op_dir)) for p in op_dir.glob("*/ks-*") if p.is_file())
+    assert markers == [], markers
+    last = down.batch + 3 * retain
+    assert {(k, n) for k, n, _ in _state(spark, stream.checkpoint, batchId=last)} == set(_expected(5 + 3 * retain).items())
+    assert keyedstate.verify(stream.checkpoint)["ok"], keyedstate.verify(stream.checkpoint)
+
+
 def test_a_split_by_files_from_a_snapshot_and_changelogs_counts_and_hides_exactly(spark, tmp_path):
     """The parent's version is snapshot 2 plus changelog 3, which updates keys of the snapshot
     and adds others: each heir holds exactly the keys of the key groups it owns, and its

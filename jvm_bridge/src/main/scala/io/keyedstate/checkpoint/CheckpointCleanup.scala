@@ -127,6 +127,7 @@ object CheckpointCleanup {
     temps.foreach { case (name, modified) =>
       if (modified >= killedBefore && modified < horizon) delete(new org.apache.hadoop.fs.Path(files.dir, name))
     }
+    if (!RetiredPartitions.sweep(files, l, base, horizon, delete)) settled = false
     Outcome(deleted, settled && !young(horizon), Some(borrowed), nextBase)
   }
 
