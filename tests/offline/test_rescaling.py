@@ -23,7 +23,7 @@ from keyedstate.formats import keygroups, layout
 from keyedstate.offline import remote, rescaling
 from keyedstate.offline.storage import HadoopStorage, LocalStorage
 from keyedstate.checkpoint import Checkpoint
-from support.constants import HDFS_PROVIDER, PROVIDER_CONF, ROCKSDB_PROVIDER
+from support.constants import HDFS_PROVIDER, PROVIDER_CONF
 from support.driver import FileStream, assert_same_output, collect_into, run_query, session_confs
 from support.offline import kill_rescale_after, rescale_cli, to_objtest
 from support.scenarios import SCENARIOS
@@ -815,7 +815,8 @@ def test_a_heir_split_by_files_again_marks_every_partition_it_lists_files_of(spa
 def test_migrating_a_checkpoint_split_by_files_away_leaves_no_keyedstate_file(spark, tmp_path):
     """After a 4 -> 8 split by files (heirs list their parents' files; parents hold borrower
     markers), migrating to Spark's RocksDB provider keeps the state and retires every file of
-    keyedstate's, the markers included; the query goes on there."""
+    keyedstate's, the markers included (tests/offline/test_migrate.py runs queries on after a
+    migration)."""
     confs = {"spark.sql.streaming.stateStore.keyedstate.snapshotInterval": "1"}
     stream = FileStream(spark, tmp_path, "k LONG")
     out: dict = {}
@@ -831,13 +832,6 @@ def test_migrating_a_checkpoint_split_by_files_away_leaves_no_keyedstate_file(sp
     assert _state(spark, stream.checkpoint) == before
     left = sorted(str(p.relative_to(state_dir)) for p in state_dir.rglob("*") if "ks-" in p.name)
     assert left == [], left
-    with session_confs(spark, {PROVIDER_CONF: ROCKSDB_PROVIDER, "spark.sql.shuffle.partitions": "8"}):
-        query = stream.start(_agg, lambda df, _: out.update({r.k: r.n for r in df.collect()}))
-        try:
-            stream.step(query, _batch_rows(3))
-        finally:
-            query.stop()
-    assert out == _expected(4)
 
 
 def test_a_scale_down_after_a_split_by_files_leaves_nothing_once_retention_passes_it(spark, tmp_path, monkeypatch):
