@@ -490,12 +490,12 @@ def file_class(request: Request) -> str:
         return "state listing of ks-files/" if "/ks-files" in tail else "state listing of a store's dir"
     if key.endswith("/"):
         return "state dir marker"
+    if "/ks-files/" in key:  # RocksDB's own names there have no dot (CURRENT, MANIFEST-N, OPTIONS-N)
+        return "ks-files/ (snapshot files)"
     if "." not in tail.rsplit("/", 1)[-1]:
         return "state dir (probe of a path without a file)"
     if "/_metadata/" in f"/{tail}":
         return "state _metadata"
-    if "/ks-files/" in key:
-        return "ks-files/ (snapshot files)"
     name = tail.rsplit("/", 1)[-1].lstrip(".")
     name = re.sub(r"\.[0-9a-f-]{36}\.tmp$|\.tmp$", "", name)
     for suffix in ("ks-changelog", "ks-snapshot", "changelog", "zip", "delta", "snapshot", "sst", "log", "crc"):

@@ -588,11 +588,21 @@ def _requests(result, op: str):
     return (_summary(result).get("requests_per_batch_median") or {}).get(op)
 
 
-def _storage_metrics() -> list[tuple[str, Callable[[dict], float | None], Callable[[object], str]]]:
+def _request_kinds(runs) -> tuple[str, ...]:
+    """The request kinds the runs counted, in their storage's order (s3a's OPS, hdfs's
+    HDFS_KINDS), without "all"."""
+    kinds: dict[str, None] = {}
+    for r in runs:
+        kinds.update(dict.fromkeys(k for k in (_summary(r).get("requests_per_batch_median") or {}) if k != "all"))
+    return tuple(kinds)
+
+
+def _storage_metrics(kinds: tuple[str, ...] = OPS) -> list[tuple[str, Callable[[dict], float | None],
+                                                               Callable[[object], str]]]:
     return [("median batch (ms)", _median, fmt_ms), ("commit p50 (ms)", _commit_p50, fmt_ms),
             ("commit p99 (ms)", _commit_p99, fmt_ms),
             ("state bytes per batch (median)", lambda r: _summary(r).get("ckpt_bytes_per_batch_median"), fmt_bytes),
-            *((f"{op} per batch (median)", lambda r, op=op: _requests(r, op), _fmt_count) for op in (*OPS, "all"))]
+            *((f"{op} per batch (median)", lambda r, op=op: _requests(r, op), _fmt_count) for op in (*kinds, "all"))]
 
 
 def _requests_cell(result, op: str) -> str:
@@ -611,8 +621,8 @@ def _fmt_count(v) -> str:
 
 def storage_section(by_wl: dict[str, dict[str, dict]], level: str = "##") -> list[str]:
     """Per workload run on hdfs:// or s3a://: each provider's median batch, commit p50/p99, state
-    bytes and (s3a) requests per batch by kind; keyedstate ÷ rocksdb_changelog (issue 48's
-    targets) and keyedstate ÷ hdfs."""
+    bytes and requests per batch by kind (s3a: S3 operations; hdfs: NameNode client RPCs);
+    keyedstate ÷ rocksdb_changelog (issue 48's targets) and keyedstate ÷ hdfs."""
     out = []
     for wl, runs in by_wl.items():
         remote = {p: r for p, r in runs.items() if _storage(r) != "local"}
@@ -626,7 +636,8 @@ def storage_section(by_wl: dict[str, dict[str, dict]], level: str = "##") -> lis
                 f"{any_r.get('batches_requested', '?')} measured batches after {any_r.get('warmup_batches', '?')} "
                 f"warm-up. Storage: {any_r.get('storage_detail', '?')}. State bytes: {any_r.get('ckpt_bytes_source', '?')}.",
                 ""]
-        ops = (*OPS, "all") if has_requests else ()
+        kinds = _request_kinds(remote.values())
+        ops = (*kinds, "all") if has_requests else ()
         rows = []
         for provider in provider_order(remote):
             r = remote[provider]
@@ -641,10 +652,10 @@ def storage_section(by_wl: dict[str, dict[str, dict]], level: str = "##") -> lis
                      rows, ["l", "l", "l"]) + [""]
         ks = remote.get("keyedstate")
         ratio_rows = []
-        for label, get, fmt in _storage_metrics():
+        for label, get, fmt in _storage_metrics(kinds):
             if get(ks) is None and not any(get(remote.get(b)) is not None for b in (BASELINE, "hdfs")):
                 continue
-            request_kind = label.split(" ", 1)[0] in OPS
+            request_kind = label.split(" ", 1)[0] in kinds and label.endswith(" per batch (median)")
             bound = STORAGE_TARGETS.get(label, 1.0 if request_kind else None)
             bound = bound if wl in STORAGE_WORKLOADS else None
             cells = [label, fmt(get(ks))]
@@ -671,7 +682,9 @@ def storage_section(by_wl: dict[str, dict[str, dict]], level: str = "##") -> lis
             out += table(["metric", "keyedstate", BASELINE, f"÷ {BASELINE}", "hdfs", "÷ hdfs", "target", "result"],
                          ratio_rows, ["l"]) + [""]
         if has_requests:
-            out += ["Where the requests go (mean per measured batch, by operation and file):", ""]
+            out += ["Where the requests go (mean per measured batch, by operation and file"
+                    + ("; hdfs: audited commands by file, and client RPCs without a path" if "hdfs" in where else "")
+                    + "):", ""]
             for provider in provider_order(remote):
                 top = _summary(remote[provider]).get("requests_by_file_mean") or {}
                 out.append(f"- {provider}: " + ", ".join(f"{k} {v:.1f}" for k, v in list(top.items())[:12]))
@@ -687,7 +700,7 @@ def storage_section(by_wl: dict[str, dict[str, dict]], level: str = "##") -> lis
                 rrows.append([provider, rec.get("status", "?") + (" ⚠" if contended(rec) else ""),
                               fmt_s(rec.get("start_to_first_batch_s")), fmt_ms(rec.get("first_batch_ms")),
                               fmt_s(rec.get("session_start_s")), fmt_load_plan(rec.get("load_plan")),
-                              " ".join(f"{op} {req[op]}" for op in OPS if req.get(op)) or "–"])
+                              " ".join(f"{op} {n}" for op, n in req.items() if n) or "–"])
             out += table(["provider", "status", "start() → first batch done (s)", "first batch (ms)",
                           "session start (s)", "load plan", "requests of the first batch"], rrows, ["l", "l"]) + [""]
     return out
@@ -764,12 +777,18 @@ def render_storage(sources: list[str], out: Path) -> str:
              f"- Generated: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} by "
              f"`python3 -m benchmarks.report --storage-report` from {len(sources)} invocation(s) below.",
              "- Storage (benchmarks/storage.py, tests/support/storage.py): a MiniDFSCluster (NameNode + 2 "
-             "DataNodes, replication 2) in a JVM of its own, or moto's S3 server behind the proxy of "
-             "tests/support/s3proxy.py, which counts every request of the s3a client (hadoop-aws 3.5) by S3 "
-             "operation; started once per invocation, a fresh checkpoint dir per run. All on the same "
-             "loopback and disk as Spark: the figures compare providers, they are not a network's.",
+             "DataNodes, replication 2) in a JVM of its own, which logs every request its NameNode answers "
+             "(tests/storage/src/MiniHdfs.java: HDFS's audit log and an RPC scheduler hook), or moto's S3 "
+             "server behind the proxy of tests/support/s3proxy.py, which counts every request of the s3a "
+             "client (hadoop-aws 3.5) by S3 operation; started once per invocation, a fresh checkpoint dir "
+             "per run. All on the same loopback and disk as Spark: the figures compare providers, they are "
+             "not a network's.",
              "- Requests per batch: every request in the batch's window [its start, the next batch's start) "
              "(offset/commit logs, state files, maintenance meanwhile), median over the measured batches. "
+             "s3a: by S3 operation (PUT, GET, LIST, HEAD, DELETE, COPY). hdfs: NameNode client RPCs by "
+             "method (`open` = getBlockLocations, `fsync` = a client's hsync/hflush, `other` = renewLease, "
+             "getServerDefaults, ...); the DataNodes' heartbeats and block reports are not a client's "
+             "requests and are left out, block data to the DataNodes is not counted. "
              "State bytes per batch: s3a = PUT bodies under `state/` the proxy forwarded (a COPY, s3a's "
              "rename, moves no bytes); hdfs = sizes of the files under `state/` whose mtime is in the "
              "window (listed after the run; replication not counted).",

@@ -9,13 +9,24 @@ classpath as :class:`support.storage.StorageSession` does.
 
 What a run on real storage records per batch, besides the local figures:
 
-* ``requests``: (s3a) every request the s3a client made in the batch's window, by S3 operation
-  (support/s3proxy.py's OPS), from the proxy's log of this process. The window of batch i is
-  [start of batch i, start of batch i+1); the last recorded batch's ends 50 ms after its end.
-  Only one run talks to the storage at a time, so the window holds that run's requests alone:
-  the query's offset and commit logs, the state store's files and whatever maintenance
-  (snapshot uploads, cleanup) ran meanwhile. ``requests_by_file`` splits them by operation and
-  file (benchmarks/faults_storage.py's ``file_class``).
+* ``requests``: every request the storage answered in the batch's window, by kind. The window of
+  batch i is [start of batch i, start of batch i+1); the last recorded batch's ends 50 ms after its
+  end. Only one run talks to the storage at a time, so the window holds that run's requests alone:
+  the query's offset and commit logs, the state store's files and whatever maintenance (snapshot
+  uploads, cleanup) ran meanwhile. ``requests_by_file`` splits them by kind and file
+  (benchmarks/faults_storage.py's ``file_class``).
+
+  - s3a: every request of the s3a client by S3 operation (support/s3proxy.py's OPS), from the
+    proxy's log of this process, timed when it arrived.
+  - hdfs: every client RPC the NameNode answered by method, grouped into HDFS_KINDS (``open`` is
+    getBlockLocations; ``fsync`` is a client's hsync/hflush of an open file; ``other`` holds
+    renewLease, getServerDefaults and the rest), from the MiniDFSCluster's request log
+    (tests/storage/src/MiniHdfs.java), timed when answered. The DataNodes' own RPCs to the
+    NameNode (heartbeats, block reports, blockReceivedAndDeleted) are not a client's requests
+    and are left out; block data goes to the DataNodes and is not counted as requests.
+    ``requests_by_file`` splits HDFS's audited commands (create, open, getfileinfo, listStatus,
+    rename, delete, mkdirs: those with a path) by file, and names the RPCs without one
+    (addBlock, complete, fsync, ...) as ``<method> (RPC, no path)``.
 * ``ckpt_bytes_written``: (s3a) the bytes of the request bodies the proxy forwarded for objects
   under ``<checkpoint>/state/`` in the window (PUTs, multipart parts; a COPY, s3a's rename, moves
   no bytes); (hdfs) the sizes of the files under ``state/`` whose modification time falls in the
@@ -30,6 +41,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import types
 import uuid
 from pathlib import Path
 from typing import Any
@@ -39,7 +51,7 @@ if str(ROOT / "tests") not in sys.path:
     sys.path.insert(0, str(ROOT / "tests"))  # the storage servers of the tests
 
 from support.s3proxy import OPS, S3Proxy  # noqa: E402
-from support.storage import MiniHdfs, MotoS3, jars  # noqa: E402
+from support.storage import DATANODE_RPCS, MiniHdfs, MotoS3, jars  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +60,12 @@ DATANODES = 2
 LAST_WINDOW_S = 0.05  # the last recorded batch's window ends this long after the batch
 S3_BYTES = "PUT bodies under state/ seen by the proxy"
 HDFS_BYTES = "sizes of files under state/ whose mtime falls in the batch (Hadoop listing after the run)"
+HDFS_KINDS = ("create", "addBlock", "complete", "fsync", "open", "getFileInfo", "getListing", "mkdirs", "rename",
+              "delete", "other")
+"""The kinds of NameNode client RPCs counted per batch on hdfs (the RPC methods of HDFS_RPC_KIND
+under another name; any other client method is ``other``)."""
+HDFS_RPC_KIND = {"getBlockLocations": "open", "rename2": "rename", "getBatchedListing": "getListing",
+                 "getFileLinkInfo": "getFileInfo"}
 
 
 def s3a_jars() -> list[str]:
@@ -100,9 +118,11 @@ class BenchStorage:
         result["storage"] = self.kind
         result["storage_detail"] = self.describe()
         result["ckpt_bytes_source"] = S3_BYTES if self.kind == "s3a" else HDFS_BYTES
-        if self.proxy is not None:
-            for rec in (result, result.get("restart") or {}):
+        for rec in (result, result.get("restart") or {}):
+            if self.proxy is not None:
                 self._requests(rec.get("batches") or [], result.get("checkpoint"))
+            elif self.hdfs is not None:
+                self._hdfs_requests(rec.get("batches") or [])
         from .workloads import summarize
         result["summary"] = {**summarize(result), **storage_summary(result)}
 
@@ -110,10 +130,7 @@ class BenchStorage:
         from .faults_storage import file_class
 
         state_prefix = _key(checkpoint) + "/state/" if checkpoint else "/state/"
-        for i, b in enumerate(batches):
-            lo = b["start_epoch"] - 0.001  # progress timestamps have ms resolution
-            hi = (batches[i + 1]["start_epoch"] - 0.001 if i + 1 < len(batches)
-                  else b["start_epoch"] + (b.get("batch_ms") or 0) / 1000 + LAST_WINDOW_S)
+        for b, (lo, hi) in zip(batches, _windows(batches)):
             seen = self.proxy.since(lo, hi)
             b["requests"] = {op: sum(1 for r in seen if r.op == op) for op in OPS}
             by_file = collections.Counter(f"{r.op} {file_class(r)}" for r in seen)
@@ -121,6 +138,23 @@ class BenchStorage:
             b["ckpt_bytes_listed"] = b.get("ckpt_bytes_written")
             b["ckpt_bytes_written"] = sum(r.size for r in seen if r.op == "PUT" and r.key.startswith(state_prefix)
                                           and r.status < 300)
+
+    def _hdfs_requests(self, batches: list[dict]) -> None:
+        from .faults_storage import file_class
+
+        for b, (lo, hi) in zip(batches, _windows(batches)):
+            seen = self.hdfs.requests.since(lo, hi)
+            kinds = [hdfs_kind(r.op) for r in seen if r.source == "rpc" and r.op not in DATANODE_RPCS]
+            b["requests"] = {kind: kinds.count(kind) for kind in HDFS_KINDS}
+            by_file: collections.Counter = collections.Counter()
+            for r in seen:
+                if r.source == "audit":
+                    # file_class knows a listing by S3's name for it
+                    as_s3 = types.SimpleNamespace(op="LIST" if r.op == "listStatus" else r.op, key=r.key)
+                    by_file[f"{r.op} {file_class(as_s3)}"] += 1
+                elif r.op not in DATANODE_RPCS and r.op not in PATH_AUDITED:
+                    by_file[f"{r.op} (RPC, no path)"] += 1
+            b["requests_by_file"] = dict(by_file.most_common())
 
     def stop(self) -> None:
         for server in (self.proxy, self.moto, self.hdfs):
@@ -132,21 +166,47 @@ class BenchStorage:
         shutil.rmtree(self.work / "minihdfs" / "data", ignore_errors=True)
 
 
+# client RPCs whose calls the audit log gives with their paths (requests_by_file names those)
+PATH_AUDITED = frozenset({"create", "append", "getBlockLocations", "getFileInfo", "getFileLinkInfo", "getListing",
+                          "getBatchedListing", "mkdirs", "rename", "rename2", "delete", "setPermission", "setOwner",
+                          "setReplication", "setTimes", "concat", "truncate", "getContentSummary", "getAclStatus"})
+
+
+def hdfs_kind(method: str) -> str:
+    """The kind of HDFS_KINDS a NameNode client RPC counts as."""
+    kind = HDFS_RPC_KIND.get(method, method)
+    return kind if kind in HDFS_KINDS else "other"
+
+
+def _windows(batches: list[dict]) -> list[tuple[float, float]]:
+    """Each batch's window [lo, hi): its start to the next batch's, the last one's end plus
+    LAST_WINDOW_S."""
+    out = []
+    for i, b in enumerate(batches):
+        lo = b["start_epoch"] - 0.001  # progress timestamps have ms resolution
+        hi = (batches[i + 1]["start_epoch"] - 0.001 if i + 1 < len(batches)
+              else b["start_epoch"] + (b.get("batch_ms") or 0) / 1000 + LAST_WINDOW_S)
+        out.append((lo, hi))
+    return out
+
+
 def _key(uri: str) -> str:
     """The object key of ``s3a://bucket/<key>``, as the proxy records keys."""
     return uri.split("://", 1)[1].split("/", 1)[1].rstrip("/")
 
 
 def storage_summary(result: dict) -> dict[str, Any]:
-    """Medians over the measured batches of the requests per kind (s3a) and of the state bytes
-    written; recomputed from the batches, so it holds after ``summarize``."""
+    """Medians and means over the measured batches of the requests per kind (s3a's OPS, hdfs's
+    HDFS_KINDS, in that order) and of the state bytes written; recomputed from the batches, so it
+    holds after ``summarize``."""
     measured = [b for b in result.get("batches") or [] if b.get("phase") == "measured"]
     out: dict[str, Any] = {}
     with_requests = [b["requests"] for b in measured if b.get("requests") is not None]
     if with_requests:
-        out["requests_per_batch_median"] = {op: statistics.median(r[op] for r in with_requests) for op in OPS}
+        kinds = list(with_requests[0])
+        out["requests_per_batch_median"] = {k: statistics.median(r.get(k, 0) for r in with_requests) for k in kinds}
         out["requests_per_batch_median"]["all"] = statistics.median(sum(r.values()) for r in with_requests)
-        out["requests_per_batch_mean"] = {op: statistics.fmean(r[op] for r in with_requests) for op in OPS}
+        out["requests_per_batch_mean"] = {k: statistics.fmean(r.get(k, 0) for r in with_requests) for k in kinds}
         where: collections.Counter = collections.Counter()
         for b in measured:
             where.update(b.get("requests_by_file") or {})

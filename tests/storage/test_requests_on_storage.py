@@ -176,3 +176,26 @@ def test_a_write_store_opens_its_changelog_before_the_commit(storage_session, st
         assert [r.op for r in probes if r.op == "LIST"], [(r.op, r.key) for r in s3_proxy.since(0)
                                                           if r.key.startswith(prefix)]
         assert "PUT" in [op for op, _ in in_commit] and not [op for op, _ in in_commit if op == "LIST"], in_commit
+
+
+def test_hdfs_request_log_has_each_call_with_its_time(storage_session, storage_root, hdfs, candidate_provider):
+    """The MiniDFSCluster's request log (what benchmarks/storage.py counts on hdfs://) holds a
+    file's create, rename and open by the Hadoop client, with their paths, and the RPCs of its
+    write (addBlock, complete, fsync from hsync), each timed inside the client's window; nothing
+    of them before it."""
+    if candidate_provider != KS:
+        pytest.skip("counts the Hadoop client's requests, the same for every provider")
+    directory = f"{storage_root('hdfs', 'requests')}/request-log"
+    out = storage_session.tool("write_and_rename", directory=directory)
+    assert out["first_byte"] == ord("r"), out
+    temp, final = out["temp"].lstrip("/"), out["final"].lstrip("/")
+    lo, hi = out["start"] - 0.001, out["end"] + 0.001  # the log's times have ms resolution
+    time.sleep(0.2)  # the NameNode answers, then logs: the last line lands just after the client returns
+    mine = [r for r in hdfs.requests.since(0) if r.source == "audit" and r.op in ("create", "rename", "open")
+            and r.key in (temp, final)]
+    assert [(r.op, r.key, r.dst, r.ok) for r in mine] == [
+        ("create", temp, "", True), ("rename", temp, final, True), ("open", final, "", True)], mine
+    assert all(lo <= r.time < hi for r in mine), (lo, hi, mine)
+    rpcs = collections.Counter(r.op for r in hdfs.requests.since(lo, hi) if r.source == "rpc")
+    for method in ("create", "addBlock", "fsync", "complete", "rename", "getBlockLocations"):
+        assert rpcs[method] >= 1, (method, rpcs)

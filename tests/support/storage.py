@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import testjar
@@ -145,17 +146,80 @@ class _Server:
         self._log.close()
 
 
+# NameNode RPCs of the DataNodes (DatanodeProtocol), not of a client: left out of request counts
+DATANODE_RPCS = frozenset({"versionRequest", "registerDatanode", "sendHeartbeat", "sendLifeline", "blockReport",
+                           "cacheReport", "blockReceivedAndDeleted", "errorReport", "reportBadBlocks",
+                           "commitBlockSynchronization"})
+
+
+@dataclass(frozen=True)
+class HdfsRequest:
+    """One request the MiniDFSCluster answered (tests/storage/src/MiniHdfs.java's request log):
+    ``audit`` an audited client call (``op`` HDFS's command: create, open, getfileinfo,
+    listStatus, rename, delete, mkdirs, ...; ``key`` its path without the leading ``/``, ``dst``
+    a rename's target), or ``rpc`` one RPC (``op`` the method: addBlock, complete, fsync, ...; no
+    path). ``time`` is when it was answered (epoch seconds, ms resolution)."""
+    time: float
+    source: str  # audit | rpc
+    op: str
+    key: str = ""
+    dst: str = ""
+    ok: bool = True
+
+
+class HdfsRequestLog:
+    """The request log a MiniHdfs writes, read as it grows (only whole lines)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self._seen: list[HdfsRequest] = []
+        self._lock = threading.Lock()
+
+    def since(self, start: float, end: float = float("inf")) -> list[HdfsRequest]:
+        """The requests answered in [start, end)."""
+        with self._lock:
+            self._read()
+            return [r for r in self._seen if start <= r.time < end]
+
+    def _read(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        whole = data[:data.rfind(b"\n") + 1]
+        self._offset += len(whole)
+        for line in whole.decode(errors="replace").splitlines():
+            parts = line.split("\t")
+            if parts[0] == "A" and len(parts) == 6:
+                self._seen.append(HdfsRequest(int(parts[1]) / 1000, "audit", parts[2].split(" ", 1)[0],
+                                              _rel(parts[3]), _rel(parts[4]), parts[5] == "ok"))
+            elif parts[0] == "R" and len(parts) == 3:
+                self._seen.append(HdfsRequest(int(parts[1]) / 1000, "rpc", parts[2]))
+
+
+def _rel(path: str) -> str:
+    """An audited path as the s3 proxy gives keys: no leading ``/`` (``null``: none)."""
+    return "" if path == "null" else path.lstrip("/")
+
+
 class MiniHdfs(_Server):
     """A MiniDFSCluster with ``datanodes`` DataNodes and replication 2, data under ``base``;
-    ``uri`` is its ``hdfs://host:port``."""
+    ``uri`` is its ``hdfs://host:port``; ``requests`` the log of every request its NameNode
+    answered (:class:`HdfsRequestLog`)."""
 
     def __init__(self, base: Path, datanodes: int = 2, log: Path | None = None, timeout: float = 300.0) -> None:
         hdfs_jars = jars("hdfs")
         classes = _launcher_classes(hdfs_jars)
         base.mkdir(parents=True, exist_ok=True)
+        requests = base / "requests.log"
+        requests.unlink(missing_ok=True)
+        self.requests = HdfsRequestLog(requests)
         java = str(Path(os.environ["JAVA_HOME"], "bin", "java")) if os.environ.get("JAVA_HOME") else "java"
         cmd = [java, "-Xmx768m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-               "-Dorg.slf4j.simpleLogger.defaultLogLevel=info",
+               "-Dorg.slf4j.simpleLogger.defaultLogLevel=info", f"-Dminihdfs.requests={requests}",
                "-cp", f"{classes}{os.pathsep}{hdfs_jars}/*", "MiniHdfs", str(base / "data"), str(datanodes)]
         super().__init__(cmd, log or base / "minihdfs.log", "HDFS-READY", "the MiniDFSCluster", timeout)
         self.uri = self.address.rstrip("/")

@@ -262,3 +262,28 @@ def commit_opened_ahead(spark, checkpoint: str) -> dict:
     finally:
         fresh.close()
     return out
+
+
+def write_and_rename(spark, directory: str) -> dict:
+    """Through the session's Hadoop FileSystem: create ``<directory>/file.tmp``, write, hsync and
+    close it, rename it to ``<directory>/file``, read that back. The two paths, the bytes read
+    and ``start``/``end`` (time.time()) around it all."""
+    jvm = spark._jvm
+    base = jvm.org.apache.hadoop.fs.Path(directory.rstrip("/"))
+    fs = base.getFileSystem(spark._jsc.hadoopConfiguration())
+    temp, final = jvm.org.apache.hadoop.fs.Path(base, "file.tmp"), jvm.org.apache.hadoop.fs.Path(base, "file")
+    start = time.time()
+    out = fs.create(temp, False)
+    out.write(bytearray(b"requests"))
+    out.hsync()
+    out.close()
+    if not fs.rename(temp, final):
+        raise RuntimeError(f"rename {temp} -> {final} refused")
+    stream = fs.open(final)
+    try:
+        read = stream.read()
+    finally:
+        stream.close()
+    end = time.time()
+    return {"temp": fs.makeQualified(temp).toUri().getPath(), "final": fs.makeQualified(final).toUri().getPath(),
+            "first_byte": read, "start": start, "end": end}

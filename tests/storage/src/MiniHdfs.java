@@ -1,12 +1,22 @@
 import java.io.BufferedReader;
 import java.io.File;
+import java.io.FileOutputStream;
+import java.io.IOException;
 import java.io.InputStreamReader;
+import java.io.OutputStream;
+import java.net.InetAddress;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayDeque;
 import java.util.Deque;
 
 import org.apache.hadoop.conf.Configuration;
+import org.apache.hadoop.fs.FileStatus;
 import org.apache.hadoop.hdfs.MiniDFSCluster;
+import org.apache.hadoop.hdfs.server.namenode.AuditLogger;
+import org.apache.hadoop.ipc.DefaultRpcScheduler;
+import org.apache.hadoop.ipc.ProcessingDetails;
+import org.apache.hadoop.ipc.RpcScheduler;
+import org.apache.hadoop.ipc.Schedulable;
 
 /**
  * A real HDFS for the tests (tests/storage/conftest.py): a NameNode and DataNodes in this JVM,
@@ -18,8 +28,64 @@ import org.apache.hadoop.hdfs.MiniDFSCluster;
  * "stop-datanode" stops the first running DataNode (its blocks stay on disk), "restart-datanode"
  * starts the DataNode stopped longest ago on its old ports, "restart-namenode" restarts the NameNode
  * on its old ports and answers once it has left safe mode (every DataNode reported its blocks).
+ *
+ * With the system property minihdfs.requests (a file), every request the NameNode serves is
+ * appended there as it is answered: "A<TAB>epochMillis<TAB>cmd<TAB>src<TAB>dst<TAB>ok" for each audited
+ * client call (create, open, getfileinfo, listStatus, rename, delete, mkdirs, ...: HDFS's audit log,
+ * with paths) and "R<TAB>epochMillis<TAB>method" for each RPC (addBlock, complete, fsync, renewLease
+ * and the DataNodes' heartbeats and block reports too: every call an IPC server of this JVM handles).
  */
 public final class MiniHdfs {
+    static final String REQUESTS = "minihdfs.requests";
+    static final String SCHEDULER_KEY = "ipc.%d.scheduler.impl";
+
+    /** The request log: whole lines, written through (no buffer), so a reader sees every answered request. */
+    static final class RequestLog {
+        private static OutputStream out;
+
+        static synchronized void write(String line) {
+            try {
+                if (out == null) {
+                    String path = System.getProperty(REQUESTS);
+                    if (path == null) {
+                        return;
+                    }
+                    out = new FileOutputStream(path, true);
+                }
+                out.write((line + "\n").getBytes(StandardCharsets.UTF_8));
+            } catch (IOException e) {
+                throw new IllegalStateException("cannot write the request log", e);
+            }
+        }
+    }
+
+    /** dfs.namenode.audit.loggers: every audited client call, with its paths. */
+    public static final class AuditFile implements AuditLogger {
+        @Override
+        public void initialize(Configuration conf) {
+        }
+
+        @Override
+        public void logAuditEvent(boolean succeeded, String user, InetAddress addr, String cmd, String src, String dst,
+                                  FileStatus stat) {
+            RequestLog.write("A\t" + System.currentTimeMillis() + "\t" + cmd + "\t" + src + "\t" + dst + "\t"
+                             + (succeeded ? "ok" : "denied"));
+        }
+    }
+
+    /** ipc.<port>.scheduler.impl: Hadoop's default scheduler, told of every call an IPC server answered. */
+    public static final class RpcFile extends DefaultRpcScheduler {
+        public RpcFile(int priorityLevels, String namespace, Configuration conf) {
+            super(priorityLevels, namespace, conf);
+        }
+
+        @Override
+        public void addResponseTime(String callName, Schedulable schedulable, ProcessingDetails details) {
+            RequestLog.write("R\t" + System.currentTimeMillis() + "\t" + callName);
+            super.addResponseTime(callName, schedulable, details);
+        }
+    }
+
     public static void main(String[] args) throws Exception {
         if (args.length != 2) {
             System.err.println("usage: MiniHdfs <base dir> <datanodes>");
@@ -31,6 +97,11 @@ public final class MiniHdfs {
         // every block on two DataNodes: a write completes only once both hold it
         conf.setInt("dfs.replication", Math.min(2, dataNodes));
         conf.set("dfs.namenode.rpc-bind-host", "127.0.0.1");
+        if (System.getProperty(REQUESTS) != null) {
+            conf.set("dfs.namenode.audit.loggers", AuditFile.class.getName());
+            // an IPC server's scheduler is named by the port it was asked for: 0 (the OS chooses)
+            conf.setClass(String.format(SCHEDULER_KEY, 0), RpcFile.class, RpcScheduler.class);
+        }
         MiniDFSCluster cluster = new MiniDFSCluster.Builder(conf)
             .numDataNodes(dataNodes)
             .nameNodePort(0)
@@ -84,6 +155,12 @@ public final class MiniHdfs {
                 return "";
             }
             case "restart-namenode": {
+                // it comes back on its old port, which now names its scheduler
+                Configuration nnConf = cluster.getConfiguration(0);
+                if (nnConf.getClass(String.format(SCHEDULER_KEY, 0), null) != null) {
+                    nnConf.setClass(String.format(SCHEDULER_KEY, cluster.getNameNodePort()), RpcFile.class,
+                                    RpcScheduler.class);
+                }
                 cluster.restartNameNode(true);
                 cluster.waitActive();
                 long deadline = System.currentTimeMillis() + 120_000;
