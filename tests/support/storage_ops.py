@@ -215,6 +215,15 @@ def store_files(spark, checkpoint: str, partition_dir: str) -> list[str]:
     return sorted(e.name for e in storage.list(storage.join(storage.root, partition_dir)) if not e.is_dir)
 
 
+def open_bytes(spark, checkpoint: str, partition_dir: str, names: list[str]) -> dict[str, str]:
+    """What a reader sees now of each temporary (still open) file among ``names``, in hex."""
+    from keyedstate.offline.storage import open_storage
+
+    storage = open_storage(checkpoint, spark)
+    return {n: storage.read_bytes(storage.join(storage.root, partition_dir, n)).hex()
+            for n in names if n.endswith(".tmp")}
+
+
 def commit_opened_ahead(spark, checkpoint: str) -> dict:
     """One store partition (operator 0, partition 0) driven through the provider contract in this
     process's JVM: a write store committed after a pause (its changelog opened when the store was
@@ -241,6 +250,7 @@ def commit_opened_ahead(spark, checkpoint: str) -> dict:
         layer.put(s, (1,), (10,))
         time.sleep(2)  # the task computes; the open ends meanwhile
         out["before_commit"] = names()
+        out["before_commit_bytes"] = open_bytes(spark, checkpoint, "state/0/0", out["before_commit"])
         out["commit_start"] = time.time()
         out["committed"] = s.commit()
         out["commit_end"] = time.time()

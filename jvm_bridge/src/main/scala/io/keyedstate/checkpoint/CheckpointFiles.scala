@@ -98,15 +98,34 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration, defaultSto
    * does (a temporary file, or an object store's pending upload), and `cancel()` drops it. The
    * open is where a store spends its create requests (s3a's probes, HDFS's NameNode create).
    */
-  def openOnce(path: Path): CheckpointFileManager.CancellableFSDataOutputStream =
+  def openOnce(path: Path, prefix: Array[Byte] = Array.emptyByteArray): CheckpointFileManager.CancellableFSDataOutputStream = {
     // No probe first: the rename that publishes the file refuses an existing one (Spark's
     // createAtomic without overwrite), and finishOnce's close tells that case apart.
-    try fm.createAtomic(path, false) catch { case NonFatal(e) => throw unwritable(path, e) }
+    val out = try fm.createAtomic(path, false) catch { case NonFatal(e) => throw unwritable(path, e) }
+    // Where hsync reaches storage (HDFS), the file's first bytes, known now, set up its write
+    // pipeline and block (the NameNode's addBlock and fsync) here rather than in the commit.
+    if (prefix.nonEmpty && out.hasCapability(StreamCapabilities.HSYNC)) {
+      try { out.write(prefix); out.hsync() } catch {
+        case NonFatal(e) =>
+          try out.cancel() catch { case NonFatal(_) => }
+          throw unwritable(path, e)
+      }
+    }
+    out
+  }
 
-  /** Writes `data` to `out` (opened by [[openOnce]] for `path`) and publishes it, as [[createOnce]]. */
-  def finishOnce(path: Path, out: CheckpointFileManager.CancellableFSDataOutputStream, data: ByteBuffer): Boolean = {
+  /** Writes `data` to `out` (opened by [[openOnce]] for `path` with `prefix`, which it may have
+   *  written already: `data` must begin with it) and publishes it, as [[createOnce]]. */
+  def finishOnce(path: Path, out: CheckpointFileManager.CancellableFSDataOutputStream, data: ByteBuffer,
+      prefix: Array[Byte] = Array.emptyByteArray): Boolean = {
     try {
-      out.write(data.array(), data.arrayOffset() + data.position(), data.remaining())
+      val written = out.getPos
+      val start = data.arrayOffset() + data.position()
+      if (written != 0 && (written != prefix.length || data.remaining() < prefix.length ||
+          !java.util.Arrays.equals(data.array(), start, start + prefix.length, prefix, 0, prefix.length))) {
+        throw new IllegalStateException(s"keyedstate: the $written bytes written ahead are not the file's first")
+      }
+      out.write(data.array(), start + written.toInt, data.remaining() - written.toInt)
       out.hsync()
     } catch {
       case NonFatal(e) =>

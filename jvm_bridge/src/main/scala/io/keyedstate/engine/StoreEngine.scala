@@ -12,7 +12,7 @@ import org.apache.spark.sql.types.StructType
 
 import io.keyedstate.bridge.ServerLaunch
 import io.keyedstate.checkpoint.CheckpointFiles
-import io.keyedstate.format.{ChangelogMeta, KeyCodec}
+import io.keyedstate.format.{ChangelogFormat, ChangelogMeta, KeyCodec}
 
 /**
  * The storage engine of one store partition (Spark's `RocksDB` class is the model): the version
@@ -153,7 +153,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     if (!closed && files.opensAhead && v.opening.isEmpty && holds(v.version)) {
       openedAhead.foreach(_.cancel()) // a version never committed nor aborted (if it commits, it opens its own)
       val path = files.changelog(v.version + 1, v.nextId)
-      val opening = CommitWrites.open(() => { files.ensureDirs(); files.openOnce(path) })
+      val opening = CommitWrites.open(() => { files.ensureDirs(); files.openOnce(path, ChangelogFormat.filePrefix) })
       v.opening = Some(opening)
       openedAhead = Some(opening)
     }

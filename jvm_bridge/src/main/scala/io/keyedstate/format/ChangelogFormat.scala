@@ -48,6 +48,9 @@ object ChangelogFormat {
   /** Measured on changelogs: level 1 compresses them best and fastest (levels 3+ do worse). */
   val ZstdLevel = 1
   private[format] val HeaderV2Bytes = 15
+  /** The bytes every changelog file a commit writes begins with (format 2's magic and version). */
+  def filePrefix: Array[Byte] =
+    java.nio.ByteBuffer.allocate(MagicV2.length + 2).put(MagicV2).putShort(FormatVersionV2.toShort).array()
   private val Json = new ObjectMapper()
 
   val OpPut: Byte = 1 // existence unknown
