@@ -240,6 +240,13 @@ KNOBS: tuple[Knob, ...] = (
          "Return from commit once the changelog is durable in the checkpoint and queued for "
          "RocksDB, instead of waiting for RocksDB to apply it; the changelog is shipped while its "
          "file is written and applied once the file is durable. Later reads wait for it."),
+    Knob("changelogSync", "true", parse_bool,
+         "A commit hsyncs its changelog before it reports the version: on HDFS the bytes are then "
+         "on every DataNode's disk, which costs one NameNode fsync per changelog. 'false' closes "
+         "the file as Spark's own providers close theirs (on the DataNodes of the pipeline, in "
+         "memory until their disks catch up): the same requests as Spark's, and a power loss of "
+         "every replica at once may lose the newest versions. No effect on object stores, which "
+         "have no hsync; Hadoop's local file system makes no fsync either way."),
     Knob("nativeReads", "true", parse_bool,
          "Serve near-cache misses and scans in the JVM by reading the Python server's RocksDB "
          "files as a RocksDB secondary instance (Spark's bundled rocksdbjni), instead of a round "

@@ -202,3 +202,21 @@ def test_hdfs_request_log_has_each_call_with_its_time(storage_session, storage_r
     rpcs = collections.Counter(r.op for r in hdfs.requests.since(lo, hi) if r.source == "rpc")
     for method in ("create", "addBlock", "fsync", "complete", "rename", "getBlockLocations"):
         assert rpcs[method] >= 1, (method, rpcs)
+
+
+def test_changelog_sync_off_commits_without_the_namenode_fsync(storage_session, storage_root, hdfs,
+                                                               candidate_provider):
+    """changelogSync=false closes the changelog as Spark's providers do: a commit and its
+    changelog's open ask the NameNode no fsync, where the default asks one; both versions load."""
+    if candidate_provider != KS:
+        pytest.skip("a keyedstate conf")
+    fsyncs = {}
+    for sync in ("true", "false"):
+        checkpoint = f"{storage_root('hdfs', 'requests')}/sync-{sync}"
+        out = storage_session.tool("commit_one", checkpoint=checkpoint,
+                                   confs={"spark.sql.streaming.stateStore.keyedstate.changelogSync": sync})
+        assert out["committed"] == 1 and out["value"] == 10, out
+        time.sleep(0.2)  # the NameNode answers, then logs
+        fsyncs[sync] = sum(1 for r in hdfs.requests.since(out["handed_out"] - 0.001, out["commit_end"] + 0.001)
+                           if r.source == "rpc" and r.op == "fsync")
+    assert fsyncs["true"] >= 1 and fsyncs["false"] == 0, fsyncs

@@ -297,3 +297,32 @@ def write_and_rename(spark, directory: str) -> dict:
     end = time.time()
     return {"temp": fs.makeQualified(temp).toUri().getPath(), "final": fs.makeQualified(final).toUri().getPath(),
             "first_byte": read, "start": start, "end": end}
+
+
+def commit_one(spark, checkpoint: str, confs: dict[str, str]) -> dict:
+    """One store partition (operator 0, partition 0) with keyedstate ``confs``, driven through the
+    provider contract in this process's JVM: version 1 committed, then loaded by a fresh provider;
+    ``handed_out`` (time.time()) before the write store is asked for, ``commit_start``/``commit_end``
+    around the commit."""
+    from .jvm import LayerStore
+
+    out: dict[str, Any] = {}
+    # Earlier queries' stores, and their maintenance's uploads, go first (restarts with the next query).
+    spark._jvm.org.apache.spark.sql.execution.streaming.state.StateStore.stop()
+    layer = LayerStore(spark, f"{checkpoint.rstrip('/')}/state", confs=confs)
+    try:
+        out["handed_out"] = time.time()
+        s = layer.store(0)
+        layer.put(s, (1,), (10,))
+        time.sleep(1)  # the changelog's open (ahead of the commit) ends meanwhile
+        out["commit_start"] = time.time()
+        out["committed"] = s.commit()
+        out["commit_end"] = time.time()
+    finally:
+        layer.close()
+    fresh = LayerStore(spark, f"{checkpoint.rstrip('/')}/state")
+    try:
+        out["value"] = fresh.get(fresh.store(1), 1)
+    finally:
+        fresh.close()
+    return out

@@ -91,7 +91,8 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration, defaultSto
    * does a close that fails once the file is there: on an object store a rename copies, then
    * deletes, and a task killed in between leaves this attempt's own complete file.
    */
-  def createOnce(path: Path, data: ByteBuffer): Boolean = finishOnce(path, openOnce(path), data)
+  def createOnce(path: Path, data: ByteBuffer, sync: Boolean = true): Boolean =
+    finishOnce(path, openOnce(path), data, sync = sync)
 
   /**
    * Opens `path` for [[finishOnce]], which may follow much later: nothing is published until it
@@ -115,9 +116,10 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration, defaultSto
   }
 
   /** Writes `data` to `out` (opened by [[openOnce]] for `path` with `prefix`, which it may have
-   *  written already: `data` must begin with it) and publishes it, as [[createOnce]]. */
+   *  written already: `data` must begin with it) and publishes it, as [[createOnce]]; `sync`:
+   *  hsync before the close (the changelogSync conf; a close alone is what Spark's providers do). */
   def finishOnce(path: Path, out: CheckpointFileManager.CancellableFSDataOutputStream, data: ByteBuffer,
-      prefix: Array[Byte] = Array.emptyByteArray): Boolean = {
+      prefix: Array[Byte] = Array.emptyByteArray, sync: Boolean = true): Boolean = {
     try {
       val written = out.getPos
       val start = data.arrayOffset() + data.position()
@@ -126,7 +128,7 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration, defaultSto
         throw new IllegalStateException(s"keyedstate: the $written bytes written ahead are not the file's first")
       }
       out.write(data.array(), start + written.toInt, data.remaining() - written.toInt)
-      out.hsync()
+      if (sync) out.hsync()
     } catch {
       case NonFatal(e) =>
         try out.cancel() catch { case NonFatal(_) => }

@@ -57,7 +57,9 @@ private[engine] final class CommitPipeline(session: ServerSession, files: Checkp
     files.ensureDirs()
     val path = files.changelog(version, id)
     // The file of an earlier run's attempt of this version is replaced, with its snapshot.
-    val publish = () => opened.flatMap(_.take()).fold(files.createOnce(path, file))(files.finishOnce(path, _, file, ChangelogFormat.filePrefix)) ||
+    val sync = session.settings.changelogSync
+    val publish = () => opened.flatMap(_.take()).fold(files.createOnce(path, file, sync))(
+      files.finishOnce(path, _, file, ChangelogFormat.filePrefix, sync)) ||
       rerunOf(version, id, fromEmpty).exists(seen =>
         files.replace(path, file, Seq(files.manifest(version, id)), seen))
     val what = s"committing version $version of $describe"

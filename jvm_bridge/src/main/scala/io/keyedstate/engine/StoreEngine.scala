@@ -153,7 +153,9 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     if (!closed && files.opensAhead && v.opening.isEmpty && holds(v.version)) {
       openedAhead.foreach(_.cancel()) // a version never committed nor aborted (if it commits, it opens its own)
       val path = files.changelog(v.version + 1, v.nextId)
-      val opening = CommitWrites.open(() => { files.ensureDirs(); files.openOnce(path, ChangelogFormat.filePrefix) })
+      // Without changelogSync nothing is written ahead: an hflush would cost the NameNode fsync too.
+      val prefix = if (session.settings.changelogSync) ChangelogFormat.filePrefix else Array.emptyByteArray
+      val opening = CommitWrites.open(() => { files.ensureDirs(); files.openOnce(path, prefix) })
       v.opening = Some(opening)
       openedAhead = Some(opening)
     }

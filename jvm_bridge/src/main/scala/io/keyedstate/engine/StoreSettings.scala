@@ -9,6 +9,7 @@ final case class StoreSettings(json: JsonNode) {
   def snapshotBulkKeys: Long = json.get("snapshotBulkKeys").asLong()
   def scanChunkBytes: Int = json.get("scanChunkBytes").asInt()
   def writeBehind: Boolean = json.get("writeBehind").asBoolean()
+  def changelogSync: Boolean = json.get("changelogSync").asBoolean()
   def nearCacheBytes: Long = json.get("nearCacheBytes").asLong()
   def nearCacheWarmKeys: Long = json.get("nearCacheWarmKeys").asLong()
   def bloomFpp: Double = json.get("bloomFpp").asDouble()
