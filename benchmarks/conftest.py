@@ -8,7 +8,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from .workloads import PROVIDER_PYTHON, PROVIDERS, TTL_WORKLOADS, WORKLOADS, register_provider_python
+from .workloads import (ON_REQUEST_PROVIDERS, PROVIDER_PYTHON, PROVIDERS, TTL_WORKLOADS, WORKLOADS,
+                        register_provider_python)
 
 
 def _csv(value: str | None, known, what: str) -> list[str]:
@@ -70,6 +71,8 @@ def pytest_generate_tests(metafunc):
     opt = metafunc.config.getoption
     workloads = _csv(opt("--bench-only"), WORKLOADS, "workloads")
     providers = _csv(opt("--bench-providers"), PROVIDERS, "providers")
+    if not opt("--bench-providers"):
+        providers = [p for p in providers if p not in ON_REQUEST_PROVIDERS]
     providers += [p for p in PROVIDER_PYTHON if p not in providers]  # asked for by --provider-python
     pairs = [(w, p) for w in workloads for p in providers
              # keyedstate_ttl runs on W1/W2 unless named explicitly
