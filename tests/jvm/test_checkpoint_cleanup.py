@@ -495,3 +495,31 @@ def test_a_partition_retired_before_a_retired_one_goes_with_it(spark, tmp_path):
     assert _names(borrower) == [f"{V + 7}.ks-snapshot"]
     assert _names(retired) == []
     assert not (live / f"ks-retired-5-{V + 4}").exists() and outcome.settled()
+
+
+def test_a_file_not_of_keyedstates_in_a_retired_partition_neither_throws_nor_keeps_the_marker(spark, tmp_path):
+    """A name in the retired 5's ks-files/ that is no snapshot file's (a desktop's .DS_Store, a
+    checksum beside a copied file) is not keyedstate's: 1's cleanup deletes the rest of 5, leaves
+    those, drops the marker and settles, without an error out of the cleanup."""
+    from keyedstate.formats import manifest as mf
+
+    _, live, borrower, retired = _scaled_down_operator(tmp_path)
+    (borrower / f"{V + 5}.ks-snapshot").unlink()  # 2 lists nothing of 5's: 5 can go whole
+    (borrower / f"{V + 7}.ks-snapshot").write_bytes(mf.encode(mf.Manifest(V + 7, 8, 1, ())))
+    for name in (".DS_Store", "notes~"):
+        (retired / "ks-files" / name).write_bytes(b"j")
+        os.utime(retired / "ks-files" / name, (1_000_000_000, 1_000_000_000))
+    outcome = _cleanup_at(spark, live, 7, 1)
+    assert _names(retired) == ["ks-files/.DS_Store", "ks-files/notes~"]
+    assert not (live / f"ks-retired-5-{V + 4}").exists() and outcome.settled()
+
+
+def test_a_file_not_of_keyedstates_in_a_live_partition_neither_throws_nor_unsettles(spark, tmp_path):
+    """The same in a partition's own ks-files/: left, the rest of the cleanup done, settled."""
+    lender, _ = _operator_with_a_lender(tmp_path, ["ks-files/own.sst"])
+    (tmp_path / "state" / "0" / "4" / "ks-files" / "own.sst").write_bytes(b"o" * 10)
+    (lender / "ks-files" / ".DS_Store").write_bytes(b"j")
+    os.utime(lender / "ks-files" / ".DS_Store", (1_000_000_000, 1_000_000_000))
+    outcome = _cleanup_at(spark, lender, 7, 1)
+    assert sorted(p.name for p in (lender / "ks-files").iterdir()) == [".DS_Store", "x-B.sst"]
+    assert outcome.settled()

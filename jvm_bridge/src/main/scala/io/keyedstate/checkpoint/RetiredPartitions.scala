@@ -63,7 +63,7 @@ object RetiredPartitions {
         case Array(dir, name) if name.startsWith(".") && name.endsWith(".crc") => s"$dir/${name.drop(1).dropRight(4)}"
         case _ => rel
       }
-      if (!lent.contains(main) && modified < horizon) delete(q.resolve(rel))
+      if (!lent.contains(main) && modified < horizon) delete(q.snapshotFile(rel))
     }
     val after = q.listing()
     older && undecided.isEmpty && after.changelogFiles.isEmpty && after.snapshotFiles.isEmpty &&
