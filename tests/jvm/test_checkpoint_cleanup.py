@@ -523,3 +523,18 @@ def test_a_file_not_of_keyedstates_in_a_live_partition_neither_throws_nor_unsett
     outcome = _cleanup_at(spark, lender, 7, 1)
     assert sorted(p.name for p in (lender / "ks-files").iterdir()) == [".DS_Store", "x-B.sst"]
     assert outcome.settled()
+
+
+def test_a_name_hadoop_cannot_parse_in_a_retired_partition_fails_no_cleanup(spark, tmp_path):
+    """A temporary file's name Hadoop's Path cannot parse (a ':' reads as a URI scheme) in the
+    retired 5 is no write of keyedstate's: 1's cleanup retires the rest of 5, leaves that file,
+    drops the marker and settles, with no error out of the cleanup."""
+    from keyedstate.formats import manifest as mf
+
+    _, live, borrower, retired = _scaled_down_operator(tmp_path)
+    (borrower / f"{V + 5}.ks-snapshot").unlink()
+    (borrower / f"{V + 7}.ks-snapshot").write_bytes(mf.encode(mf.Manifest(V + 7, 8, 1, ())))
+    (retired / ".a:b.tmp").write_bytes(b"j")
+    outcome = _cleanup_at(spark, live, 7, 1)
+    assert _names(retired) == [".a:b.tmp"]
+    assert not (live / f"ks-retired-5-{V + 4}").exists() and outcome.settled()
