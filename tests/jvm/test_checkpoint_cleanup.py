@@ -538,3 +538,19 @@ def test_a_name_hadoop_cannot_parse_in_a_retired_partition_fails_no_cleanup(spar
     outcome = _cleanup_at(spark, live, 7, 1)
     assert _names(retired) == [".a:b.tmp"]
     assert not (live / f"ks-retired-5-{V + 4}").exists() and outcome.settled()
+
+
+def test_a_marker_with_a_leading_zero_goes_once_its_partition_is_retired(spark, tmp_path):
+    """`ks-retired-05-<v>` reads as the marker of 5 (FORMATS.md's digits): once 5 is retired it
+    goes by its own name, as the canonical one does, instead of costing a listing of 5 on every
+    later cleanup."""
+    from keyedstate.formats import manifest as mf
+
+    _, live, borrower, retired = _scaled_down_operator(tmp_path)
+    (borrower / f"{V + 5}.ks-snapshot").unlink()
+    (borrower / f"{V + 7}.ks-snapshot").write_bytes(mf.encode(mf.Manifest(V + 7, 8, 1, ())))
+    (live / f"ks-retired-5-{V + 4}").rename(live / f"ks-retired-05-{V + 4}")
+    (retired / f"ks-retired-013-0{V + 2}").write_bytes(b"")
+    outcome = _cleanup_at(spark, live, 7, 1)
+    assert _names(retired) == []
+    assert not list(live.glob("ks-retired-*")) and outcome.settled()

@@ -24,12 +24,11 @@ object RetiredPartitions {
   /** Retires every partition `files`' markers name at a version at or below `base`, deleting
    *  only files modified before `horizon`; whether none is left for a later cleanup. */
   def sweep(files: CheckpointFiles, l: Listing, base: Long, horizon: Long, delete: Path => Unit): Boolean =
-    files.paths.retired(l.modified.keys).map { case (q, since) =>
+    files.paths.retired(l.modified.keys).distinct.map { case (q, since) =>
       since > base || files.paths.partition.contains(q) || {
-        val marker = files.paths.retiredMarker(q, since)
         try {
           val done = retire(files.sibling(q), since, horizon, delete, Set(q))
-          if (done) delete(marker)
+          if (done) files.paths.retiredMarkers(l.modified.keys, q, since).foreach(delete)
           done
         } catch {
           // Any error (a storage error, an unreadable manifest, a name a Path refuses) keeps q for
@@ -52,9 +51,9 @@ object RetiredPartitions {
     if ((l.changelogFiles ++ l.snapshotFiles).exists(_._1 >= since)) return true
     // Followed only at or below `since` (q was live when a later scale-down wrote one; a live
     // partition holds versions past it, so the check above keeps it whatever a marker names).
-    val older = q.paths.retired(l.modified.keys).map { case (p, v) =>
+    val older = q.paths.retired(l.modified.keys).distinct.map { case (p, v) =>
       val done = v > since || seen.contains(p) || retire(q.sibling(p), v, horizon, delete, seen + p)
-      if (done) delete(q.paths.retiredMarker(p, v))
+      if (done) q.paths.retiredMarkers(l.modified.keys, p, v).foreach(delete)
       done
     }.forall(identity)
     val released = SharedFiles.listedBy(q, l.snapshotFiles, skipUnreadable = true).filter(q.paths.lenderOf(_).isDefined).toSet
