@@ -554,3 +554,16 @@ def test_a_marker_with_a_leading_zero_goes_once_its_partition_is_retired(spark, 
     outcome = _cleanup_at(spark, live, 7, 1)
     assert _names(retired) == []
     assert not list(live.glob("ks-retired-*")) and outcome.settled()
+
+
+def test_an_old_temp_name_hadoop_cannot_parse_fails_no_cleanup(spark, tmp_path):
+    """A partition's own file named like a temporary file but with a ':' (which Hadoop's Path
+    reads as a URI scheme; no write of keyedstate's names one so) is left: the cleanup deletes
+    what it should and settles, with no error out of it."""
+    lender, _ = _operator_with_a_lender(tmp_path, ["ks-files/own.sst"])
+    (tmp_path / "state" / "0" / "4" / "ks-files" / "own.sst").write_bytes(b"o" * 10)
+    (lender / ".a:b.tmp").write_bytes(b"j")
+    os.utime(lender / ".a:b.tmp", (1_000_000_000, 1_000_000_000))
+    outcome = _cleanup_at(spark, lender, 7, 1)
+    assert sorted(p.name for p in (lender / "ks-files").iterdir()) == ["x-B.sst"]
+    assert (lender / ".a:b.tmp").exists() and outcome.settled()

@@ -16,10 +16,6 @@ import io.keyedstate.format.CheckpointLayout
  */
 object RetiredPartitions {
   private val log = LoggerFactory.getLogger(getClass)
-  private val TempFile = """\..+\.tmp(\.crc)?""".r
-  /** A temporary file of an interrupted write; none of keyedstate's has a ':', which Hadoop's
-   *  Path would read as a URI scheme (another name is not keyedstate's, and stays). */
-  private def temp(name: String): Boolean = TempFile.matches(name) && !name.contains(':')
 
   /** Retires every partition `files`' markers name at a version at or below `base`, deleting
    *  only files modified before `horizon`; whether none is left for a later cleanup. */
@@ -59,7 +55,7 @@ object RetiredPartitions {
     val released = SharedFiles.listedBy(q, l.snapshotFiles, skipUnreadable = true).filter(q.paths.lenderOf(_).isDefined).toSet
     l.changelogFiles.foreach { case (v, id) => delete(q.changelog(v, id)) }
     l.snapshotFiles.foreach { case (v, id) => delete(q.manifest(v, id)) }
-    l.modified.keys.filter(temp).foreach(name => delete(new Path(q.dir, name)))
+    l.modified.keys.filter(CheckpointCleanup.tempFile).foreach(name => delete(new Path(q.dir, name)))
     val undecided = SharedFiles.release(q, released, delete)
     val lent = SharedFiles.lentOut(q, l, delete)
     q.snapshotFiles().foreach { case (rel, (_, modified)) =>
@@ -71,7 +67,7 @@ object RetiredPartitions {
     }
     val after = q.listing()
     older && undecided.isEmpty && after.changelogFiles.isEmpty && after.snapshotFiles.isEmpty &&
-      !after.modified.keys.exists(n => temp(n) || CheckpointLayout.BorrowerMarker.matches(n) ||
+      !after.modified.keys.exists(n => CheckpointCleanup.tempFile(n) || CheckpointLayout.BorrowerMarker.matches(n) ||
         CheckpointLayout.RetiredMarker.matches(n)) &&
       q.snapshotFiles().isEmpty
   }
