@@ -567,3 +567,39 @@ def test_an_old_temp_name_hadoop_cannot_parse_fails_no_cleanup(spark, tmp_path):
     outcome = _cleanup_at(spark, lender, 7, 1)
     assert sorted(p.name for p in (lender / "ks-files").iterdir()) == ["x-B.sst"]
     assert (lender / ".a:b.tmp").exists() and outcome.settled()
+
+
+def test_a_join_store_retires_the_same_store_of_the_retired_partition_only(spark, tmp_path):
+    """A join keeps each store in a subdirectory of the partition: the cleanup of 1's store
+    'left' retires 5's 'left' (its manifest, own file, and the file of 1's it borrowed, released
+    with its marker) and leaves 5's 'right' and 1's 'right', whose own cleanup does the same."""
+    from keyedstate.formats import manifest as mf
+
+    op, old = tmp_path / "state" / "0", 1_000_000_000
+
+    def snapshot(d: Path, version: int, *paths: str) -> None:
+        listed = tuple(mf.SnapshotFile(f"00001{i}.sst", path, 1) for i, path in enumerate(paths))
+        (d / f"{version}.ks-snapshot").write_bytes(mf.encode(mf.Manifest(version, 8, 1, listed)))
+
+    stores = {(p, s): op / str(p) / s for p in (1, 5) for s in ("left", "right")}
+    for d in stores.values():
+        (d / "ks-files").mkdir(parents=True)
+        for name in ("f.sst", "g.sst"):
+            (d / "ks-files" / name).write_bytes(b"s")
+            os.utime(d / "ks-files" / name, (old, old))
+    for s in ("left", "right"):
+        snapshot(stores[(1, s)], V + 3, "ks-files/f.sst", "ks-files/g.sst")
+        snapshot(stores[(1, s)], V + 5, "ks-files/f.sst")
+        snapshot(stores[(5, s)], V + 2, "ks-files/f.sst", "../1/ks-files/g.sst")
+        (stores[(1, s)] / "ks-borrower-5").write_bytes(b"")
+        (stores[(1, s)] / f"ks-retired-5-{V + 4}").write_bytes(b"")
+    right = {k: _names(d) for k, d in stores.items() if k[1] == "right"}
+    jvm = spark._jvm
+    files = jvm.io.keyedstate.checkpoint.CheckpointFiles(jvm.org.apache.hadoop.fs.Path(stores[(1, "left")].as_uri()),
+                                                         spark._jsc.hadoopConfiguration(), False)
+    outcome = jvm.io.keyedstate.checkpoint.CheckpointCleanup.run(
+        files, 1, jvm.scala.Tuple2(V + 7, jvm.scala.Option.empty()), False)
+    assert _names(stores[(5, "left")]) == []
+    assert _names(stores[(1, "left")]) == [f"{V + 5}.ks-snapshot", "ks-files/f.sst"]
+    assert {k: _names(d) for k, d in stores.items() if k[1] == "right"} == right
+    assert outcome.settled()
