@@ -495,3 +495,111 @@ def test_a_partition_retired_before_a_retired_one_goes_with_it(spark, tmp_path):
     assert _names(borrower) == [f"{V + 7}.ks-snapshot"]
     assert _names(retired) == []
     assert not (live / f"ks-retired-5-{V + 4}").exists() and outcome.settled()
+
+
+def test_a_file_not_of_keyedstates_in_a_retired_partition_neither_throws_nor_keeps_the_marker(spark, tmp_path):
+    """A name in the retired 5's ks-files/ that is no snapshot file's (a desktop's .DS_Store, a
+    checksum beside a copied file) is not keyedstate's: 1's cleanup deletes the rest of 5, leaves
+    those, drops the marker and settles, without an error out of the cleanup."""
+    from keyedstate.formats import manifest as mf
+
+    _, live, borrower, retired = _scaled_down_operator(tmp_path)
+    (borrower / f"{V + 5}.ks-snapshot").unlink()  # 2 lists nothing of 5's: 5 can go whole
+    (borrower / f"{V + 7}.ks-snapshot").write_bytes(mf.encode(mf.Manifest(V + 7, 8, 1, ())))
+    for name in (".DS_Store", "notes~"):
+        (retired / "ks-files" / name).write_bytes(b"j")
+        os.utime(retired / "ks-files" / name, (1_000_000_000, 1_000_000_000))
+    outcome = _cleanup_at(spark, live, 7, 1)
+    assert _names(retired) == ["ks-files/.DS_Store", "ks-files/notes~"]
+    assert not (live / f"ks-retired-5-{V + 4}").exists() and outcome.settled()
+
+
+def test_a_file_not_of_keyedstates_in_a_live_partition_neither_throws_nor_unsettles(spark, tmp_path):
+    """The same in a partition's own ks-files/: left, the rest of the cleanup done, settled."""
+    lender, _ = _operator_with_a_lender(tmp_path, ["ks-files/own.sst"])
+    (tmp_path / "state" / "0" / "4" / "ks-files" / "own.sst").write_bytes(b"o" * 10)
+    (lender / "ks-files" / ".DS_Store").write_bytes(b"j")
+    os.utime(lender / "ks-files" / ".DS_Store", (1_000_000_000, 1_000_000_000))
+    outcome = _cleanup_at(spark, lender, 7, 1)
+    assert sorted(p.name for p in (lender / "ks-files").iterdir()) == [".DS_Store", "x-B.sst"]
+    assert outcome.settled()
+
+
+def test_a_name_hadoop_cannot_parse_in_a_retired_partition_fails_no_cleanup(spark, tmp_path):
+    """A temporary file's name Hadoop's Path cannot parse (a ':' reads as a URI scheme) in the
+    retired 5 is no write of keyedstate's: 1's cleanup retires the rest of 5, leaves that file,
+    drops the marker and settles, with no error out of the cleanup."""
+    from keyedstate.formats import manifest as mf
+
+    _, live, borrower, retired = _scaled_down_operator(tmp_path)
+    (borrower / f"{V + 5}.ks-snapshot").unlink()
+    (borrower / f"{V + 7}.ks-snapshot").write_bytes(mf.encode(mf.Manifest(V + 7, 8, 1, ())))
+    (retired / ".a:b.tmp").write_bytes(b"j")
+    outcome = _cleanup_at(spark, live, 7, 1)
+    assert _names(retired) == [".a:b.tmp"]
+    assert not (live / f"ks-retired-5-{V + 4}").exists() and outcome.settled()
+
+
+def test_a_marker_with_a_leading_zero_goes_once_its_partition_is_retired(spark, tmp_path):
+    """`ks-retired-05-<v>` reads as the marker of 5 (FORMATS.md's digits): once 5 is retired it
+    goes by its own name, as the canonical one does, instead of costing a listing of 5 on every
+    later cleanup."""
+    from keyedstate.formats import manifest as mf
+
+    _, live, borrower, retired = _scaled_down_operator(tmp_path)
+    (borrower / f"{V + 5}.ks-snapshot").unlink()
+    (borrower / f"{V + 7}.ks-snapshot").write_bytes(mf.encode(mf.Manifest(V + 7, 8, 1, ())))
+    (live / f"ks-retired-5-{V + 4}").rename(live / f"ks-retired-05-{V + 4}")
+    (retired / f"ks-retired-013-0{V + 2}").write_bytes(b"")
+    outcome = _cleanup_at(spark, live, 7, 1)
+    assert _names(retired) == []
+    assert not list(live.glob("ks-retired-*")) and outcome.settled()
+
+
+def test_an_old_temp_name_hadoop_cannot_parse_fails_no_cleanup(spark, tmp_path):
+    """A partition's own file named like a temporary file but with a ':' (which Hadoop's Path
+    reads as a URI scheme; no write of keyedstate's names one so) is left: the cleanup deletes
+    what it should and settles, with no error out of it."""
+    lender, _ = _operator_with_a_lender(tmp_path, ["ks-files/own.sst"])
+    (tmp_path / "state" / "0" / "4" / "ks-files" / "own.sst").write_bytes(b"o" * 10)
+    (lender / ".a:b.tmp").write_bytes(b"j")
+    os.utime(lender / ".a:b.tmp", (1_000_000_000, 1_000_000_000))
+    outcome = _cleanup_at(spark, lender, 7, 1)
+    assert sorted(p.name for p in (lender / "ks-files").iterdir()) == ["x-B.sst"]
+    assert (lender / ".a:b.tmp").exists() and outcome.settled()
+
+
+def test_a_join_store_retires_the_same_store_of_the_retired_partition_only(spark, tmp_path):
+    """A join keeps each store in a subdirectory of the partition: the cleanup of 1's store
+    'left' retires 5's 'left' (its manifest, own file, and the file of 1's it borrowed, released
+    with its marker) and leaves 5's 'right' and 1's 'right', whose own cleanup does the same."""
+    from keyedstate.formats import manifest as mf
+
+    op, old = tmp_path / "state" / "0", 1_000_000_000
+
+    def snapshot(d: Path, version: int, *paths: str) -> None:
+        listed = tuple(mf.SnapshotFile(f"00001{i}.sst", path, 1) for i, path in enumerate(paths))
+        (d / f"{version}.ks-snapshot").write_bytes(mf.encode(mf.Manifest(version, 8, 1, listed)))
+
+    stores = {(p, s): op / str(p) / s for p in (1, 5) for s in ("left", "right")}
+    for d in stores.values():
+        (d / "ks-files").mkdir(parents=True)
+        for name in ("f.sst", "g.sst"):
+            (d / "ks-files" / name).write_bytes(b"s")
+            os.utime(d / "ks-files" / name, (old, old))
+    for s in ("left", "right"):
+        snapshot(stores[(1, s)], V + 3, "ks-files/f.sst", "ks-files/g.sst")
+        snapshot(stores[(1, s)], V + 5, "ks-files/f.sst")
+        snapshot(stores[(5, s)], V + 2, "ks-files/f.sst", "../1/ks-files/g.sst")
+        (stores[(1, s)] / "ks-borrower-5").write_bytes(b"")
+        (stores[(1, s)] / f"ks-retired-5-{V + 4}").write_bytes(b"")
+    right = {k: _names(d) for k, d in stores.items() if k[1] == "right"}
+    jvm = spark._jvm
+    files = jvm.io.keyedstate.checkpoint.CheckpointFiles(jvm.org.apache.hadoop.fs.Path(stores[(1, "left")].as_uri()),
+                                                         spark._jsc.hadoopConfiguration(), False)
+    outcome = jvm.io.keyedstate.checkpoint.CheckpointCleanup.run(
+        files, 1, jvm.scala.Tuple2(V + 7, jvm.scala.Option.empty()), False)
+    assert _names(stores[(5, "left")]) == []
+    assert _names(stores[(1, "left")]) == [f"{V + 5}.ks-snapshot", "ks-files/f.sst"]
+    assert {k: _names(d) for k, d in stores.items() if k[1] == "right"} == right
+    assert outcome.settled()

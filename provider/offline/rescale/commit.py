@@ -79,10 +79,16 @@ def set_metadata_partitions(op_dir: Path, partitions: int) -> None:
 
 
 def mark_retired(op_dir: Path, store: str, partitions: int, from_partitions: int, version: int) -> None:
-    """Before a scale-down commits: partition ``q mod partitions`` of each retired partition ``q``
+    """Before a rescale commits: partition ``q mod partitions`` of each retired partition ``q``
     gets the marker ``ks-retired-<q>-<version>``, so that its cleanup deletes ``q``'s files once
-    it retains no version below ``version`` (FORMATS.md, "Partitions a scale-down retires")."""
-    for q in range(partitions, from_partitions):
+    it retains no version below ``version`` (FORMATS.md, "Partitions a scale-down retires"). The
+    retired: ``partitions .. from_partitions - 1``, and the store's partitions past both counts
+    that no marker names (left by a scale-down that wrote none, or by Spark's repartition)."""
+    parts = ckpt.discover_stores(op_dir).get(store, []) if op_dir.is_dir() else []
+    named = {int(m.group(1)) for files in parts for entry in files.path.iterdir()
+             if (m := layout.RETIRED_MARKER.fullmatch(entry.name)) is not None and entry.is_file()}
+    left = {files.partition for files in parts if files.partition >= max(partitions, from_partitions)} - named
+    for q in sorted(set(range(partitions, from_partitions)) | left):
         target = ckpt.store_dir(op_dir, q % partitions, store)
         marker = target / f"ks-retired-{q}-{version}"
         if not marker.is_file():

@@ -28,6 +28,9 @@ object CheckpointCleanup {
   private val log = LoggerFactory.getLogger(getClass)
   /** Temporary files of interrupted writes: `.<name>.<uuid>[.TID<n>].tmp`, and their checksums. */
   private val TempFile = """\..+\.tmp(\.crc)?""".r
+  /** A temporary file of an interrupted write; none of keyedstate's has a ':', which Hadoop's
+   *  Path would read as a URI scheme (another name is not keyedstate's, and stays). */
+  private[checkpoint] def tempFile(name: String): Boolean = TempFile.matches(name) && !name.contains(':')
   private val TempChangelog = ("""\.(.+""" + java.util.regex.Pattern.quote(CheckpointLayout.ChangelogSuffix) +
     """)\.[^.]+(?:\.TID\d+)?\.tmp(?:\.crc)?""").r
 
@@ -68,7 +71,7 @@ object CheckpointCleanup {
         case NonFatal(e) => settled = false; failedDelete = true; log.warn(s"keyedstate: cannot delete $p", e)
       }
     val killedBefore = System.currentTimeMillis() - TempFileGraceMs
-    val temps = l.modified.filter { case (name, _) => TempFile.matches(name) && !openedAhead(name, head._1) }
+    val temps = l.modified.filter { case (name, _) => tempFile(name) && !openedAhead(name, head._1) }
     temps.foreach { case (name, modified) => if (modified < killedBefore) delete(new org.apache.hadoop.fs.Path(files.dir, name)) }
     // `head` may be a version a task just committed and Spark's commit log does not hold yet: the
     // versions kept are the `minVersionsToRetain` before it too (Spark's HDFS provider counts so).

@@ -359,11 +359,16 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration, defaultSto
   def resolve(relative: String): Path = { val p = paths.resolve(relative); if (p.getParent != filesDir) refuseLinks(p.getParent); p }
   def sibling(p: Int): CheckpointFiles = new CheckpointFiles(paths.storeDirOf(p), hadoopConf, defaultStore)
 
-  /** The snapshot files directory's entries: relative path -> (size, modification time). */
+  /** The snapshot files directory's entries that are keyedstate's (a name a manifest can list,
+   *  or Hadoop's `.<name>.crc` beside one): relative path -> (size, modification time). Any other
+   *  name (a desktop's `.DS_Store`) is no snapshot file: no cleanup deletes it or waits for it. */
   def snapshotFiles(): Map[String, (Long, Long)] =
-    list(filesDir).filter(_.isFile).map { s =>
+    list(filesDir).filter(s => s.isFile && CheckpointFiles.snapshotFileName(s.getPath.getName)).map { s =>
       s"${filesDir.getName}/${s.getPath.getName}" -> (s.getLen, s.getModificationTime)
     }.toMap
+
+  /** An entry [[snapshotFiles]] names (its checksum files too, which [[resolve]] refuses). */
+  def snapshotFile(rel: String): Path = new Path(dir, rel)
 }
 
 object CheckpointFiles {
@@ -375,6 +380,16 @@ object CheckpointFiles {
 
   /** Whether a failed read found no file: the open tells, so no existence probe goes first. */
   def missing(e: CheckpointFileException): Boolean = e.getCause.isInstanceOf[FileNotFoundException]
+
+  private val Checksum = """\.(.+)\.crc""".r
+  /** Whether `name` in `ks-files/` is a snapshot file's a manifest can list, or its checksum. */
+  def snapshotFileName(name: String): Boolean = {
+    def listable(n: String) = !n.contains("..") && CheckpointLayout.RelativePath.matches(s"${CheckpointLayout.FilesDir}/$n")
+    name match {
+      case Checksum(main) => listable(main)
+      case _ => listable(name)
+    }
+  }
 
   /** s3a's create option that skips its probes of the path (an optional one: other stores ignore it). */
   private val S3aCreatePerformance = "fs.s3a.create.performance"

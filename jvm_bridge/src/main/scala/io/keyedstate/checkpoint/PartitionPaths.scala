@@ -55,4 +55,12 @@ final class PartitionPaths(dir: Path, defaultStore: Boolean) {
     }.sorted
 
   def retiredMarker(q: Int, version: Long): Path = new Path(dir, s"ks-retired-$q-$version")
+
+  /** The marker files among `names` that [[retired]] reads as (`q`, `version`), by their own
+   *  names (`ks-retired-05-7` too, which no rescale writes but which reads so). */
+  def retiredMarkers(names: Iterable[String], q: Int, version: Long): Seq[Path] =
+    names.toSeq.collect {
+      case name @ CheckpointLayout.RetiredMarker(p, v) if p.toIntOption.contains(q) && v.toLongOption.contains(version) =>
+        new Path(dir, name)
+    }
 }

@@ -1,6 +1,6 @@
 package io.keyedstate.checkpoint
 
-import java.io.IOException
+import scala.util.control.NonFatal
 
 import org.apache.hadoop.fs.Path
 import org.slf4j.LoggerFactory
@@ -16,20 +16,20 @@ import io.keyedstate.format.CheckpointLayout
  */
 object RetiredPartitions {
   private val log = LoggerFactory.getLogger(getClass)
-  private val TempFile = """\..+\.tmp(\.crc)?""".r
 
   /** Retires every partition `files`' markers name at a version at or below `base`, deleting
    *  only files modified before `horizon`; whether none is left for a later cleanup. */
   def sweep(files: CheckpointFiles, l: Listing, base: Long, horizon: Long, delete: Path => Unit): Boolean =
-    files.paths.retired(l.modified.keys).map { case (q, since) =>
+    files.paths.retired(l.modified.keys).distinct.map { case (q, since) =>
       since > base || files.paths.partition.contains(q) || {
-        val marker = files.paths.retiredMarker(q, since)
         try {
           val done = retire(files.sibling(q), since, horizon, delete, Set(q))
-          if (done) delete(marker)
+          if (done) files.paths.retiredMarkers(l.modified.keys, q, since).foreach(delete)
           done
         } catch {
-          case e @ (_: CheckpointFileException | _: IOException) =>
+          // Any error (a storage error, an unreadable manifest, a name a Path refuses) keeps q for
+          // a later round; it never ends the holder's cleanup without its outcome.
+          case NonFatal(e) =>
             log.warn(s"keyedstate: cleanup of ${files.dir} keeps partition $q, which a scale-down retired, " +
               s"for now: ${e.getMessage}")
             false
@@ -47,15 +47,15 @@ object RetiredPartitions {
     if ((l.changelogFiles ++ l.snapshotFiles).exists(_._1 >= since)) return true
     // Followed only at or below `since` (q was live when a later scale-down wrote one; a live
     // partition holds versions past it, so the check above keeps it whatever a marker names).
-    val older = q.paths.retired(l.modified.keys).map { case (p, v) =>
+    val older = q.paths.retired(l.modified.keys).distinct.map { case (p, v) =>
       val done = v > since || seen.contains(p) || retire(q.sibling(p), v, horizon, delete, seen + p)
-      if (done) delete(q.paths.retiredMarker(p, v))
+      if (done) q.paths.retiredMarkers(l.modified.keys, p, v).foreach(delete)
       done
     }.forall(identity)
     val released = SharedFiles.listedBy(q, l.snapshotFiles, skipUnreadable = true).filter(q.paths.lenderOf(_).isDefined).toSet
     l.changelogFiles.foreach { case (v, id) => delete(q.changelog(v, id)) }
     l.snapshotFiles.foreach { case (v, id) => delete(q.manifest(v, id)) }
-    l.modified.keys.filter(TempFile.matches).foreach(name => delete(new Path(q.dir, name)))
+    l.modified.keys.filter(CheckpointCleanup.tempFile).foreach(name => delete(new Path(q.dir, name)))
     val undecided = SharedFiles.release(q, released, delete)
     val lent = SharedFiles.lentOut(q, l, delete)
     q.snapshotFiles().foreach { case (rel, (_, modified)) =>
@@ -63,11 +63,11 @@ object RetiredPartitions {
         case Array(dir, name) if name.startsWith(".") && name.endsWith(".crc") => s"$dir/${name.drop(1).dropRight(4)}"
         case _ => rel
       }
-      if (!lent.contains(main) && modified < horizon) delete(q.resolve(rel))
+      if (!lent.contains(main) && modified < horizon) delete(q.snapshotFile(rel))
     }
     val after = q.listing()
     older && undecided.isEmpty && after.changelogFiles.isEmpty && after.snapshotFiles.isEmpty &&
-      !after.modified.keys.exists(n => TempFile.matches(n) || CheckpointLayout.BorrowerMarker.matches(n) ||
+      !after.modified.keys.exists(n => CheckpointCleanup.tempFile(n) || CheckpointLayout.BorrowerMarker.matches(n) ||
         CheckpointLayout.RetiredMarker.matches(n)) &&
       q.snapshotFiles().isEmpty
   }
