@@ -656,7 +656,8 @@ def table_lines(data: dict) -> list[str]:
         r = runs[provider]
         v = r.get("verify") or {}
         res = r.get("resume") or {}
-        verified = "yes" if v.get("ok") else ("**no**: " + "; ".join(v.get("problems") or [r.get("error") or "?"]))[:200]
+        verified = "yes" if v.get("ok") else "– (refused)" if r.get("status") == "refused" else (
+            "**no**: " + "; ".join(v.get("problems") or [r.get("error") or "?"]))[:200]
         rows.append([
             _provider_label(provider, r), f"{r.get('status', '?')}{' ⚠' if contended(r) else ''}",
             fmt_rows(r.get("keys")), f"{r.get('from_partitions', '?')} → {r.get('to_partitions', '?')}",
@@ -791,7 +792,7 @@ def load_json(path: Path, others: list[Path] | None = None) -> dict:
     data = json.loads(Path(path).read_text())
     if others:
         data["other_runs"] = merged_runs(data, [json.loads(Path(o).read_text()) for o in others]
-                                         + [{"other_runs": data.get("other_runs") or []}])
+                                         + list(data.get("other_runs") or []))
     return data
 
 
