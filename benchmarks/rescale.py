@@ -4,7 +4,7 @@
     python3 -m benchmarks.rescale --keys 200000         # quick check
     python3 -m benchmarks.rescale --keys 1000000 --batches 0 --json /tmp/rescale.json   # seed only
     python3 -m benchmarks.rescale --keys 1000000 --merge   # keep the file's runs at other keys/counts
-    python3 -m benchmarks.rescale --report-only /tmp/rescale-1m.json --json /tmp/rescale-10m.json \
+    python3 -m benchmarks.rescale --report-only /tmp/rescale-1m.json --json /tmp/rescale-10m.json \\
         --plots /tmp/plots                                  # section + plot of rescale s against keys
 
 For each provider (keyedstate, and Spark's RocksDB provider with changelog checkpointing =
