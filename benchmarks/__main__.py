@@ -68,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="report these runs together with earlier ones from benchmarks/.work/runs/ "
                          "(the newest run of each workload x provider wins)")
     ap.add_argument("--report-only", action="store_true", help="do not run, only re-render the report")
+    ap.add_argument("--rescale", nargs="+", metavar="JSON",
+                    help="rescale results for the report (default benchmarks/.work/rescale.json); "
+                         "several: the first's section, all of them in the plot against keys")
     ap.add_argument("--no-report", action="store_true")
     ap.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = ap.parse_args(argv)
@@ -141,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
                  "--duration", str(meta.get("duration_s", "")),
                  "--out", str(args.out), "--plots", str(args.out.parent / "plots")]
                 + (["--no-plots"] if meta.get("storage", "local") != "local" else [])
-                + (["--commit", meta["commit"]] if meta.get("commit") else []))
+                + (["--commit", meta["commit"]] if meta.get("commit") else [])
+                + (["--rescale", *args.rescale] if args.rescale else []))
     return rc
 
 

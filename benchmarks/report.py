@@ -706,19 +706,21 @@ def storage_section(by_wl: dict[str, dict[str, dict]], level: str = "##") -> lis
     return out
 
 
-def _load_rescale(path: Path | None) -> dict | None:
-    if path is None or not path.exists():
+def _load_rescale(path: Path | list[Path] | None) -> dict | None:
+    """A rescale JSON; given several, the first with the others' runs as its other_runs."""
+    paths = [p for p in ([path] if isinstance(path, Path) else path or []) if p.exists()]
+    if not paths:
         return None
     try:
-        return json.loads(path.read_text())
+        return rescale.load_json(paths[0], paths[1:])
     except (OSError, ValueError) as exc:
-        print(f"report: cannot read {path}: {exc}", file=sys.stderr)
+        print(f"report: cannot read {', '.join(map(str, paths))}: {exc}", file=sys.stderr)
         return None
 
 
 def render(results: dict[tuple[str, str], dict], out: Path, plots_dir: Path,
            command: str | None = None, duration: str | None = None, plots: bool = True,
-           rescale_json: Path | None = WORK_DIR / "rescale.json", commit: str | None = None,
+           rescale_json: Path | list[Path] | None = WORK_DIR / "rescale.json", commit: str | None = None,
            extra_source: Path | None = extra.EXTRA_DIR) -> str:
     by_wl: dict[str, dict[str, dict]] = {}
     for (wl, provider), r in sorted(results.items()):
@@ -726,6 +728,7 @@ def render(results: dict[tuple[str, str], dict], out: Path, plots_dir: Path,
     by_wl = {wl: by_wl[wl] for wl in sorted(by_wl, key=lambda w: (w not in WORKLOADS, w))}
     made = plot(by_wl, plots_dir) if plots else {}
     rescale_data = _load_rescale(rescale_json)
+    rescale_plot = rescale.plot_scaling(rescale_data, plots_dir) if plots and rescale_data else None
 
     lines = _header(results, command, duration, commit)
     lines += _summary_table(by_wl)
@@ -755,7 +758,7 @@ def render(results: dict[tuple[str, str], dict], out: Path, plots_dir: Path,
             lines.append(f"![{wl} {name}](plots/{name})")
         lines.append("")
     if rescale_data:
-        lines += rescale.section(rescale_data)
+        lines += rescale.section(rescale_data, rescale_plot)
     lines += extra.section(extra_source)
     # The hand-written reading of RESULTS.md's numbers (targets, where the time goes, what would
     # close a gap) lives beside the generator, so re-rendering keeps it; other reports (--out)
@@ -836,8 +839,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--command", help="command line to show in the header")
     ap.add_argument("--duration", help="seconds the run took (header)")
     ap.add_argument("--commit", help="commit the runs used (header; default: HEAD now)")
-    ap.add_argument("--rescale", type=Path, default=WORK_DIR / "rescale.json",
-                    help="rescale comparison to include if present (python3 -m benchmarks.rescale)")
+    ap.add_argument("--rescale", type=Path, nargs="+", default=[WORK_DIR / "rescale.json"],
+                    help="rescale comparison to include if present (python3 -m benchmarks.rescale); "
+                         "further files add their runs to the plot of rescale time against keys")
     ap.add_argument("--extra", type=Path, default=extra.EXTRA_DIR,
                     help="extra measurement tables to include if present: a directory of JSON files or "
                          "one file (see benchmarks/extra.py)")
