@@ -74,11 +74,11 @@ PROVIDERS: dict[str, dict[str, str]] = {
     # cleanup interval (10 versions, aligned with snapshotInterval): W1/W2 measure 10 batches,
     # so one full cleanup scan and one snapshot fall inside them, as they would in production.
     "keyedstate_ttl": {KS_PREFIX + "ttl": "24h"},
-    # Changelogs closed without hsync, as Spark's providers close theirs (on HDFS: no NameNode
-    # fsync per changelog); run only when named.
-    "keyedstate_nosync": {KS_PREFIX + "changelogSync": "false"},
+    # Changelogs hsynced before the commit reports them (on HDFS: one NameNode fsync per
+    # changelog more than Spark's providers ask); run only when named.
+    "keyedstate_sync": {KS_PREFIX + "changelogSync": "true"},
 }
-ON_REQUEST_PROVIDERS = ("keyedstate_nosync",)
+ON_REQUEST_PROVIDERS = ("keyedstate_sync",)
 """Providers a run includes only when ``--providers`` names them."""
 TTL_WORKLOADS = ("W1", "W2")
 """Workloads that run keyedstate_ttl by default (the TTL issue's W1/W2 overhead target)."""

@@ -240,13 +240,13 @@ KNOBS: tuple[Knob, ...] = (
          "Return from commit once the changelog is durable in the checkpoint and queued for "
          "RocksDB, instead of waiting for RocksDB to apply it; the changelog is shipped while its "
          "file is written and applied once the file is durable. Later reads wait for it."),
-    Knob("changelogSync", "true", parse_bool,
-         "A commit hsyncs its changelog before it reports the version: on HDFS the bytes are then "
-         "on every DataNode's disk, which costs one NameNode fsync per changelog. 'false' closes "
-         "the file as Spark's own providers close theirs (on the DataNodes of the pipeline, in "
-         "memory until their disks catch up): the same requests as Spark's, and a power loss of "
-         "every replica at once may lose the newest versions. No effect on object stores, which "
-         "have no hsync; Hadoop's local file system makes no fsync either way."),
+    Knob("changelogSync", "false", parse_bool,
+         "'true': a commit hsyncs its changelog before it reports the version, so on HDFS the "
+         "bytes are on every DataNode's disk (a power loss of every replica at once cannot lose "
+         "it), at one more NameNode request (fsync) per changelog. 'false': the file is closed "
+         "as Spark writes its own checkpoint files (its offset and commit logs, its providers' "
+         "state): on every DataNode of the pipeline, on disk once their writes reach it. No "
+         "effect on object stores, which have no hsync, nor on Hadoop's local file system."),
     Knob("nativeReads", "true", parse_bool,
          "Serve near-cache misses and scans in the JVM by reading the Python server's RocksDB "
          "files as a RocksDB secondary instance (Spark's bundled rocksdbjni), instead of a round "

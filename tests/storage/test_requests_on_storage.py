@@ -206,8 +206,9 @@ def test_hdfs_request_log_has_each_call_with_its_time(storage_session, storage_r
 
 def test_changelog_sync_off_commits_without_the_namenode_fsync(storage_session, storage_root, hdfs,
                                                                candidate_provider):
-    """changelogSync=false closes the changelog as Spark's providers do: a commit and its
-    changelog's open ask the NameNode no fsync, where the default asks one; both versions load."""
+    """changelogSync=false (the default) closes the changelog as Spark's providers do: a commit
+    and its changelog's open ask the NameNode no fsync, where changelogSync=true asks one; both
+    versions load."""
     if candidate_provider != KS:
         pytest.skip("a keyedstate conf")
     fsyncs = {}
