@@ -152,21 +152,22 @@ def test_commit_and_load_ask_no_more_than_rocksdb(storage_session, storage_root,
 def test_a_write_store_opens_its_changelog_before_the_commit(storage_session, storage_root, s3_proxy,
                                                             candidate_provider, where):
     """The commit does not wait for its changelog's create (s3a's probes, HDFS's NameNode create,
-    and on HDFS its first block's pipeline): the file opens when the task's write store is handed
-    out. Nothing of an open that never
-    commits stays: an abort or the provider's close drops it, and only the committed version
-    loads."""
+    and with changelogSync=true HDFS's first block and its pipeline): the file opens when the
+    task's write store is handed out. Nothing of an open that never commits stays: an abort or
+    the provider's close drops it, and only the committed version loads."""
     if candidate_provider != KS:
         pytest.skip(f"opens keyedstate's changelogs, which {candidate_provider} has none of")
     checkpoint = f"{storage_root(where, 'requests')}/opened-ahead"
-    out = storage_session.tool("commit_opened_ahead", checkpoint=checkpoint)
+    # changelogSync=true: on HDFS the open also hsyncs the file's first bytes (checked below)
+    out = storage_session.tool("commit_opened_ahead", checkpoint=checkpoint,
+                               confs={"spark.sql.streaming.stateStore.keyedstate.changelogSync": "true"})
     temp = re.compile(r"\.1\.ks-changelog\..+\.tmp")
     assert out["committed"] == 1 and out["value"] == 10, out
     for step in ("aborted", "closed"):
         assert out[step] == ["1.ks-changelog"], (step, out)
     if where == "hdfs":  # a file system shows a file while it is written
         assert any(temp.fullmatch(n) for n in out["before_commit"]), out
-        # with the changelog's first bytes hsynced: its pipeline and block were set up at the open
+        # its first bytes hsynced: the pipeline and block were set up at the open
         assert [h for n, h in out["before_commit_bytes"].items() if temp.fullmatch(n)] == [b"KSCHLOG2\x00\x02".hex()], out
         assert any(re.fullmatch(r"\.2\.ks-changelog\..+\.tmp", n) for n in out["open"]), out
     else:  # an object store shows nothing before the upload: its probes were asked before the commit

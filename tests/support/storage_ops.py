@@ -224,11 +224,12 @@ def open_bytes(spark, checkpoint: str, partition_dir: str, names: list[str]) -> 
             for n in names if n.endswith(".tmp")}
 
 
-def commit_opened_ahead(spark, checkpoint: str) -> dict:
+def commit_opened_ahead(spark, checkpoint: str, confs: dict[str, str] | None = None) -> dict:
     """One store partition (operator 0, partition 0) driven through the provider contract in this
     process's JVM: a write store committed after a pause (its changelog opened when the store was
-    handed out), one aborted and one left open when the provider closes. The partition's file
-    names at each step; ``commit_start``/``commit_end`` (time.time()) around the commit."""
+    handed out), one aborted and one left open when the provider closes, with keyedstate
+    ``confs``. The partition's file names at each step, what a reader sees of the open changelog
+    before the commit; ``commit_start``/``commit_end`` (time.time()) around the commit."""
     from .jvm import LayerStore
 
     def names() -> list[str]:
@@ -244,7 +245,7 @@ def commit_opened_ahead(spark, checkpoint: str) -> dict:
         return now
 
     out: dict[str, Any] = {}
-    layer = LayerStore(spark, f"{checkpoint.rstrip('/')}/state")
+    layer = LayerStore(spark, f"{checkpoint.rstrip('/')}/state", confs=confs)
     try:
         s = layer.store(0)
         layer.put(s, (1,), (10,))
@@ -266,12 +267,19 @@ def commit_opened_ahead(spark, checkpoint: str) -> dict:
     finally:
         layer.close()
     settled("closed")
+    out["value"] = _value_of_key_1(spark, checkpoint)
+    return out
+
+
+def _value_of_key_1(spark, checkpoint: str):
+    """Key 1's value in version 1 of operator 0, partition 0, as a fresh provider loads it."""
+    from .jvm import LayerStore
+
     fresh = LayerStore(spark, f"{checkpoint.rstrip('/')}/state")
     try:
-        out["value"] = fresh.get(fresh.store(1), 1)
+        return fresh.get(fresh.store(1), 1)
     finally:
         fresh.close()
-    return out
 
 
 def write_and_rename(spark, directory: str) -> dict:
@@ -320,9 +328,5 @@ def commit_one(spark, checkpoint: str, confs: dict[str, str]) -> dict:
         out["commit_end"] = time.time()
     finally:
         layer.close()
-    fresh = LayerStore(spark, f"{checkpoint.rstrip('/')}/state")
-    try:
-        out["value"] = fresh.get(fresh.store(1), 1)
-    finally:
-        fresh.close()
+    out["value"] = _value_of_key_1(spark, checkpoint)
     return out
