@@ -718,13 +718,10 @@ def _await_every_file_listed(op_dir: Path) -> None:
         time.sleep(0.5)
 
 
-def test_a_split_by_files_shares_the_parents_files_and_every_retained_version_loads(spark, tmp_path):
-    """4 -> 8 from snapshots writes no key: each heir lists its parent's SSTs where they are and
-    adds one file of range deletes; the parent holds a borrower marker. Then 3 x
-    minBatchesToRetain batches, a snapshot each, with maintenance: the oldest retained and the
-    newest version of every partition load exactly, and every snapshot file in the checkpoint
-    is listed by a manifest (of its own partition or of one it lends files to)."""
-    retain = 2
+def _snapshotted_query(spark, tmp_path: Path, retain: int) -> tuple[FileStream, dict, Path, dict]:
+    """3 batches at 4 partitions with a snapshot every version and ``retain`` batches retained,
+    stopped once every partition uploaded version 3's snapshot: the stream, its output so far,
+    the operator's directory and the confs to run it on with."""
     confs = {"spark.sql.streaming.stateStore.keyedstate.snapshotInterval": "1",
              "spark.sql.streaming.minBatchesToRetain": str(retain)}
     stream = FileStream(spark, tmp_path, "k LONG")
@@ -733,6 +730,17 @@ def test_a_split_by_files_shares_the_parents_files_and_every_retained_version_lo
     with session_confs(spark, confs):
         _run(spark, stream, range(3), out)
     _await_snapshots(op_dir, 3)
+    return stream, out, op_dir, confs
+
+
+def test_a_split_by_files_shares_the_parents_files_and_every_retained_version_loads(spark, tmp_path):
+    """4 -> 8 from snapshots writes no key: each heir lists its parent's SSTs where they are and
+    adds one file of range deletes; the parent holds a borrower marker. Then 3 x
+    minBatchesToRetain batches, a snapshot each, with maintenance: the oldest retained and the
+    newest version of every partition load exactly, and every snapshot file in the checkpoint
+    is listed by a manifest (of its own partition or of one it lends files to)."""
+    retain = 2
+    stream, out, op_dir, confs = _snapshotted_query(spark, tmp_path, retain)
 
     result = keyedstate.rescale(stream.checkpoint, 8, spark=spark)
     assert "clip" in result.task_seconds, result  # every split took the path by files
@@ -776,15 +784,7 @@ def test_a_heir_split_by_files_again_marks_every_partition_it_lists_files_of(spa
     partition's borrower marker, and after retain x 3 batches with cleanup every version
     loads and no file of the checkpoint is listed by no manifest."""
     retain = 2
-    confs = {"spark.sql.streaming.stateStore.keyedstate.snapshotInterval": "1",
-             "spark.sql.streaming.minBatchesToRetain": str(retain)}
-    stream = FileStream(spark, tmp_path, "k LONG")
-    out: dict = {}
-    op_dir = Path(stream.checkpoint) / "state" / "0"
-
-    with session_confs(spark, confs):
-        _run(spark, stream, range(3), out)
-    _await_snapshots(op_dir, 3)
+    stream, out, op_dir, confs = _snapshotted_query(spark, tmp_path, retain)
     keyedstate.rescale(stream.checkpoint, 8, spark=spark)
     second = keyedstate.rescale(stream.checkpoint, 16, spark=spark)  # reads the heirs' first snapshots
     assert "clip" in second.task_seconds, second
@@ -842,14 +842,7 @@ def test_a_scale_down_after_a_split_by_files_leaves_nothing_once_retention_passe
     from keyedstate.offline.rescale import driver
 
     retain = 2
-    confs = {"spark.sql.streaming.stateStore.keyedstate.snapshotInterval": "1",
-             "spark.sql.streaming.minBatchesToRetain": str(retain)}
-    stream = FileStream(spark, tmp_path, "k LONG")
-    out: dict = {}
-    op_dir = Path(stream.checkpoint) / "state" / "0"
-    with session_confs(spark, confs):
-        _run(spark, stream, range(3), out)
-    _await_snapshots(op_dir, 3)
+    stream, out, op_dir, confs = _snapshotted_query(spark, tmp_path, retain)
     assert "clip" in keyedstate.rescale(stream.checkpoint, 8, spark=spark).task_seconds
     with session_confs(spark, confs):
         _run(spark, stream, range(3, 5), out, partitions=8)
