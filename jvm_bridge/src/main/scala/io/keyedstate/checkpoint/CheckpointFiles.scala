@@ -382,6 +382,12 @@ object CheckpointFiles {
   def missing(e: CheckpointFileException): Boolean = e.getCause.isInstanceOf[FileNotFoundException]
 
   private val Checksum = """\.(.+)\.crc""".r
+  /** The file an entry [[snapshotFiles]] names stands for: the file itself, or the one beside a
+   *  checksum file (`ks-files/.<name>.crc` -> `ks-files/<name>`). */
+  def checksummed(rel: String): String = rel.split('/') match {
+    case Array(dir, Checksum(main)) => s"$dir/$main"
+    case _ => rel
+  }
   /** Whether `name` in `ks-files/` is a snapshot file's a manifest can list, or its checksum. */
   def snapshotFileName(name: String): Boolean = {
     def listable(n: String) = !n.contains("..") && CheckpointLayout.RelativePath.matches(s"${CheckpointLayout.FilesDir}/$n")

@@ -59,11 +59,7 @@ object RetiredPartitions {
     val undecided = SharedFiles.release(q, released, delete)
     val lent = SharedFiles.lentOut(q, l, delete)
     q.snapshotFiles().foreach { case (rel, (_, modified)) =>
-      val main = rel.split('/') match {
-        case Array(dir, name) if name.startsWith(".") && name.endsWith(".crc") => s"$dir/${name.drop(1).dropRight(4)}"
-        case _ => rel
-      }
-      if (!lent.contains(main) && modified < horizon) delete(q.snapshotFile(rel))
+      if (!lent.contains(CheckpointFiles.checksummed(rel)) && modified < horizon) delete(q.snapshotFile(rel))
     }
     val after = q.listing()
     older && undecided.isEmpty && after.changelogFiles.isEmpty && after.snapshotFiles.isEmpty &&
