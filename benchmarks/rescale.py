@@ -82,7 +82,7 @@ from .fmt import (CONTENDED_SHARE, contended, fmt_bytes, fmt_load_plan, fmt_ms, 
                   table, target_text, verdict)
 from .workloads import (BASE_CONFS, PROVIDER_PYTHON, PROVIDERS, REPO_DIR, WORK_DIR, CpuMonitor, RssSampler,
                         RunSpec, _batch_record, _descendants, _dir_bytes, _git, _proc_table, _write_json,
-                        base_provider, build_session, checkpoint_versions, child_env, environment,
+                        base_provider, build_session, checkpoint_versions, child_env, environment, file_inodes,
                         is_keyedstate, keyedstate_build, register_provider_python, run_subprocess,
                         wait_until_idle)
 
@@ -158,16 +158,7 @@ def _brief(batch: dict) -> dict:
 
 def _inodes(state_dir: Path) -> dict[tuple[int, int], tuple[int, int, str]]:
     """(dev, inode) -> (size, mtime_ns, relative path) of every file below ``state_dir``."""
-    out = {}
-    for root, _, files in os.walk(state_dir):
-        for name in files:
-            full = os.path.join(root, name)
-            try:
-                st = os.stat(full)
-            except OSError:
-                continue
-            out.setdefault((st.st_dev, st.st_ino), (st.st_size, st.st_mtime_ns, os.path.relpath(full, state_dir)))
-    return out
+    return {ino: (st.st_size, st.st_mtime_ns, rel) for ino, (st, rel) in file_inodes(state_dir).items()}
 
 
 def _snapshot_bytes(files: dict) -> int:

@@ -412,10 +412,10 @@ _SNAPSHOT_FILE = re.compile(r"^(\d+)(?:_[0-9a-fA-F-]+)?\.(?:snapshot|zip|ks-snap
 _CHANGELOG_FILE = re.compile(r"^(\d+)(?:_[0-9a-fA-F-]+)?\.(?:delta|changelog|ks-changelog)$")
 
 
-def _state_files(path: Path) -> list[tuple[float, int, str]]:
-    """(mtime, size, relative path) of every file below ``path``, each inode once (a hard link is
-    not another write)."""
-    out, seen = [], set()
+def file_inodes(path: Path) -> dict[tuple[int, int], tuple[os.stat_result, str]]:
+    """(dev, inode) -> (its stat, relative path of the first name found) of every file below
+    ``path``: each inode once (a hard link is not another write)."""
+    out: dict[tuple[int, int], tuple[os.stat_result, str]] = {}
     for root, _, files in os.walk(path):
         for name in files:
             full = os.path.join(root, name)
@@ -423,11 +423,13 @@ def _state_files(path: Path) -> list[tuple[float, int, str]]:
                 st = os.stat(full)
             except OSError:
                 continue
-            if (st.st_dev, st.st_ino) in seen:
-                continue
-            seen.add((st.st_dev, st.st_ino))
-            out.append((st.st_mtime, st.st_size, os.path.relpath(full, path)))
+            out.setdefault((st.st_dev, st.st_ino), (st, os.path.relpath(full, path)))
     return out
+
+
+def _state_files(path: Path) -> list[tuple[float, int, str]]:
+    """(mtime, size, relative path) of every file below ``path``, each inode once."""
+    return [(st.st_mtime, st.st_size, rel) for st, rel in file_inodes(path).values()]
 
 
 def _dir_bytes(path: Path) -> int:
