@@ -241,6 +241,33 @@ def test_a_later_run_replaces_an_uncommitted_version_and_a_stopped_run_does_not(
         close_runs(spark, old, new)
 
 
+def test_a_rerun_replaces_the_changelog_without_an_hsync_when_changelog_sync_is_off(spark):
+    """A later run's replace of an uncommitted version writes its changelog as every commit
+    does under changelogSync (false by default: a close, no hsync). Before, the replace always
+    hsynced: here every hsync of a changelog fails, and that replace failed."""
+    location, _ = objtest_location(spark, "rerun-nosync")
+    history, ids = {0: {}}, {}
+    arm(spark, {"hsync": "true"})  # objtest's streams offer hsync, as HDFS's do
+    old = Run(spark, location + "/state", "1", history, ids)
+    new = None
+    try:
+        for version in range(3):
+            old.commit(version)
+        deactivate(spark, old.run_id)
+        root = arm(spark, {"hsync": "true"}, hsync={"nth": 1, "times": 1000, "path": "ks-changelog"})
+        new = Run(spark, location + "/state", "1", history, ids)
+        store = new.layer.store(2, None)
+        new.layer.put(store, (KEYS + 1,), (-1,))
+        assert store.commit() == 3
+        history[3] = {**history[2], KEYS + 1: -1}
+        assert [f for f in testjar.injected_faults(root) if f["op"] == "hsync"] == []
+        with restarted(spark, location + "/state") as fresh:
+            assert contents(fresh, 3, None) == history[3]
+    finally:
+        disarm(spark)
+        close_runs(spark, old, new)
+
+
 def test_a_stopped_runs_snapshot_beside_the_rerun_changelog_is_never_loaded(spark):
     """A stopped run's snapshot upload of version 3 is killed between its manifest write and its
     re-check while a later run replaces version 3: the stopped run's manifest stays beside the

@@ -366,6 +366,32 @@ def test_a_write_store_opens_its_changelog_when_handed_out_and_a_failed_open_fai
         layer.close()
 
 
+def test_with_changelog_sync_a_failed_write_ahead_or_write_after_it_still_commits(spark):
+    """changelogSync=true writes and hsyncs the changelog's first bytes when the store is handed
+    out; that is an optimisation only. If that hsync fails, the file is opened again with nothing
+    written ahead; if the commit's write through the stream opened ahead fails (HDFS: its idle
+    pipeline lost a DataNode), the commit writes the file once more through a new stream. Both
+    commits load exactly; before, both failed."""
+    location, local = objtest_location(spark, "sync-ahead")
+    arm(spark, {"hsync": "true"})  # objtest's streams offer hsync, as HDFS's do
+    layer = LayerStore(spark, location, confs={PFX + "changelogSync": "true"})
+    try:
+        _commit_one_write(layer, 0)
+        for version, nth in ((2, 1), (3, 2)):  # the open's hsync fails; the commit's fails
+            root = arm(spark, {"hsync": "true"}, hsync={"nth": nth, "path": f"/.{version}.ks-changelog"})
+            s = layer.store(version - 1)
+            layer.put(s, (version,), (version * 10,))
+            assert s.commit() == version
+            faults = [f for f in testjar.injected_faults(root)
+                      if f["op"] == "hsync" and f".{version}.ks-changelog" in f["paths"][0]]
+            assert len(faults) == 1, faults
+            assert _loaded_elsewhere(spark, location, version, version) == version * 10
+        assert not [p.name for p in local.rglob("*.tmp")]  # every stream given up was dropped
+    finally:
+        disarm(spark)
+        layer.close()
+
+
 def test_a_task_killed_while_its_changelog_is_written_ends_the_write_and_keeps_the_interrupt(spark):
     """Spark kills a task by interrupting its thread. A write-behind commit waits for its
     changelog's file on another thread: the kill must reach that write (the commit then ends

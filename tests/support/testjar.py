@@ -26,7 +26,7 @@ from typing import Any, Mapping
 
 SOURCE_DIR = Path(__file__).resolve().parent.parent / "jvm" / "src"
 OBJTEST_CLASS = "io.keyedstate.testing.ObjectStoreFileSystem"
-OPS = ("create", "rename", "open", "listStatus", "delete")
+OPS = ("create", "rename", "open", "listStatus", "delete", "hsync")
 
 
 class TestJarBuildError(RuntimeError):

@@ -35,6 +35,8 @@ import org.apache.hadoop.fs.FileSystem;
 import org.apache.hadoop.fs.ParentNotDirectoryException;
 import org.apache.hadoop.fs.Path;
 import org.apache.hadoop.fs.PathIsNotEmptyDirectoryException;
+import org.apache.hadoop.fs.StreamCapabilities;
+import org.apache.hadoop.fs.Syncable;
 import org.apache.hadoop.fs.permission.FsPermission;
 import org.apache.hadoop.util.Progressable;
 
@@ -77,7 +79,7 @@ import org.apache.hadoop.util.Progressable;
  * changed, checked with one stat on each create, rename, open, listStatus, delete and mkdirs
  * (open streams use the rules of the latest such call), so a test arms faults for the whole
  * cluster by rewriting that file atomically. Each rewrite starts a new arming: per-JVM call
- * counters, the disk-full byte count and the random generator restart. Keys ({@code <op>} is create, rename, open, listStatus or delete):
+ * counters, the disk-full byte count and the random generator restart. Keys ({@code <op>} is create, rename, open, listStatus, delete or hsync):
  * <pre>
  * &lt;op&gt;.nth=N           fail the N-th matching call after arming (1-based) ...
  * &lt;op&gt;.times=K         ... and the K-1 matching calls after it (default 1)
@@ -101,6 +103,9 @@ import org.apache.hadoop.util.Progressable;
  *                       returns N ms after the object is gone, so a test can race that window
  * create.delayMs=N      a create of a path containing create.delayPath (default: any) waits N ms
  *                       first (a slow create)
+ * hsync=true            streams created from now on offer hsync/hflush (StreamCapabilities), as
+ *                       HDFS's do; they flush to the temp file and publish nothing. Rules on the op
+ *                       {@code hsync} fail those calls (at "start")
  * </pre>
  * Any key may also be given as Hadoop conf {@code fs.objtest.<key>}; the control file wins.
  * Every injected fault appends one line to {@code <root>/.objtest/faults.log}:
@@ -321,7 +326,12 @@ public class ObjectStoreFileSystem extends FileSystem {
             throw new FileAlreadyExistsException("objtest: " + path + " is a prefix (a directory)");
         }
         if (!overwrite && isObject(target)) throw new FileAlreadyExistsException("objtest: " + path + " exists");
-        return new FSDataOutputStream(new PendingObject(path, target, emptyTemp()), statistics);
+        // hsync=true: streams offer hsync as HDFS's do (it publishes nothing still), so that the
+        // code paths that write ahead and hsync run here, and can meet hsync faults.
+        java.nio.file.Path temp = emptyTemp();
+        OutputStream object = settings.get("hsync", "false").equals("true")
+                ? new SyncablePendingObject(path, target, temp) : new PendingObject(path, target, temp);
+        return new FSDataOutputStream(object, statistics);
     }
 
     @Override
@@ -337,9 +347,34 @@ public class ObjectStoreFileSystem extends FileSystem {
         throw new UnsupportedOperationException("objtest: objects cannot be appended to (as on S3)");
     }
 
+    /** A PendingObject whose hsync and hflush flush to its temp file (rule op "hsync" fails them). */
+    private final class SyncablePendingObject extends PendingObject implements Syncable, StreamCapabilities {
+        SyncablePendingObject(Path path, java.nio.file.Path target, java.nio.file.Path temp) throws IOException {
+            super(path, target, temp);
+        }
+
+        @Override
+        public boolean hasCapability(String capability) {
+            return capability.equalsIgnoreCase(StreamCapabilities.HSYNC)
+                    || capability.equalsIgnoreCase(StreamCapabilities.HFLUSH);
+        }
+
+        @Override
+        public void hflush() throws IOException {
+            hsync();
+        }
+
+        @Override
+        public void hsync() throws IOException {
+            checkOpen();
+            control.maybeFail(ObjectStoreFileSystem.this, "hsync", "start", path);
+            flush();
+        }
+    }
+
     /** An object being written: bytes go to a temp file that close() publishes. */
-    private final class PendingObject extends OutputStream {
-        private final Path path;
+    private class PendingObject extends OutputStream {
+        final Path path;
         private final java.nio.file.Path target;
         private final java.nio.file.Path temp;
         private final OutputStream out;
@@ -353,7 +388,7 @@ public class ObjectStoreFileSystem extends FileSystem {
             this.out = new java.io.BufferedOutputStream(Files.newOutputStream(temp, StandardOpenOption.WRITE), 65536);
         }
 
-        private void checkOpen() throws IOException {
+        void checkOpen() throws IOException {
             if (closed) throw new IOException("objtest: stream closed: " + path);
             if (failure != null) throw new IOException("objtest: stream failed earlier: " + path, failure);
         }

@@ -56,9 +56,10 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration, defaultSto
    *
    * `seenRun` is the run id the caller read in the old file's header when it decided to replace
    * it: right before each delete the header is read again, and a file another run wrote meanwhile
-   * (it may be the version Spark committed) fails the call, deleting nothing more.
+   * (it may be the version Spark committed) fails the call, deleting nothing more. `sync`: as
+   * for [[createOnce]].
    */
-  def replace(path: Path, data: ByteBuffer, derived: Seq[Path], seenRun: Option[String]): Boolean = {
+  def replace(path: Path, data: ByteBuffer, derived: Seq[Path], seenRun: Option[String], sync: Boolean): Boolean = {
     val recheck = () => if (exists(path)) {
       val now = readChangelogMetaAt(path).runId
       if (now != seenRun) {
@@ -78,7 +79,7 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration, defaultSto
     deleteAll(derived)
     recheck()
     deleteAll(Seq(path))
-    val created = createOnce(path, data)
+    val created = createOnce(path, data, sync)
     // The earlier run's upload may have published a derived file while `path` was absent (it
     // takes an absent changelog as its own): gone again once this attempt's file is there.
     if (created) deleteAll(derived)
@@ -89,10 +90,11 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration, defaultSto
    * Writes `path` atomically unless a file of that name exists; returns false (and leaves the
    * existing file untouched) when it does: another attempt of the same version was first. So
    * does a close that fails once the file is there: on an object store a rename copies, then
-   * deletes, and a task killed in between leaves this attempt's own complete file.
+   * deletes, and a task killed in between leaves this attempt's own complete file. `sync`:
+   * hsync before the close (manifests always; changelogs per the changelogSync conf).
    */
-  def createOnce(path: Path, data: ByteBuffer, sync: Boolean = true): Boolean =
-    finishOnce(path, openOnce(path), data, sync = sync)
+  def createOnce(path: Path, data: ByteBuffer, sync: Boolean): Boolean =
+    finishOnce(path, openOnce(path), data, Array.emptyByteArray, sync)
 
   /**
    * Opens `path` for [[finishOnce]], which may follow much later: nothing is published until it
@@ -105,23 +107,32 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration, defaultSto
     val out = try fm.createAtomic(path, false) catch { case NonFatal(e) => throw unwritable(path, e) }
     // Where hsync reaches storage (HDFS), the file's first bytes, known now, set up its write
     // pipeline and block (the NameNode's addBlock and fsync) here rather than in the commit.
+    // That is an optimisation only: if it fails, the file is opened again with nothing written
+    // ahead, and the commit writes it whole.
     if (prefix.nonEmpty && out.hasCapability(StreamCapabilities.HSYNC)) {
       try { out.write(prefix); out.hsync() } catch {
         case NonFatal(e) =>
           try out.cancel() catch { case NonFatal(_) => }
-          throw unwritable(path, e)
+          if (Thread.currentThread().isInterrupted || isInterruption(e)) throw unwritable(path, e)
+          LogHolder.log.info(s"keyedstate: writing the first bytes of $path ahead of its commit failed; " +
+            s"opening it again with nothing written ahead ($e)")
+          return openOnce(path)
       }
     }
     out
   }
 
+  private def isInterruption(e: Throwable): Boolean =
+    e.isInstanceOf[java.io.InterruptedIOException] || e.isInstanceOf[java.nio.channels.ClosedByInterruptException]
+
   /** Writes `data` to `out` (opened by [[openOnce]] for `path` with `prefix`, which it may have
    *  written already: `data` must begin with it) and publishes it, as [[createOnce]]; `sync`:
    *  hsync before the close (the changelogSync conf; a close alone is what Spark's providers do). */
   def finishOnce(path: Path, out: CheckpointFileManager.CancellableFSDataOutputStream, data: ByteBuffer,
-      prefix: Array[Byte] = Array.emptyByteArray, sync: Boolean = true): Boolean = {
+      prefix: Array[Byte], sync: Boolean): Boolean = {
+    var written = 0L
     try {
-      val written = out.getPos
+      written = out.getPos
       val start = data.arrayOffset() + data.position()
       if (written != 0 && (written != prefix.length || data.remaining() < prefix.length ||
           !java.util.Arrays.equals(data.array(), start, start + prefix.length, prefix, 0, prefix.length))) {
@@ -132,7 +143,12 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration, defaultSto
     } catch {
       case NonFatal(e) =>
         try out.cancel() catch { case NonFatal(_) => }
-        throw unwritable(path, e)
+        // A stream opened ahead has sat idle since its first bytes (HDFS: its pipeline may have
+        // lost a DataNode it cannot replace): one fresh write, unless the task is being killed.
+        if (written == 0 || Thread.currentThread().isInterrupted || isInterruption(e)) throw unwritable(path, e)
+        LogHolder.log.info(s"keyedstate: writing $path through the stream opened ahead of its commit failed; " +
+          s"writing it again through a new one ($e)")
+        return createOnce(path, data, sync)
     }
     try { out.close(); true } catch {
       case NonFatal(e) if exists(path) =>
@@ -345,7 +361,7 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration, defaultSto
 
   /** Publishes a manifest; false when the version already has one (kept: the first one wins). */
   def writeManifest(m: SnapshotManifest, id: Option[String]): Boolean =
-    createOnce(manifest(m.version, id), ByteBuffer.wrap(ManifestFormat.encode(m)))
+    createOnce(manifest(m.version, id), ByteBuffer.wrap(ManifestFormat.encode(m)), sync = true)
 
   def delete(path: Path): Unit = fm.delete(path)
 

@@ -61,7 +61,7 @@ private[engine] final class CommitPipeline(session: ServerSession, files: Checkp
     val publish = () => opened.flatMap(_.take()).fold(files.createOnce(path, file, sync))(
       files.finishOnce(path, _, file, ChangelogFormat.filePrefix, sync)) ||
       rerunOf(version, id, fromEmpty).exists(seen =>
-        files.replace(path, file, Seq(files.manifest(version, id)), seen))
+        files.replace(path, file, Seq(files.manifest(version, id)), seen, sync))
     val what = s"committing version $version of $describe"
     // Write-behind: the changelog is shipped, held unapplied by the server, while its file is
     // written; the commit then waits for the longer of the two, not their sum.
