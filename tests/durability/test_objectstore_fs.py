@@ -188,8 +188,10 @@ def test_nth_call_of_each_operation_fails_once(spark, fs, root, op):
         "open": lambda i: fs.open(P(spark, f"{b}/keep/x")).close(),
         "listStatus": lambda i: fs.listStatus(P(spark, f"{b}/keep")),
         "delete": lambda i: fs.delete(P(spark, f"{b}/nothing{i}"), True),
+        "hsync": lambda i: _hsync_and_close(fs.create(P(spark, f"{b}/h{i}"), True)),
     }
-    testjar.arm(root, **{op: {"nth": 2, "path": f"{b}/"}})
+    # hsync=true: the streams offer hsync (rules on it fail those calls)
+    testjar.arm(root, {"hsync": "true"} if op == "hsync" else None, **{op: {"nth": 2, "path": f"{b}/"}})
     outcomes = []
     for i in range(4):
         try:
@@ -202,6 +204,13 @@ def test_nth_call_of_each_operation_fails_once(spark, fs, root, op):
     assert testjar.fault_counts(root) == {op: 1}
     (fault,) = testjar.injected_faults(root)
     assert fault["call"] == 2 and fault["kind"] == "start" and fault["pid"] != os.getpid()
+
+
+def _hsync_and_close(out) -> None:
+    try:
+        out.hsync()
+    finally:
+        out.close()
 
 
 def test_path_filter_times_probability_and_global_scope(spark, fs, root):
