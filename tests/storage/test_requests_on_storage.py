@@ -151,10 +151,11 @@ def test_commit_and_load_ask_no_more_than_rocksdb(storage_session, storage_root,
 @pytest.mark.parametrize("where", ["hdfs", "s3a"])
 def test_a_write_store_opens_its_changelog_before_the_commit(storage_session, storage_root, s3_proxy,
                                                             candidate_provider, where):
-    """The commit does not wait for its changelog's create (s3a's probes, HDFS's NameNode create,
-    and with changelogSync=true HDFS's first block and its pipeline): the file opens when the
-    task's write store is handed out. Nothing of an open that never commits stays: an abort or
-    the provider's close drops it, and only the committed version loads."""
+    """The commit does not wait for its changelog's create (HDFS's NameNode create, and with
+    changelogSync=true HDFS's first block and its pipeline): the file opens when the task's write
+    store is handed out. On s3a the changelog is written under its final name, one PUT refused if
+    the name exists (If-None-Match), with no probe, copy or delete. Nothing of an open that never
+    commits stays: an abort or the provider's close drops it, and only the committed version loads."""
     if candidate_provider != KS:
         pytest.skip(f"opens keyedstate's changelogs, which {candidate_provider} has none of")
     checkpoint = f"{storage_root(where, 'requests')}/opened-ahead"
@@ -170,16 +171,35 @@ def test_a_write_store_opens_its_changelog_before_the_commit(storage_session, st
         # its first bytes hsynced: the pipeline and block were set up at the open
         assert [h for n, h in out["before_commit_bytes"].items() if temp.fullmatch(n)] == [b"KSCHLOG2\x00\x02".hex()], out
         assert any(re.fullmatch(r"\.2\.ks-changelog\..+\.tmp", n) for n in out["open"]), out
-    else:  # an object store shows nothing before the upload: its probes were asked before the commit
+    else:  # an object store: one conditional PUT under the final name, at the commit, and nothing else
         prefix = _key_prefix(f"{checkpoint}/{PARTITION}")
-        probes = [r for r in s3_proxy.since(0, out["commit_start"]) if r.key.startswith(prefix)
-                  and temp.fullmatch(r.key.rstrip("/").rsplit("/", 1)[-1]) and r.op in ("HEAD", "LIST")]
-        # s3a's create probes the new name with a HEAD and LISTs; its rename at the commit HEADs it only
-        in_commit = [(r.op, r.key) for r in s3_proxy.since(out["commit_start"], out["commit_end"])
-                     if r.key.startswith(prefix) and temp.fullmatch(r.key.rstrip("/").rsplit("/", 1)[-1])]
-        assert [r.op for r in probes if r.op == "LIST"], [(r.op, r.key) for r in s3_proxy.since(0)
-                                                          if r.key.startswith(prefix)]
-        assert "PUT" in [op for op, _ in in_commit] and not [op for op, _ in in_commit if op == "LIST"], in_commit
+
+        def changelog_1(start: float, until: float | None = None) -> list[tuple[str, str, str, int]]:
+            return [(r.op, r.key[len(prefix):], r.if_none_match, r.status) for r in s3_proxy.since(start, until)
+                    if r.key.startswith(prefix) and ".ks-changelog" in r.key and "/1." in "/" + r.key[len(prefix):]]
+
+        assert changelog_1(0, out["commit_start"]) == [], changelog_1(0)  # s3a's create asks nothing
+        assert changelog_1(out["commit_start"], out["commit_end"]) == [("PUT", "1.ks-changelog", "*", 200)], \
+            changelog_1(0)
+        assert not [n for n in out["open"] + out["aborted"] + out["closed"] if temp.fullmatch(n)], out
+
+
+@pytest.mark.parametrize("where", ["hdfs", "s3a"])
+def test_a_second_attempt_of_a_version_keeps_the_first_ones_changelog(storage_session, storage_root, s3_proxy,
+                                                                       candidate_provider, where):
+    """Two attempts of one version (two executors) both commit: the first one's changelog stays
+    and loads, on HDFS through the rename that refuses an existing name, on s3a through the PUT
+    that S3 refuses when the name exists (412)."""
+    if candidate_provider != KS:
+        pytest.skip("keyedstate's changelogs")
+    checkpoint = f"{storage_root(where, 'requests')}/two-attempts"
+    out = storage_session.tool("two_attempts", checkpoint=checkpoint)
+    assert (out["first"], out["second"], out["value"]) == (1, 1, 10), out
+    if where == "s3a":
+        prefix = _key_prefix(f"{checkpoint}/{PARTITION}")
+        puts = [(r.key[len(prefix):], r.if_none_match, r.status) for r in s3_proxy.since(out["second_start"])
+                if r.op == "PUT" and r.key.startswith(prefix) and r.key.endswith(".ks-changelog")]
+        assert puts == [("1.ks-changelog", "*", 412)], puts
 
 
 def test_hdfs_request_log_has_each_call_with_its_time(storage_session, storage_root, hdfs, candidate_provider):

@@ -43,6 +43,7 @@ class Request:
     status: int = 0  # what the client got; set once answered
     injected: bool = False
     size: int = 0  # bytes of the request's body forwarded to the server (a PUT's object or part)
+    if_none_match: str = ""  # the request's If-None-Match header ("*": a create refused if the key exists)
 
 
 def classify(method: str, path: str, headers) -> tuple[str, str]:
@@ -98,6 +99,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             match = re.search(rb"<Key>([^<]*)</Key>", body)
             key = match.group(1).decode(errors="replace") if match else key
         request = Request(time.time(), op, key)
+        condition = self.headers.get("If-None-Match", "")
         proxy._before(request)
         fault = proxy._fault_now()
         if fault is not None and fault[0] == "delay":
@@ -108,7 +110,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             code, message = _ERRORS[status]
             payload = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code><Message>{message}'
                        f'</Message><RequestId>proxy</RequestId></Error>').encode()
-            proxy._record(Request(request.time, op, key, status, True))
+            proxy._record(Request(request.time, op, key, status, True, if_none_match=condition))
             self.send_response_only(status)
             self.send_header("Content-Type", "application/xml")
             self.send_header("Content-Length", str(len(payload) if self.command != "HEAD" else 0))
@@ -129,7 +131,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 proxy._drop_connection()
                 if attempt == 2:
                     raise
-        proxy._record(Request(request.time, op, key, response.status, size=len(body)))
+        proxy._record(Request(request.time, op, key, response.status, size=len(body), if_none_match=condition))
         self.send_response_only(response.status, response.reason)
         for name, value in response.getheaders():
             if name.lower() not in _HOP_BY_HOP:

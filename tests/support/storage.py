@@ -318,6 +318,9 @@ class MotoS3(_Server):
                 prefix + "aws.credentials.provider": "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
                 prefix + "access.key": S3_KEY,
                 prefix + "secret.key": S3_KEY,
+                # hadoop-aws 3.5.0's default input stream (the analytics accelerator 1.3.1) can wait
+                # forever on a read once its thread pool is shut down (awslabs/analytics-accelerator-s3#369)
+                prefix + "input.stream.type": "classic",
                 # a failing request fails a test within seconds, not after minutes of retries
                 prefix + "retry.limit": "2",
                 prefix + "attempts.maximum": "2"}

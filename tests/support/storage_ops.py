@@ -271,6 +271,30 @@ def commit_opened_ahead(spark, checkpoint: str, confs: dict[str, str] | None = N
     return out
 
 
+def two_attempts(spark, checkpoint: str) -> dict:
+    """Two providers (two executors: a retried or speculative task) each commit version 1 of
+    operator 0, partition 0, the first with key 1 = 10, then the second with key 1 = 99: what
+    each commit returned, ``second_start`` (time.time()) before the second commit, and key 1's
+    value in version 1 as a fresh provider then loads it."""
+    from .jvm import LayerStore
+
+    state = f"{checkpoint.rstrip('/')}/state"
+    first, second = LayerStore(spark, state), LayerStore(spark, state)
+    out: dict[str, Any] = {}
+    try:
+        a, b = first.store(0), second.store(0)
+        first.put(a, (1,), (10,))
+        second.put(b, (1,), (99,))
+        out["first"] = a.commit()
+        out["second_start"] = time.time()
+        out["second"] = b.commit()
+    finally:
+        first.close()
+        second.close()
+    out["value"] = _value_of_key_1(spark, checkpoint)
+    return out
+
+
 def _value_of_key_1(spark, checkpoint: str):
     """Key 1's value in version 1 of operator 0, partition 0, as a fresh provider loads it."""
     from .jvm import LayerStore

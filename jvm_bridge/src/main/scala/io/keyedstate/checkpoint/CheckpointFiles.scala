@@ -35,7 +35,7 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration, defaultSto
   def this(dir: Path, hadoopConf: Configuration) = this(dir, hadoopConf, true) // the store `default`
 
   private val fm = CheckpointFileManager.create(dir, hadoopConf)
-  private lazy val fs = dir.getFileSystem(hadoopConf) // file sizes only: the manager has no stat
+  private lazy val fs = dir.getFileSystem(hadoopConf) // what the manager lacks: stat, plain and conditional creates
   val filesDir = new Path(dir, CheckpointLayout.FilesDir)
 
   def changelog(version: Long, id: Option[String] = None): Path = new Path(dir, CheckpointLayout.changelogName(version, id))
@@ -102,6 +102,8 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration, defaultSto
    * open is where a store spends its create requests (s3a's probes, HDFS's NameNode create).
    */
   def openOnce(path: Path, prefix: Array[Byte] = Array.emptyByteArray): CheckpointFileManager.CancellableFSDataOutputStream = {
+    val direct = if (publishesAtClose) openPublishedAtClose(path) else None
+    if (direct.isDefined) return direct.get
     // No probe first: the rename that publishes the file refuses an existing one (Spark's
     // createAtomic without overwrite), and finishOnce's close tells that case apart.
     val out = try fm.createAtomic(path, false) catch { case NonFatal(e) => throw unwritable(path, e) }
@@ -120,6 +122,35 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration, defaultSto
       }
     }
     out
+  }
+
+  /**
+   * Whether a file can be written under its final name, as [[createOnce]] requires, without a
+   * temporary name and its rename (on an object store a copy and a delete): where the store
+   * publishes a file whole at its close, refuses that close when the name exists (S3's
+   * conditional PUT, through s3a; its `fs.s3a.create.conditional.enabled` turns it off for a
+   * store that lacks it), and can abort a stream, which then publishes nothing. Not where the
+   * user chose a checkpoint file manager of their own.
+   */
+  private lazy val publishesAtClose: Boolean = !localDisk &&
+    hadoopConf.get(CheckpointFiles.FileManagerClassConf) == null && {
+      try Seq(CheckpointFiles.CreateInClose, CheckpointFiles.ConditionalCreate, StreamCapabilities.ABORTABLE_STREAM)
+        .forall(fs.hasPathCapability(dir, _))
+      catch { case NonFatal(_) => false }
+    }
+
+  /** `path` opened under its final name with a create that the store refuses at the close if
+   *  the name exists; None if this stream cannot do that after all (then createAtomic serves). */
+  private def openPublishedAtClose(path: Path): Option[CheckpointFileManager.CancellableFSDataOutputStream] = {
+    // The create needs no probe of the name (s3a skips its HEAD and LIST): the close decides.
+    val out = try fs.createFile(path).overwrite(false).recursive()
+      .opt(CheckpointFiles.ConditionalCreate, true).opt(CheckpointFiles.S3aCreatePerformance, true).build()
+    catch { case NonFatal(e) => throw unwritable(path, e) }
+    if (out.hasCapability(CheckpointFiles.ConditionalCreate)) Some(new PublishedAtClose(out))
+    else {
+      try { out.abort(); () } catch { case NonFatal(_) => }
+      None
+    }
   }
 
   private def isInterruption(e: Throwable): Boolean =
@@ -415,6 +446,20 @@ object CheckpointFiles {
 
   /** s3a's create option that skips its probes of the path (an optional one: other stores ignore it). */
   private val S3aCreatePerformance = "fs.s3a.create.performance"
+  /** Hadoop's create option (and path capability) of a close refused when the name exists. */
+  private val ConditionalCreate = "fs.option.create.conditional.overwrite"
+  /** Hadoop's path capability of a store whose created file appears only at its close. */
+  private val CreateInClose = "fs.option.create.in.close"
+  /** The Spark conf naming a checkpoint file manager class (Spark passes it in the Hadoop conf). */
+  private val FileManagerClassConf = "spark.sql.streaming.checkpointFileManagerClass"
+}
+
+/** A file written under its final name that appears at the close ([[CheckpointFiles.openOnce]]
+ *  on a store that publishes at close); cancel aborts the write, so nothing appears. */
+private final class PublishedAtClose(out: org.apache.hadoop.fs.FSDataOutputStream)
+    extends CheckpointFileManager.CancellableFSDataOutputStream(out) {
+  override def cancel(): Unit = { out.abort(); () }
+  override def close(): Unit = out.close()
 }
 
 private object LogHolder {
