@@ -71,6 +71,7 @@ class VersionedStore:
         self._dirty = False  # the mutable memtable holds writes (vector memtables are unreadable)
         self._unflushed = (0, 0)  # puts, and changelog bytes, written since the last flush
         self._deletes_since_compaction = 0
+        self._compactions_held = False  # automatic compactions off since a restore, see restore
         self._ttl = TtlScanner()  # incremental TTL cleanup, for the JVM's next changelog
         workdir.mkdir(parents=True, exist_ok=True)
 
@@ -103,7 +104,12 @@ class VersionedStore:
                 snapshots.install(Path(snapshot_dir), self._db_dir)
             elif self._db_dir.exists():
                 shutil.rmtree(self._db_dir)
-            self._db = rocksdb.open_db(self._db_dir, pool=self._pool)
+            # A restored database opens without automatic compactions, which it would otherwise
+            # start at once (a rescale's heir opens with its parent's L0 files plus one of range
+            # deletes: a compaction of the whole parent inside the task that loads it). They
+            # resume at its first flush (:meth:`_resume_compactions`).
+            self._db = rocksdb.open_db(self._db_dir, pool=self._pool, compactions=not snapshot_dir)
+            self._compactions_held = bool(snapshot_dir)
             self.version, self.num_keys, self.lineage = version, num_keys, lineage
             self._ttl.reset()
 
@@ -240,6 +246,7 @@ class VersionedStore:
                     # or a snapshot still waits for this flush before it looks at the files.
                     db.flush(wait=False)
                     self._unflushed = (0, 0)
+                    self._resume_compactions()
             if stage_snapshot and (self.version % self.snapshot_interval == 0 or _bulk_load(total, self.num_keys, self.bulk_keys)):
                 self._stage()
 
@@ -337,7 +344,18 @@ class VersionedStore:
         if self._dirty and self._db is not None:
             self._db.flush()  # releases the GIL while RocksDB sorts and writes the SST
             self._dirty = False
+            self._resume_compactions()
         self._unflushed = (0, 0)
+
+    def _resume_compactions(self) -> None:
+        """Let RocksDB compact a restored database again, at its first flush: where a store that
+        was not restored would next compact too (a flush adds an L0 file), and after the version
+        it was restored at has been served. A flush after a commit (a snapshot's, a read's of
+        the next version, a memtable superseded) is on the write-behind applier or at a
+        read of a later version, never in the load of the restored one."""
+        if self._compactions_held and self._db is not None:
+            self._db.set_options({"disable_auto_compactions": "false"})
+            self._compactions_held = False
 
 
 def _decoded(data: Shipped, source: str) -> changelog.Changelog:

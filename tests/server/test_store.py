@@ -472,3 +472,52 @@ def test_a_store_without_a_memory_budget_caches_8_mib_of_blocks_as_sparks_provid
         assert 4 << 20 < db.property_int_value("rocksdb.block-cache-usage") <= 8 << 20
     finally:
         s.close()
+
+
+def test_a_rescale_heir_is_restored_without_compacting_until_its_first_flush(tmp_path):
+    """A heir of a split by files opens with its parent's three L0 files plus one of range
+    deletes: RocksDB's L0 trigger (4). Its restore, which runs in the task that loads it,
+    starts no compaction; the first flush after it (here a read of the next version) resumes
+    them, and the compaction that follows drops the hidden key groups' entries. Reads see the
+    heir's keys alone throughout."""
+    import time
+
+    from keyedstate.formats import rocksdb
+    from keyedstate.offline.rescale.clip import clipped_heir
+
+    parent = rocksdb.open_db(tmp_path / "parent", compactions=False)  # partition 1 of 2: odd groups
+    for part in range(3):  # three L0 files, as a snapshot plus later flushes leaves them
+        for i in range(part * 4000, (part + 1) * 4000):
+            parent[key(1 + 2 * (i % 8), b"k%06d" % i)] = b"v%d" % i
+        parent.flush()
+    assert parent.property_int_value("rocksdb.num-files-at-level0") == 3
+    heir_dir = clipped_heir(parent, tmp_path / "clip", 1, 4, 16)  # heir 1 of 4 owns 1, 5, 9, 13
+    parent.close()
+    owned = [key(1 + 2 * (i % 8), b"k%06d" % i) for i in range(12_000) if (1 + 2 * (i % 8)) % 4 == 1]
+    hidden = [key(1 + 2 * (i % 8), b"k%06d" % i) for i in range(12_000) if (1 + 2 * (i % 8)) % 4 == 3]
+
+    heir = VersionedStore("heir", tmp_path / "heir", key_groups=16, snapshot_interval=100)
+    try:
+        heir.restore(5, str(heir_dir), "lineage", len(owned))
+        db = heir._require_db()
+
+        def compacting() -> bool:  # ("compaction-pending" says only that L0 is at its trigger)
+            return bool(db.property_int_value("rocksdb.num-running-compactions"))
+
+        for _ in range(3):  # not at once, nor a little later
+            assert db.property_int_value("rocksdb.num-files-at-level0") == 4 and not compacting()
+            time.sleep(0.1)
+        assert heir.get_many(hidden[:50]) == [None] * 50 and all(heir.get_many(owned[:50]))
+
+        heir.apply(cl.encode(6, 16, [(cl.OP_PUT, owned[0], b"new")]), "v6")
+        heir.sync()  # a read of version 6 flushes its write: compactions resume
+        deadline = time.monotonic() + 60
+        while (db.property_int_value("rocksdb.num-files-at-level0") or compacting()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert db.property_int_value("rocksdb.num-files-at-level0") == 0 and not compacting()
+        entries = sum(f["num_entries"] for f in db.live_files())
+        assert entries == len(owned), entries  # the hidden key groups' entries are gone
+        assert heir.get(owned[0]) == b"new" and heir.get_many(hidden[:50]) == [None] * 50
+        assert heir.num_keys == len(owned)
+    finally:
+        heir.close()
