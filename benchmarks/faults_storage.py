@@ -14,8 +14,9 @@ and re-arms one kind of fault after every committed step:
   (apply) and again 1.5-3 s into it (commit, maintenance);
 - ``server kill at phase`` (s3a): SIGKILL of every state server when the proxy sees the request
   of a phase, two per step in turn: the changelog's write and a snapshot file's upload; the
-  changelog's rename (s3a's COPY) and a snapshot manifest's upload; apply (0.2 s into the batch,
-  before any request) and a cleanup delete;
+  request that publishes the changelog's final name (its conditional PUT, which is also its
+  write; or the COPY of s3a's rename where conditional writes are off) and a snapshot manifest's
+  upload; apply (0.2 s into the batch, before any request) and a cleanup delete;
 - ``datanode stop``: a DataNode stopped 0.05-0.6 s into every batch, restarted after it (the two
   in turn);
 - ``namenode restart``: the NameNode restarted between batches (the query keeps running);
@@ -86,7 +87,7 @@ S3A_RETRIES = {"retry.limit": "3", "retry.interval": "250ms", "retry.throttle.li
                "retry.throttle.interval": "200ms", "attempts.maximum": "2"}
 ERROR_WINDOWS = (1.0, 3.0, 10.0)
 # two per step: one of the batch's commit, one of maintenance (snapshot upload, cleanup)
-PHASE_PAIRS = (("changelog write", "snapshot file upload"), ("changelog rename (COPY)", "snapshot manifest upload"),
+PHASE_PAIRS = (("changelog write", "snapshot file upload"), ("changelog published", "snapshot manifest upload"),
                ("apply", "cleanup delete"))
 
 
@@ -288,7 +289,9 @@ def phase_matcher(phase: str) -> Callable[[Request], bool]:
     state = lambda r: "/state/" in r.key  # noqa: E731
     return {
         "changelog write": lambda r: r.op == "PUT" and state(r) and "ks-changelog" in r.key,
-        "changelog rename (COPY)": lambda r: r.op == "COPY" and state(r) and "ks-changelog" in r.key,
+        # the request that makes the final name appear: s3a's conditional PUT of it, or (without
+        # conditional writes) the COPY of its rename
+        "changelog published": lambda r: r.op in ("PUT", "COPY") and state(r) and r.key.endswith(".ks-changelog"),
         "snapshot file upload": lambda r: r.op == "PUT" and "/ks-files/" in r.key,
         "snapshot manifest upload": lambda r: r.op in ("PUT", "COPY") and state(r) and "ks-snapshot" in r.key,
         "cleanup delete": lambda r: r.op == "DELETE" and state(r) and not r.key.endswith((".tmp", "/"))
