@@ -276,6 +276,9 @@ class VersionedStore:
 
     def _stage_now(self) -> None:
         self._flush_if_dirty()  # the checkpoint must hold every write of the version
+        # A snapshot comes after a commit, off the load: compactions resume here even without a
+        # flush (a store no batch writes to), or its snapshots would keep what it restored, unmerged.
+        self._resume_compactions()
         # After mass deletes (TTL cleanup, watermark eviction) the SSTs still hold the deleted
         # entries and their tombstones; compact first so the snapshot, and the disk, shrink.
         if self._deletes_since_compaction > max(COMPACT_AFTER_DELETES, self.num_keys // 4):

@@ -210,6 +210,26 @@ def test_a_second_attempt_of_a_version_keeps_the_first_ones_changelog(storage_se
         assert puts == [("1.ks-changelog", "*", 412)], puts
 
 
+def test_a_changelog_put_whose_answer_is_lost_commits_its_version_once(storage_session, storage_root, s3_proxy,
+                                                                       candidate_provider):
+    """S3 stores the changelog's PUT but its answer is lost (a 500): the client's retry is refused
+    (412, the name exists: its own file). The commit keeps that file as the version, the next
+    version commits on top of it, and both versions' writes load, once each."""
+    if candidate_provider != KS:
+        pytest.skip("keyedstate's changelogs")
+    checkpoint = f"{storage_root('s3a', 'requests')}/lost-answer"
+    prefix = _key_prefix(f"{checkpoint}/{PARTITION}")
+    s3_proxy.lose_response(lambda r: r.op == "PUT" and r.key == prefix + "1.ks-changelog")
+    try:
+        out = storage_session.tool("commit_twice", checkpoint=checkpoint)
+    finally:
+        s3_proxy.disarm()
+    puts = [(r.key[len(prefix):], r.if_none_match, r.status) for r in s3_proxy.since(out["first_start"])
+            if r.op == "PUT" and r.key.startswith(prefix) and r.key.endswith(".ks-changelog")]
+    assert puts[:2] == [("1.ks-changelog", "*", 500), ("1.ks-changelog", "*", 412)], puts
+    assert (out["first"], out["second"], out["values"]) == (1, 2, [10, 20]), out
+
+
 def test_hdfs_request_log_has_each_call_with_its_time(storage_session, storage_root, hdfs, candidate_provider):
     """The MiniDFSCluster's request log (what benchmarks/storage.py counts on hdfs://) holds a
     file's create, rename and open by the Hadoop client, with their paths, and the RPCs of its

@@ -131,6 +131,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 proxy._drop_connection()
                 if attempt == 2:
                     raise
+        lost = proxy._lost(request)
+        if lost:  # the server applied the request; the client is told it failed
+            code, message = _ERRORS[lost]
+            payload = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code><Message>{message}'
+                       f'</Message><RequestId>proxy</RequestId></Error>').encode()
+            proxy._record(Request(request.time, op, key, lost, True, size=len(body), if_none_match=condition))
+            self.send_response_only(lost)
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(payload) if self.command != "HEAD" else 0))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(payload)
+            return
         proxy._record(Request(request.time, op, key, response.status, size=len(body), if_none_match=condition))
         self.send_response_only(response.status, response.reason)
         for name, value in response.getheaders():
@@ -170,6 +183,7 @@ class S3Proxy:
         self.requests: list[Request] = []
         self._faults: list[tuple[float, float, str, float]] = []  # (from, until, kind, status or delay)
         self._hooks: list[tuple[Callable[[Request], bool], Callable[[Request], None]]] = []
+        self._losses: list[tuple[Callable[[Request], bool], int]] = []
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.proxy = self
         self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
@@ -197,10 +211,27 @@ class S3Proxy:
         with self._lock:
             self._hooks.append((matches, hook))
 
+    def lose_response(self, matches: Callable[[Request], bool], status: int = 500) -> None:
+        """Forward the first request that ``matches`` (the server applies it), then answer the
+        client ``status`` instead of the server's answer: a response lost on its way back."""
+        if status not in _ERRORS:
+            raise ValueError(f"status {status}: one of {sorted(_ERRORS)}")
+        with self._lock:
+            self._losses.append((matches, status))
+
     def disarm(self) -> None:
         with self._lock:
             self._faults.clear()
             self._hooks.clear()
+            self._losses.clear()
+
+    def _lost(self, request: Request) -> int:
+        with self._lock:
+            for i, (matches, status) in enumerate(self._losses):
+                if matches(request):
+                    del self._losses[i]
+                    return status
+        return 0
 
     def _fault_now(self) -> tuple[str, float] | None:
         now = time.time()

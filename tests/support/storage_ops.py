@@ -295,6 +295,34 @@ def two_attempts(spark, checkpoint: str) -> dict:
     return out
 
 
+def commit_twice(spark, checkpoint: str) -> dict:
+    """One provider commits version 1 (key 1 = 10), then version 2 on top of it (key 2 = 20);
+    what each commit returned, ``first_start`` (time.time()) before the first, and keys 1 and 2
+    as a fresh provider loads version 2."""
+    from .jvm import LayerStore
+
+    state = f"{checkpoint.rstrip('/')}/state"
+    layer = LayerStore(spark, state)
+    out: dict[str, Any] = {}
+    try:
+        s = layer.store(0)
+        layer.put(s, (1,), (10,))
+        out["first_start"] = time.time()
+        out["first"] = s.commit()
+        s = layer.store(out["first"])
+        layer.put(s, (2,), (20,))
+        out["second"] = s.commit()
+    finally:
+        layer.close()
+    fresh = LayerStore(spark, state)
+    try:
+        v2 = fresh.store(2)
+        out["values"] = [fresh.get(v2, 1), fresh.get(v2, 2)]
+    finally:
+        fresh.close()
+    return out
+
+
 def _value_of_key_1(spark, checkpoint: str):
     """Key 1's value in version 1 of operator 0, partition 0, as a fresh provider loads it."""
     from .jvm import LayerStore
