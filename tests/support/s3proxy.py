@@ -106,17 +106,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             time.sleep(fault[1])
             fault = None
         if fault is not None:
-            status = fault[1]
-            code, message = _ERRORS[status]
-            payload = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code><Message>{message}'
-                       f'</Message><RequestId>proxy</RequestId></Error>').encode()
-            proxy._record(Request(request.time, op, key, status, True, if_none_match=condition))
-            self.send_response_only(status)
-            self.send_header("Content-Type", "application/xml")
-            self.send_header("Content-Length", str(len(payload) if self.command != "HEAD" else 0))
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(payload)
+            proxy._record(Request(request.time, op, key, fault[1], True, if_none_match=condition))
+            self._send_error(fault[1])
             return
         headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
         headers["Content-Length"] = str(len(body))
@@ -133,16 +124,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     raise
         lost = proxy._lost(request)
         if lost:  # the server applied the request; the client is told it failed
-            code, message = _ERRORS[lost]
-            payload = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code><Message>{message}'
-                       f'</Message><RequestId>proxy</RequestId></Error>').encode()
             proxy._record(Request(request.time, op, key, lost, True, size=len(body), if_none_match=condition))
-            self.send_response_only(lost)
-            self.send_header("Content-Type", "application/xml")
-            self.send_header("Content-Length", str(len(payload) if self.command != "HEAD" else 0))
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(payload)
+            self._send_error(lost)
             return
         proxy._record(Request(request.time, op, key, response.status, size=len(body), if_none_match=condition))
         self.send_response_only(response.status, response.reason)
@@ -156,6 +139,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
+
+    def _send_error(self, status: int) -> None:
+        """S3's error answer for ``status`` (one of _ERRORS), in place of the server's."""
+        code, message = _ERRORS[status]
+        payload = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code><Message>{message}'
+                   f'</Message><RequestId>proxy</RequestId></Error>').encode()
+        self.send_response_only(status)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(payload) if self.command != "HEAD" else 0))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(payload)
 
     do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
 
