@@ -351,11 +351,11 @@ class VersionedStore:
         self._unflushed = (0, 0)
 
     def _resume_compactions(self) -> None:
-        """Let RocksDB compact a restored database again, at its first flush: where a store that
-        was not restored would next compact too (a flush adds an L0 file), and after the version
-        it was restored at has been served. A flush after a commit (a snapshot's, a read's of
-        the next version, a memtable superseded) is on the write-behind applier or at a
-        read of a later version, never in the load of the restored one."""
+        """Let RocksDB compact a restored database again, at its first flush or snapshot: where a
+        store that was not restored would next compact too (a flush adds an L0 file). A restore
+        with nothing to replay (a rescale's heir, a snapshot at the version) resumes after a
+        commit, on the write-behind applier or at a read of a later version; one that replays
+        changelogs resumes at the replay's flush, inside that load, as it compacted before."""
         if self._compactions_held and self._db is not None:
             self._db.set_options({"disable_auto_compactions": "false"})
             self._compactions_held = False
