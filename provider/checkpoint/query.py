@@ -268,9 +268,10 @@ class Checkpoint:
         return None
 
     def rebuild(self, sp: StorePartition, version: int, uid: str | None = None, workdir: str | None = None,
-                skip_unusable: bool = True) -> contextlib.AbstractContextManager[Rebuilt]:
+                skip_unusable: bool = True, count_key_groups: bool = False) -> contextlib.AbstractContextManager[Rebuilt]:
         """A private local RocksDB holding ``version`` (deleted on exit; :func:`.rebuilder.rebuild`)."""
-        return rebuild_.rebuild(self.storage, sp, version, uid, workdir, skip_unusable=skip_unusable)
+        return rebuild_.rebuild(self.storage, sp, version, uid, workdir, skip_unusable=skip_unusable,
+                                count_key_groups=count_key_groups)
 
 
 def _newest(vid: tuple[int, str | None]) -> tuple[int, str]:

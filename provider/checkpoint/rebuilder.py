@@ -15,11 +15,12 @@ import contextlib
 import logging
 import shutil
 import tempfile
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..formats import changelog, layout, rocksdb
+from ..formats import changelog, key_group_counts, layout, rocksdb
 from ..formats import manifest as mf
 from .errors import CheckpointError
 from .listing import StorePartition
@@ -39,6 +40,8 @@ class Rebuilt:
     key_groups: int | None
     manifest: mf.Manifest | None  # of the base snapshot
     skipped: tuple[str, ...] = ()  # unusable snapshots passed over, and why (naming them)
+    # Keys by key group (asked for with count_key_groups=True); None: the base snapshot has none.
+    key_group_counts: Counter | None = None
 
     @property
     def base_snapshot(self) -> int | None:
@@ -111,11 +114,14 @@ def cannot_rebuild(sp: StorePartition, version: int, problems: list[str]) -> Che
 @contextlib.contextmanager
 def rebuild(storage: Storage, sp: StorePartition, version: int, uid: str | None = None,
             workdir: str | None = None, manifests: dict | None = None,
-            skip_unusable: bool = True) -> Iterator[Rebuilt]:
+            skip_unusable: bool = True, count_key_groups: bool = False) -> Iterator[Rebuilt]:
     """A private local RocksDB holding ``version`` (deleted on exit). ``manifests``: manifests
     already read, by version (format 1; a value may be the error reading it gave).
     ``skip_unusable=False``: a base snapshot that cannot be used fails the rebuild, naming why
-    (for a check of that very snapshot); one of another run is still passed over."""
+    (for a check of that very snapshot); one of another run is still passed over.
+    ``count_key_groups``: keep the base snapshot's key-group counts (FORMATS.md, "Key-group
+    counts") exact through the changelogs applied on it, asking RocksDB whether the keys their
+    writer did not know were there."""
     problems: list[str] = []
     skipped: list[str] = []
     with tempfile.TemporaryDirectory(prefix="keyedstate-rebuild-", dir=workdir) as tmp:
@@ -129,7 +135,7 @@ def rebuild(storage: Storage, sp: StorePartition, version: int, uid: str | None 
                 shutil.rmtree(db_dir)
             db_dir.mkdir()
             try:
-                found = plan, *_open_base(storage, sp, plan, uid, db_dir, manifests or {})
+                found = plan, *_open_base(storage, sp, plan, uid, db_dir, manifests or {}, count_key_groups)
             except _Unusable as exc:
                 if not skip_unusable and not isinstance(exc, _OfAnotherRun):
                     raise CheckpointError(str(exc)) from None
@@ -141,16 +147,16 @@ def rebuild(storage: Storage, sp: StorePartition, version: int, uid: str | None 
             break
         if found is None:
             raise cannot_rebuild(sp, version, problems)
-        plan, db, manifest, key_groups = found
+        plan, db, manifest, key_groups, counts = found
         try:
             to_apply = list(reversed(plan[:-1]))
             for v, i in to_apply:
                 log_ = read_changelog(storage, sp, v, i, key_groups)
                 key_groups = log_.key_groups
-                _apply(db, log_)
+                _apply(db, log_, counts)
             if to_apply or (manifest is not None and manifest.replay):
                 db.flush()
-            yield Rebuilt(db, list(plan), key_groups, manifest, tuple(skipped))
+            yield Rebuilt(db, list(plan), key_groups, manifest, tuple(skipped), counts)
         finally:
             db.close()
 
@@ -164,11 +170,12 @@ class _OfAnotherRun(_Unusable):
 
 
 def _open_base(storage: Storage, sp: StorePartition, plan: tuple, uid: str | None, db_dir: Path,
-               manifests: dict) -> tuple[Any, mf.Manifest | None, int | None]:
-    """The plan's base opened in ``db_dir`` (its replay applied): (db, manifest, key groups)."""
+               manifests: dict, count_key_groups: bool) -> tuple[Any, mf.Manifest | None, int | None, Counter | None]:
+    """The plan's base opened in ``db_dir`` (its replay applied): (db, manifest, key groups,
+    key-group counts if asked for and known)."""
     base_v, base_id = plan[-1]
     if base_v == 0:
-        return rocksdb.open_db(db_dir), None, None
+        return rocksdb.open_db(db_dir), None, None, Counter() if count_key_groups else None
     source = sp.manifest_path(storage, base_v, base_id)
     try:
         known = manifests.get(base_v) if base_id is None else None
@@ -180,6 +187,11 @@ def _open_base(storage: Storage, sp: StorePartition, plan: tuple, uid: str | Non
             if why is not None:
                 raise _OfAnotherRun(f"snapshot manifest {source}: {why}")
         fetch_snapshot(storage, sp, manifest, source, db_dir)
+        # The counts are of the snapshot's RocksDB files, before its replay (a replay's alone start empty).
+        counts = None
+        if count_key_groups:
+            counts = key_group_counts.take_beside(db_dir, manifest.key_groups, manifest.num_keys, str(source)) \
+                if manifest.files else Counter()
         replay = manifest.replay
         read_only = len(plan) == 1 and replay is None and bool(manifest.files)
         try:
@@ -196,16 +208,16 @@ def _open_base(storage: Storage, sp: StorePartition, plan: tuple, uid: str | Non
             rpath = sp.file_path(storage, replay.path)
             check_size(storage, rpath, replay.size, source)
             log_ = read_changelog(storage, sp, base_v, key_groups=key_groups, path=rpath)
-            _apply(db, log_)
+            _apply(db, log_, counts)
             key_groups = log_.key_groups
         except CheckpointError as exc:
             db.close()
             raise _Unusable(str(exc)) from exc
-    return db, manifest, key_groups
+    return db, manifest, key_groups, counts
 
 
-def _apply(db, log_: changelog.Changelog) -> None:
+def _apply(db, log_: changelog.Changelog, counts: Counter | None = None) -> None:
     try:
-        rocksdb.write_changelog(db, log_)
+        rocksdb.write_changelog(db, log_, counts)
     except changelog.CorruptChangelogError as exc:
         raise CheckpointError(str(exc)) from None

@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 from typing import Mapping
 
+from ..formats import key_group_counts as kgc
 from ..formats import layout
 from ..formats import manifest as mf
 from ..formats.layout import CHANGELOG_SUFFIX, FILES_DIR
@@ -73,7 +74,8 @@ def check_size(storage: Storage, path: str, size: int, source: str) -> None:
 def write_snapshot(db_dir: Path | None, target: Path, version: int, key_groups: int, num_keys: int,
                    ttl: dict | None = None, rescale: dict | None = None, replay: Path | None = None,
                    key_layout: KeyLayout | None = None,
-                   shared: Mapping[tuple[str, int], str] | None = None) -> mf.Manifest:
+                   shared: Mapping[tuple[str, int], str] | None = None,
+                   key_group_counts: Mapping[int, int] | None = None) -> mf.Manifest:
     """Publish the RocksDB checkpoint in ``db_dir`` as snapshot ``version`` of the local store
     partition at ``target``: files first (fresh names, never shared with another writer), then
     the manifest, atomically, so a reader sees all of the snapshot or none of it.
@@ -83,7 +85,10 @@ def write_snapshot(db_dir: Path | None, target: Path, version: int, key_groups: 
     the old partitions' changelogs, where building RocksDB would cost a sort of every key.
     ``target`` must exist (a task whose staging was removed must fail, not recreate it).
     ``shared``: SST files already in the checkpoint, by (name, size): listed by their path there,
-    not written again (a rescale's heirs share their parent's files)."""
+    not written again (a rescale's heirs share their parent's files). ``key_group_counts``: the
+    keys of ``db_dir`` by key group, published beside its files when they add up to ``num_keys``."""
+    if key_group_counts is not None and db_dir is not None:
+        kgc.write_beside(db_dir, key_group_counts, key_groups, num_keys, f"version {version} of {target}")
     files_dir = target / FILES_DIR
     files_dir.mkdir(exist_ok=True)
     batch = uuid.uuid4()

@@ -43,7 +43,7 @@ import mmap
 import struct
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, MutableMapping, NamedTuple
 
 from .layout import MAX_CHANGELOG_BYTES, TooLargeError, json_of, open_file
 from .layout import read_file as read_checkpoint_file
@@ -59,6 +59,7 @@ from .changelog_wire import (CODEC_NONE, CODEC_ZSTD, CODEC_ZSTD_SPLIT, DELETES, 
                              PUTS, RUN_ID, TRAILER, ZSTD_LEVEL, CorruptChangelogError)
 from .changelog_wire import U32 as _U32
 from .changelog_wire import unpack_u32 as _unpack_u32
+from .keygroups import unpack_key_group as _unpack_key_group
 
 
 class Record(NamedTuple):
@@ -171,7 +172,7 @@ class Changelog:
 
     def feed(self, put: Callable[[bytes, bytes], object], delete: Callable[[bytes], object],
              start: int | None = None, records_before: int = 0, max_records: int | None = None,
-             unknown_keys: bool = True) -> Fed:
+             unknown_keys: bool = True, counts: MutableMapping[int, int] | None = None) -> Fed:
         """Call ``put(key, value)`` or ``delete(key)`` for each record from byte ``start`` of the
         payload on (None: the first record), at most ``max_records`` of them (None: to the end);
         ``records_before`` is how many records precede ``start``. This is the state server's
@@ -181,13 +182,15 @@ class Changelog:
         raises before anything of it is passed on. ``unknown_keys=False``: the keys whose
         existence the writer did not know are not collected (a replay that counts nothing).
         The callbacks must not raise ``struct.error`` (it reads as a record that overruns the
-        payload)."""
+        payload). ``counts``: keys by key group (a Counter), changed by the records whose op says
+        the key is new or was there; the caller adds the unknown keys' (FORMATS.md, "Key-group
+        counts")."""
         if max_records is not None and max_records < 1:
             raise ValueError(f"max_records must be at least 1, not {max_records}")
         buf, source = self.payload, self.source
         pos, end = (self.first if start is None else start), self.end
         cap = end if max_records is None else max_records  # a record takes at least 5 bytes
-        unpack = _unpack_u32
+        unpack, key_group_at = _unpack_u32, _unpack_key_group
         n = delta = deletes = 0
         unknown_puts: list[bytes] = []
         unknown_deletes: list[bytes] = []
@@ -204,6 +207,8 @@ class Changelog:
                     put(key, buf[value_start:record_end])
                     if op == OP_PUT_NEW:
                         delta += 1
+                        if counts is not None and key_end - pos >= 9:
+                            counts[key_group_at(buf, pos + 5)[0]] += 1
                     elif op == OP_PUT and unknown_keys:
                         unknown_puts.append(key)
                 elif op == OP_DELETE_EXISTING or op == OP_DELETE:
@@ -214,6 +219,8 @@ class Changelog:
                     deletes += 1
                     if op == OP_DELETE_EXISTING:
                         delta -= 1
+                        if counts is not None and key_end - pos >= 9:
+                            counts[key_group_at(buf, pos + 5)[0]] -= 1
                     elif unknown_keys:
                         unknown_deletes.append(key)
                     record_end = key_end

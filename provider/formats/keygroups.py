@@ -41,6 +41,10 @@ def prefix(key_group: int) -> bytes:
     return _PREFIX.pack(key_group)
 
 
+unpack_key_group = _PREFIX.unpack_from
+"""``unpack_key_group(buffer, offset)[0]``: the key group of the stored key at ``offset``."""
+
+
 def key_group_of_stored_key(stored_key: bytes) -> int:
     """The key group a stored key carries."""
     return _PREFIX.unpack_from(stored_key, 0)[0]

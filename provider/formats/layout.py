@@ -30,8 +30,9 @@ FOREIGN_FILE = re.compile(r"[0-9]+(?:_[0-9a-fA-F-]+)?\.(?:delta|snapshot|zip|cha
 
 FILE_NAME = re.compile(
     r"(?:[0-9]{1,20}\.(?:sst|log|blob)|(?:MANIFEST|OPTIONS)-[0-9]{1,20}|CURRENT|IDENTITY|rocksdict-config\.json"
-    r"|replay-[0-9]{1,20}\.ks-changelog)")
-"""A snapshot file's local name: what RocksDB puts in a checkpoint, or a rescale's replay log."""
+    r"|replay-[0-9]{1,20}\.ks-changelog|ks-key-group-counts)")
+"""A snapshot file's local name: what RocksDB puts in a checkpoint, a rescale's replay log, or the
+snapshot's key-group counts (formats/key_group_counts.py)."""
 
 RELATIVE_PATH = re.compile(r"(?:\.\./([0-9]{1,10})/)?" + FILES_DIR + r"/([A-Za-z0-9][A-Za-z0-9._-]{0,254})")
 """Where a manifest may say a snapshot file lives: directly inside ``ks-files/`` of its own store

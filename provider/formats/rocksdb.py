@@ -7,11 +7,12 @@ choices that decide what the files contain live here once.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterator, MutableMapping
 
 from rocksdict import (AccessType, BlockBasedOptions, Cache, DBCompressionType, MemtableFactory, Options, Rdict,
                        WriteBatch, WriteBufferManager, WriteOptions)
 
-from . import changelog
+from . import changelog, keygroups
 
 
 class MemoryPool:
@@ -145,16 +146,51 @@ def check_scan_end(db: Rdict, last: bytes | None, from_key: bytes | None = None)
                         f"though key {it.key().hex()} follows")
 
 
-def write_changelog(db: Rdict, log_: changelog.Changelog) -> None:
+def write_changelog(db: Rdict, log_: changelog.Changelog, counts: MutableMapping[int, int] | None = None) -> None:
     """Write a changelog's records into ``db`` as one write batch: the replay of the offline
     tools (the state server writes its chunks with the same parser, :meth:`Changelog.feed`).
     A corrupt changelog raises before anything is written. A version written from empty (an
-    offline writer's, ``fromEmpty``) is a base, not a delta: it replaces what ``db`` held."""
+    offline writer's, ``fromEmpty``) is a base, not a delta: it replaces what ``db`` held.
+    ``counts``: the keys by key group of what ``db`` held, brought to what it holds after."""
     batch = WriteBatch(raw_mode=True)
     if log_.meta.get(changelog.FROM_EMPTY) is True:
         batch.delete_range(b"", EVERY_STORED_KEY_BELOW)
-    log_.feed(batch.put, batch.delete, unknown_keys=False)  # nothing counts keys here
+        if counts is not None:
+            counts.clear()
+            db.write(batch)  # the unknown keys below are asked of the emptied database
+            batch = WriteBatch(raw_mode=True)
+    fed = log_.feed(batch.put, batch.delete, unknown_keys=counts is not None, counts=counts)
+    if counts is not None:
+        count_unknown(db, fed, counts)
     db.write(batch)
+
+
+def multi_get(db: Rdict, keys: list[bytes]) -> Iterator[bytes | None]:
+    """The value of each of ``keys`` (None: absent), asked a slice at a time."""
+    for i in range(0, len(keys), MULTI_GET_KEYS):
+        yield from db.get(keys[i:i + MULTI_GET_KEYS])
+
+
+MULTI_GET_KEYS = 16_384
+"""Keys asked of RocksDB in one multi-get. It holds per-key state for every key it is given, so
+a large changelog whose keys' existence the writer did not know is asked a slice at a time:
+memory stays bounded by the slice, not by the changelog."""
+
+
+def count_unknown(db: Rdict, fed: changelog.Fed, counts: MutableMapping[int, int] | None) -> int:
+    """The change in ``db``'s keys from the records :meth:`Changelog.feed` passed on without
+    saying whether their key was there (asked of ``db`` before they are written), added to
+    ``counts`` by key group when given; what their ops said is in ``fed`` already."""
+    delta = 0
+    for keys, sign in ((fed.unknown_puts, 1), (fed.unknown_deletes, -1)):
+        if not keys:
+            continue
+        for key, value in zip(keys, multi_get(db, keys)):
+            if (value is None) == (sign > 0):  # a put of an absent key, a delete of a present one
+                delta += sign
+                if counts is not None and len(key) >= keygroups.PREFIX_BYTES:
+                    counts[keygroups.key_group_of_stored_key(key)] += sign
+    return delta
 
 
 EVERY_STORED_KEY_BELOW = b"\xff" * 5

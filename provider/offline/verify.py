@@ -26,11 +26,12 @@ import contextlib
 import logging
 import os
 import tempfile
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..formats import changelog, rocksdb
+from ..formats import changelog, key_group_counts, keygroups, rocksdb
 from ..formats.keygroups import key_group_of_stored_key
 from ..formats.stored import PLAIN_VALUE, TIMED_VALUE, KeyLayout
 from .progress import Steps
@@ -218,19 +219,23 @@ def _verify_store_partition(ck: Checkpoint, op, sp: StorePartition, key_schema, 
     for (v, uid), m in sorted(manifests.items(), key=lambda x: x[0][0]):
         path = sp.manifest_path(storage, v, uid)
         try:
-            with ck.rebuild(sp, v, uid, skip_unusable=False) as rebuilt:  # this snapshot, not an older one
+            with ck.rebuild(sp, v, uid, skip_unusable=False, count_key_groups=True) as rebuilt:  # this snapshot
                 partitions = ck.recorded_partitions(v - 1)
                 n = 0
+                by_group: Counter = Counter()
                 it = rebuilt.db.iter()
                 it.seek_to_first()
                 while it.valid():
-                    keys.check(it.key(), it.value(), m.key_groups, partitions, path)
+                    key = it.key()
+                    keys.check(key, it.value(), m.key_groups, partitions, path)
+                    by_group[key_group_of_stored_key(key) if len(key) >= keygroups.PREFIX_BYTES else -1] += 1
                     n += 1
                     it.next()
                 it.status()  # a corrupt block stops the iterator: reported below, not counted as the end
                 del it
             if n != m.num_keys:
                 report.problem(path, f"says the snapshot holds {m.num_keys} keys, its files hold {n}", RESTORE)
+            _check_key_group_counts(report, path, m, rebuilt.key_group_counts, by_group)
         except Exception as exc:  # RocksDB refusing the files is a problem to report, not a crash
             report.problem(path, f"the snapshot cannot be opened ({exc})", RESTORE)
             manifests.pop((v, uid), None)
@@ -264,6 +269,20 @@ def _verify_store_partition(ck: Checkpoint, op, sp: StorePartition, key_schema, 
         report.problem(sp.path, f"{keys.bad - MAX_KEY_PROBLEMS} more keys outside their key groups or partition",
                        RESTORE)
     report.checked["keysChecked"] += keys.checked
+
+
+def _check_key_group_counts(report: Report, path: str, m, recorded: Counter | None, found: Counter) -> None:
+    """A snapshot's key-group counts (FORMATS.md, "Key-group counts") are the keys its files hold."""
+    if not any(f.name == key_group_counts.NAME for f in m.files):
+        return
+    if recorded is None:
+        report.problem(path, f"lists key-group counts ({key_group_counts.NAME}) that are unreadable or do not add up "
+                             "to its numKeys", RESTORE)
+        return
+    wrong = sorted(g for g in set(recorded) | set(found) if recorded.get(g, 0) != found.get(g, 0))
+    if wrong:
+        report.problem(path, f"its key-group counts disagree with its files in {len(wrong)} key groups (first: "
+                             f"{wrong[0]}: {recorded.get(wrong[0], 0)} counted, {found.get(wrong[0], 0)} held)", RESTORE)
 
 
 def render(report: dict[str, Any]) -> str:

@@ -13,8 +13,11 @@ import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 from rocksdict import Checkpoint, Rdict
+
+from ..formats import key_group_counts
 
 
 @dataclass(frozen=True)
@@ -37,12 +40,16 @@ class StagedSnapshot:
         }
 
 
-def stage(db: Rdict, directory: Path, version: int, lineage: str, num_keys: int) -> StagedSnapshot:
-    """Create a RocksDB checkpoint of ``db`` in ``directory`` (flushes the memtable first)."""
+def stage(db: Rdict, directory: Path, version: int, lineage: str, num_keys: int,
+          counts: Mapping[int, int] | None = None, key_groups: int = 0) -> StagedSnapshot:
+    """Create a RocksDB checkpoint of ``db`` in ``directory`` (flushes the memtable first), with
+    the key-group ``counts`` beside it when they are known and add up to ``num_keys``."""
     if directory.exists():
         shutil.rmtree(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     Checkpoint(db).create_checkpoint(str(directory))
+    if counts is not None:
+        key_group_counts.write_beside(directory, counts, key_groups, num_keys, f"version {version}")
     return StagedSnapshot(version, lineage, num_keys, directory)
 
 
@@ -71,9 +78,10 @@ class StagedSnapshots:
     def __contains__(self, version: int) -> bool:
         return version in self._staged
 
-    def stage(self, db: Rdict, directory: Path, version: int, lineage: str, num_keys: int) -> None:
+    def stage(self, db: Rdict, directory: Path, version: int, lineage: str, num_keys: int,
+              counts: Mapping[int, int] | None = None, key_groups: int = 0) -> None:
         with self._lock:
-            self._staged[version] = stage(db, directory, version, lineage, num_keys)
+            self._staged[version] = stage(db, directory, version, lineage, num_keys, counts, key_groups)
 
     def describe(self) -> list[dict]:
         with self._lock:

@@ -13,12 +13,13 @@ import contextlib
 import logging
 import shutil
 import threading
+from collections import Counter
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, MutableMapping
 
 from rocksdict import Rdict, WriteBatch
 
-from ..formats import changelog, rocksdb
+from ..formats import changelog, key_group_counts, rocksdb
 from ..formats.frames import TtlScan
 from . import snapshots
 from .ttl_scan import TtlScanner
@@ -61,6 +62,9 @@ class VersionedStore:
         self.bulk_keys = bulk_keys
         self.version = -1  # nothing loaded
         self.num_keys = 0
+        # Keys by key group, kept with num_keys while known (FORMATS.md, "Key-group counts"):
+        # None after a restore from a snapshot that does not carry them.
+        self.key_group_counts: Counter | None = None
         self.lineage = ""
         self._db: Rdict | None = None
         self._staged = snapshots.StagedSnapshots()
@@ -100,8 +104,10 @@ class VersionedStore:
             self._behind.reset(version)
             self._close_db()
             self._staged.drop_all()
+            counts: Counter | None = Counter()
             if snapshot_dir:
                 snapshots.install(Path(snapshot_dir), self._db_dir)
+                counts = key_group_counts.take_beside(self._db_dir, self.key_groups, num_keys, self.name)
             elif self._db_dir.exists():
                 shutil.rmtree(self._db_dir)
             # A restored database opens without automatic compactions, which it would otherwise
@@ -111,6 +117,7 @@ class VersionedStore:
             self._db = rocksdb.open_db(self._db_dir, pool=self._pool, compactions=not snapshot_dir)
             self._compactions_held = bool(snapshot_dir)
             self.version, self.num_keys, self.lineage = version, num_keys, lineage
+            self.key_group_counts = counts
             self._ttl.reset()
 
     def replay(self, changelogs: Iterable[tuple[int, str, str]]) -> None:
@@ -132,7 +139,7 @@ class VersionedStore:
         return self._require_db(wait=True).get(key)
 
     def get_many(self, keys: list[bytes]) -> list[bytes | None]:
-        return list(_multi_get(self._require_db(wait=True), keys)) if keys else []
+        return list(rocksdb.multi_get(self._require_db(wait=True), keys)) if keys else []
 
     def sync(self) -> tuple[int, str]:
         """The version held and the database directory, once every submitted changelog is
@@ -213,24 +220,22 @@ class VersionedStore:
             total = puts = 0
             written = False
             try:
-                for batch, fed in _write_batches(log_, self._pool, self._flush_if_dirty):
-                    delta, unknown_puts, unknown_deletes = fed.key_delta, fed.unknown_puts, fed.unknown_deletes
+                for batch, fed in _write_batches(log_, self._pool, self._flush_if_dirty, self.key_group_counts):
+                    delta = fed.key_delta
                     self._deletes_since_compaction += fed.deletes
                     puts += fed.records - fed.deletes
                     # Only keys whose previous existence the writer did not know cost a read here
                     # (a key occurs once in a changelog, so chunk by chunk is the same).
-                    if unknown_puts or unknown_deletes:
+                    if fed.unknown_puts or fed.unknown_deletes:
                         self._flush_if_dirty()
-                    if unknown_puts:
-                        delta += len(unknown_puts) - _count_present(db, unknown_puts)
-                    if unknown_deletes:
-                        delta -= _count_present(db, unknown_deletes)
+                        delta += rocksdb.count_unknown(db, fed, self.key_group_counts)
                     if not batch.is_empty():
                         written = True
                         db.write(batch)
                         self._dirty = True
                     total += delta
             except BaseException as exc:
+                self.key_group_counts = None  # part of the records may be counted: no longer known
                 if written:  # some chunks are in: the database holds no version now
                     self._behind.fail(f"{self.name}: applying {source} failed after part of it was written "
                                       f"({type(exc).__name__}); the store must be restored", first_only=True)
@@ -285,7 +290,8 @@ class VersionedStore:
             self._require_db().compact_range(None, None)
             self._deletes_since_compaction = 0
         directory = self.workdir / "staged" / str(self.version)
-        self._staged.stage(self._require_db(), directory, self.version, self.lineage, self.num_keys)
+        self._staged.stage(self._require_db(), directory, self.version, self.lineage, self.num_keys,
+                           self.key_group_counts, self.key_groups)
 
     def staged_snapshots(self, through: int = -1) -> list[dict]:
         """The snapshots staged so far. With ``through`` >= 0 (an upload asked for by the commit
@@ -391,23 +397,6 @@ SUPERSEDED_FLUSH_BYTES = 16 << 20
 size a flush frees at least half of it, 8 MiB."""
 
 
-MULTI_GET_KEYS = 16_384
-"""Keys asked of RocksDB in one multi-get. It holds per-key state for every key it is given, so
-a large changelog whose keys' existence the writer did not know is asked a slice at a time:
-memory stays bounded by the slice, not by the changelog."""
-
-
-def _multi_get(db: Rdict, keys: list[bytes]) -> Iterator[bytes | None]:
-    """The value of each of ``keys`` (None: absent), asked a slice at a time."""
-    for i in range(0, len(keys), MULTI_GET_KEYS):
-        yield from db.get(keys[i:i + MULTI_GET_KEYS])
-
-
-def _count_present(db: Rdict, keys: list[bytes]) -> int:
-    """How many of ``keys`` the database holds."""
-    return sum(v is not None for v in _multi_get(db, keys))
-
-
 def _scan(db: Rdict, prefix: bytes, start_after: bytes | None, max_bytes: int,
           keys_only: bool) -> tuple[list[tuple[bytes, bytes]], bool]:
     """About ``max_bytes`` of entries with ``prefix`` after ``start_after``, and whether more
@@ -452,8 +441,8 @@ def _superseded(unflushed: tuple[int, int], num_keys: int) -> bool:
     return size >= SUPERSEDED_FLUSH_BYTES and puts >= SUPERSEDED_FLUSH_RATIO * num_keys
 
 
-def _write_batches(log_: changelog.Changelog, pool: rocksdb.MemoryPool | None,
-                   flush: Callable[[], None]) -> Iterator[tuple[WriteBatch, changelog.Fed]]:
+def _write_batches(log_: changelog.Changelog, pool: rocksdb.MemoryPool | None, flush: Callable[[], None],
+                   counts: MutableMapping[int, int] | None) -> Iterator[tuple[WriteBatch, changelog.Fed]]:
     """The changelog's records as write batches of about :data:`APPLY_CHUNK_BYTES` of
     records (the record count that makes, 10,000 at least), or, under a memoryBudget, of about
     an eighth of the process's pool each, each flushed once written: one write lands whole in
@@ -469,7 +458,7 @@ def _write_batches(log_: changelog.Changelog, pool: rocksdb.MemoryPool | None,
     pos, done = log_.first, 0
     while True:
         batch = WriteBatch(raw_mode=True)
-        fed = log_.feed(batch.put, batch.delete, pos, done, per_chunk)
+        fed = log_.feed(batch.put, batch.delete, pos, done, per_chunk, counts=counts)
         yield batch, fed
         log_.discard_before(fed.end)  # written: a shipped frame's pages go back as it is applied
         if pool is not None:  # the last batch too: no version leaves a memtable behind

@@ -3,10 +3,11 @@ the stored bytes and read them back to the same values (FORMATS.md; cases in sup
 from __future__ import annotations
 
 import json
+import zlib
 
 import pytest
 
-from keyedstate.formats import changelog, frames, keygroups, manifest, stored
+from keyedstate.formats import changelog, frames, key_group_counts, keygroups, manifest, stored
 from keyedstate.offline.sparkhash import RowHasher
 
 from support import golden
@@ -101,7 +102,8 @@ def test_changelog_v2_refuses_a_zstd_bomb(fmt, spark):
 
 @pytest.mark.parametrize("name,case", [("manifest-v1.json", golden.MANIFEST_V1),
                                        ("manifest-v1-replay.json", golden.MANIFEST_V1_REPLAY),
-                                       ("manifest-v1-run.json", golden.MANIFEST_V1_RUN)])
+                                       ("manifest-v1-run.json", golden.MANIFEST_V1_RUN),
+                                       ("manifest-v1-counts.json", golden.MANIFEST_V1_COUNTS)])
 def test_manifest_both_codecs(fmt, name, case):
     data = read(name)
     assert manifest.encode(case) == data
@@ -129,6 +131,48 @@ def test_a_manifest_listing_a_file_name_twice_is_refused_by_both_codecs(fmt):
         manifest.decode(data, "doubled.ks-snapshot")
     with pytest.raises(Exception, match="doubled.ks-snapshot .*MANIFEST-000005 2 times"):
         fmt.ManifestFormat.decode(bytearray(data), "doubled.ks-snapshot", -1)
+
+
+# -- key-group counts --------------------------------------------------------------------------
+
+def test_key_group_counts_golden_file_holds_to_the_spec():
+    """FORMATS.md, "Key-group counts", byte by byte: header, delta and count varints, CRC-32."""
+    data = read("key-group-counts.bin")
+    body = (b"KSGC" + bytes([1]) + golden.KEY_GROUPS.to_bytes(4, "big") + (5).to_bytes(8, "big")
+            + (3).to_bytes(4, "big")
+            + bytes([3, 2])  # group 3, 2 keys
+            + bytes([0x80, 0x01, 1])  # +128 -> group 131, 1 key
+            + bytes([0xFC, 0xA5, 0x0C, 2]))  # +201,468 -> group 201,599, 2 keys
+    assert data == body + zlib.crc32(body).to_bytes(4, "big")
+    assert key_group_counts.decode(data, "golden") == (golden.KEY_GROUPS, golden.KEY_GROUP_COUNTS)
+    assert key_group_counts.encode(golden.KEY_GROUP_COUNTS, golden.KEY_GROUPS) == data
+
+
+@pytest.mark.parametrize("change,error", [
+    (lambda d: d[:-1], "checksum|too short"),
+    (lambda d: b"KSGX" + d[4:], "not a key-group counts file"),
+    (lambda d: d[:4] + b"\x02" + d[5:], "format 2"),
+    (lambda d: d[:10] + bytes([d[10] ^ 1]) + d[11:], "checksum"),
+])
+def test_damaged_key_group_counts_are_refused(change, error):
+    with pytest.raises(key_group_counts.CorruptKeyGroupCountsError, match=error):
+        key_group_counts.decode(change(read("key-group-counts.bin")), "damaged")
+
+
+@pytest.mark.parametrize("entries,error", [
+    ([(3, 2), (0, 1)], "entry 1 has delta 0"),  # a key group twice
+    ([(3, 0)], "count 0"),
+    ([(golden.KEY_GROUPS, 1)], "not below"),
+])
+def test_key_group_counts_that_break_a_rule_are_refused_even_with_a_good_checksum(entries, error):
+    out = bytearray()
+    for delta, count in entries:
+        key_group_counts._put_varint(out, delta)
+        key_group_counts._put_varint(out, count)
+    total = sum(c for _, c in entries)
+    body = b"KSGC\x01" + golden.KEY_GROUPS.to_bytes(4, "big") + total.to_bytes(8, "big") + len(entries).to_bytes(4, "big") + out
+    with pytest.raises(key_group_counts.CorruptKeyGroupCountsError, match=error):
+        key_group_counts.decode(bytes(body) + zlib.crc32(body).to_bytes(4, "big"), "forged")
 
 
 # -- data-channel frames -----------------------------------------------------------------------

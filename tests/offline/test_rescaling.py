@@ -12,6 +12,7 @@ import json
 import re
 import signal
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import pytest
 
 import keyedstate
 from keyedstate import checkpoint as ckpt
-from keyedstate.formats import keygroups, layout
+from keyedstate.formats import key_group_counts, keygroups, layout
 from keyedstate.offline import remote, rescaling
 from keyedstate.offline.storage import HadoopStorage, LocalStorage
 from keyedstate.checkpoint import Checkpoint
@@ -883,17 +884,50 @@ def test_a_split_by_files_from_a_snapshot_and_changelogs_counts_and_hides_exactl
     assert not any(3 in s.snapshots for s in ckpt.discover_stores(op_dir)["default"])
     result = keyedstate.rescale(stream.checkpoint, 8, spark=spark)
     assert "clip" in result.task_seconds, result
-    version = result.batch + 1
+    assert result.counted_by_keys == 0, result  # the parents' snapshots carry key-group counts
+    _assert_heirs_hold_and_count_their_key_groups(op_dir, result.batch + 1, 8, len(_expected(3)))
+    _run(spark, stream, range(3, 5), out, partitions=8)
+    assert out == _expected(5)
+
+
+def _assert_heirs_hold_and_count_their_key_groups(op_dir: Path, version: int, partitions: int, keys: int) -> None:
+    """Each heir's version holds only its key groups' keys, its manifest's numKeys is their
+    count, and its snapshot's key-group counts are them, key group by key group."""
     seen = 0
-    for q in range(8):
+    for q in range(partitions):
         files = ckpt.list_store(op_dir / str(q), q)
         manifest = ckpt.read_manifest(files.manifest_path(version), version)
-        with ckpt.rebuild(files, version) as rebuilt:
+        with ckpt.rebuild(files, version, count_key_groups=True) as rebuilt:
             groups = [keygroups.key_group_of_stored_key(k) for k in rebuilt.db.keys()]
-        assert {g % 8 for g in groups} <= {q}, (q, sorted({g % 8 for g in groups}))
+            recorded = rebuilt.key_group_counts
+        assert {g % partitions for g in groups} <= {q}, (q, sorted({g % partitions for g in groups}))
         assert manifest.num_keys == len(groups), q
+        assert key_group_counts.NAME in {f.name for f in manifest.files}, q
+        assert recorded == Counter(groups), q
         seen += len(groups)
-    assert seen == len(_expected(3))
+    assert seen == keys
+
+
+def test_a_split_by_files_of_snapshots_without_key_group_counts_counts_the_keys(spark, tmp_path):
+    """A parent whose snapshot carries no key-group counts (written before they existed) is
+    counted by one pass over its keys; its heirs' counts are as exact, and their snapshots carry
+    counts from then on."""
+    stream = FileStream(spark, tmp_path, "k LONG")
+    out: dict = {}
+    op_dir = Path(stream.checkpoint) / "state" / "0"
+    with session_confs(spark, {"spark.sql.streaming.stateStore.keyedstate.snapshotInterval": "2"}):
+        _run(spark, stream, range(2), out)
+        _await_snapshots(op_dir, 2)
+        _run(spark, stream, range(2, 3), out)
+    for files in ckpt.discover_stores(op_dir)["default"]:  # as an older build wrote them
+        path = files.manifest_path(2)
+        node = json.loads(Path(path).read_bytes())
+        node["files"] = [f for f in node["files"] if f["name"] != key_group_counts.NAME]
+        assert len(node["files"]) < len(json.loads(Path(path).read_bytes())["files"])
+        Path(path).write_bytes(json.dumps(node, separators=(",", ":")).encode())
+    result = keyedstate.rescale(stream.checkpoint, 8, spark=spark)
+    assert result.counted_by_keys == 4, result
+    _assert_heirs_hold_and_count_their_key_groups(op_dir, result.batch + 1, 8, len(_expected(3)))
     _run(spark, stream, range(3, 5), out, partitions=8)
     assert out == _expected(5)
 

@@ -13,6 +13,14 @@ def key(group: int, name: bytes) -> bytes:
     return group.to_bytes(4, "big") + name
 
 
+def counted(store: VersionedStore) -> dict[int, int]:
+    """The store's keys by key group, read from its RocksDB."""
+    out: dict[int, int] = {}
+    for k in store._require_db(wait=True).keys():
+        out[int.from_bytes(k[:4], "big")] = out.get(int.from_bytes(k[:4], "big"), 0) + 1
+    return out
+
+
 @pytest.fixture
 def store(tmp_path):
     s = VersionedStore("test", tmp_path / "store", key_groups=16, snapshot_interval=2)
@@ -35,9 +43,9 @@ def test_unknown_puts_and_deletes_are_counted_exactly_across_multi_get_slices(st
     """Keys whose existence the writer did not know are asked of RocksDB a slice at a time (a
     multi-get of millions held GiBs); the count stays exact across slices and a missing key in
     any of them."""
-    from keyedstate.server import store as store_module
+    from keyedstate.formats import rocksdb
 
-    monkeypatch.setattr(store_module, "MULTI_GET_KEYS", 7)
+    monkeypatch.setattr(rocksdb, "MULTI_GET_KEYS", 7)
     present = [key(g % 16, b"p%03d" % g) for g in range(40)]
     assert store.apply(cl.encode(1, 16, [(cl.OP_PUT_NEW, k, b"1") for k in present]), "v1") == 40
     absent = [key(g % 16, b"a%03d" % g) for g in range(30)]
@@ -88,11 +96,12 @@ def test_a_large_changelog_is_written_in_chunks_with_exact_counts(store, monkeyp
 
     writes = []
     real = cl.Changelog.feed
-    monkeypatch.setattr(cl.Changelog, "feed", lambda *args: writes.append(1) or real(*args))
+    monkeypatch.setattr(cl.Changelog, "feed", lambda *args, **kw: writes.append(1) or real(*args, **kw))
     monkeypatch.setattr(store_module, "APPLY_CHUNK_BYTES", 1)  # chunks of the floor, 10,000 records
     first = [key(g % 16, b"k%05d" % g) for g in range(20_000)]
     assert store.apply(cl.encode(1, 16, [(cl.OP_PUT_NEW, k, b"1") for k in first]), "v1") == 20_000
     assert len(writes) == 2
+    assert store.key_group_counts == counted(store) == {g: 1_250 for g in range(16)}
     writes.clear()
     records = [(cl.OP_PUT, k, b"2") for k in first[:6_000]]  # existing, of unknown existence
     records += [(cl.OP_PUT, key(3, b"n%05d" % i), b"2") for i in range(6_000)]  # new, unknown
@@ -104,6 +113,7 @@ def test_a_large_changelog_is_written_in_chunks_with_exact_counts(store, monkeyp
     assert len(writes) == 3
     assert store.get_many([first[0], first[7_000], first[15_000], key(3, b"n00001"), key(4, b"m05999")]) == \
         [b"2", None, b"1", b"2", b"2"]
+    assert store.key_group_counts == counted(store)  # known and unknown ops, by key group
     body = cl.encode(3, 16, [(cl.OP_PUT_NEW, key(6, b"x%05d" % i), b"3") for i in range(25_000)])
     lying = body[:-cl.TRAILER.size] + cl.TRAILER.pack(cl.END, 24_999, zlib.crc32(body[:-cl.TRAILER.size]))
     with pytest.raises(cl.CorruptChangelogError, match="trailer says 24999"):
@@ -159,6 +169,62 @@ def test_snapshot_is_staged_every_interval_and_restores(store, tmp_path):
     other.close()
     store.drop_staged(2)
     assert store.staged_snapshots() == []
+
+
+def test_a_snapshot_carries_the_key_group_counts_and_a_restore_keeps_them_exact(store, tmp_path):
+    """FORMATS.md, "Key-group counts": a staged snapshot holds its version's keys by key group
+    (what a split by files takes its heirs' counts from); a restore reads them back and keeps
+    them through later applies, replays included; the file does not stay in RocksDB's directory."""
+    import shutil
+
+    from keyedstate.formats import key_group_counts as kgc
+
+    store.apply(cl.encode(1, 16, [(cl.OP_PUT_NEW, key(g, b"k%d" % i), b"1") for g in (1, 5, 9) for i in range(g)]), "v1")
+    store.apply(cl.encode(2, 16, [(cl.OP_DELETE_EXISTING, key(5, b"k0"), None), (cl.OP_PUT, key(7, b"x"), b"2"),
+                                  (cl.OP_DELETE, key(9, b"k1"), None), (cl.OP_DELETE, key(9, b"absent"), None)]), "v2")
+    [staged] = store.staged_snapshots()
+    assert kgc.NAME in [f["name"] for f in staged["files"]]
+    assert kgc.decode((Path(staged["dir"]) / kgc.NAME).read_bytes(), "staged") == (16, {1: 1, 5: 4, 7: 1, 9: 8})
+    copy = tmp_path / "download"
+    shutil.copytree(staged["dir"], copy)
+    other = VersionedStore("other", tmp_path / "other", key_groups=16, snapshot_interval=2)
+    other.restore(2, str(copy), "lineage-2", staged["numKeys"])
+    assert other.key_group_counts == {1: 1, 5: 4, 7: 1, 9: 8} and other.num_keys == 14
+    assert not (other.workdir / "db" / kgc.NAME).exists()
+    other.apply(cl.encode(3, 16, [(cl.OP_PUT, key(7, b"y"), b"3"), (cl.OP_PUT, key(1, b"k0"), b"3")]), "v3")
+    assert other.key_group_counts == counted(other) == {1: 1, 5: 4, 7: 2, 9: 8}
+    other.close()
+
+
+@pytest.mark.parametrize("damage", ["without", "garbled", "disagreeing"])
+def test_a_snapshot_without_usable_key_group_counts_restores_with_them_unknown(store, tmp_path, damage, caplog):
+    """An older snapshot (no counts), or one whose counts are damaged or disagree with the
+    version's key count, restores whole; its counts are unknown (a rescale then counts keys), and
+    its next snapshot carries none rather than wrong ones."""
+    import shutil
+
+    from keyedstate.formats import key_group_counts as kgc
+
+    store.apply(cl.encode(1, 16, [(cl.OP_PUT_NEW, key(g, b"a"), b"1") for g in range(4)]), "v1")
+    store.apply(cl.encode(2, 16, [(cl.OP_PUT_NEW, key(g, b"b"), b"1") for g in range(4)]), "v2")
+    [staged] = store.staged_snapshots()
+    copy = tmp_path / "download"
+    shutil.copytree(staged["dir"], copy)
+    if damage == "without":
+        (copy / kgc.NAME).unlink()
+    elif damage == "garbled":
+        (copy / kgc.NAME).write_bytes(b"KSGC" + bytes(30))
+    else:
+        (copy / kgc.NAME).write_bytes(kgc.encode({0: 2, 1: 2, 2: 2, 3: 3}, 16))
+    other = VersionedStore("other", tmp_path / "other", key_groups=16, snapshot_interval=1)
+    other.restore(2, str(copy), "lineage-2", 8)
+    assert other.key_group_counts is None and other.num_keys == 8
+    assert other.get(key(3, b"b")) == b"1"
+    assert ("ignoring its key-group counts" in caplog.text) == (damage != "without")
+    other.apply(cl.encode(3, 16, [(cl.OP_PUT_NEW, key(5, b"c"), b"1")]), "v3")
+    [next_snapshot] = other.staged_snapshots()
+    assert kgc.NAME not in [f["name"] for f in next_snapshot["files"]] and next_snapshot["numKeys"] == 9
+    other.close()
 
 
 def test_a_bulk_load_is_snapshotted_at_once_so_no_load_replays_it(tmp_path):

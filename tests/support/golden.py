@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from keyedstate.formats import changelog, frames, manifest, stored
+from keyedstate.formats import changelog, frames, key_group_counts, manifest, stored
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 
@@ -58,6 +58,17 @@ MANIFEST_V1_RUN = manifest.Manifest(
            manifest.SnapshotFile("CURRENT", "ks-files/4c1d9e2a-8b3f-4a6e-9d0c-5e7f1a2b3c4d-CURRENT", 16)),
     key_layout=stored.KeyLayout(key_columns=1, partition_key_columns=1, prefix_columns=0),
     run_id=CHANGELOG_V2_RUN_META[changelog.RUN_ID])
+MANIFEST_V1_COUNTS = manifest.Manifest(
+    version=30, key_groups=KEY_GROUPS, num_keys=5,
+    files=(manifest.SnapshotFile("000031.sst", "ks-files/9a1f3c5e-2b4d-4f6a-8c0e-1d3f5a7b9c2e-000031.sst", 4096),
+           manifest.SnapshotFile("CURRENT", "ks-files/9a1f3c5e-2b4d-4f6a-8c0e-1d3f5a7b9c2e-CURRENT", 16),
+           manifest.SnapshotFile(key_group_counts.NAME,
+                                 f"ks-files/9a1f3c5e-2b4d-4f6a-8c0e-1d3f5a7b9c2e-{key_group_counts.NAME}", 34)),
+    key_layout=stored.KeyLayout(key_columns=1, partition_key_columns=1, prefix_columns=0),
+    run_id=CHANGELOG_V2_RUN_META[changelog.RUN_ID])
+
+# Key-group counts of 5 keys: groups 3 (2 keys), 131 (1), 201599 (2, a delta of 3 varint bytes).
+KEY_GROUP_COUNTS = {3: 2, 131: 1, KEY_GROUPS - 1: 2}
 
 # Frames: (file, op, handle, request body) and (file, reply body).
 SCAN_PREFIX, SCAN_AFTER = K1[:6], K1
@@ -118,6 +129,8 @@ def files() -> dict[str, bytes]:
            "manifest-v1.json": manifest.encode(MANIFEST_V1),
            "manifest-v1-replay.json": manifest.encode(MANIFEST_V1_REPLAY),
            "manifest-v1-run.json": manifest.encode(MANIFEST_V1_RUN),
+           "manifest-v1-counts.json": manifest.encode(MANIFEST_V1_COUNTS),
+           "key-group-counts.bin": key_group_counts.encode(KEY_GROUP_COUNTS, KEY_GROUPS),
            "value-plain.bin": PLAIN, "value-timed.bin": TIMED}
     out.update({name: encode_request(*case) for name, case in REQUESTS.items()})
     out.update(REPLIES)

@@ -3,14 +3,17 @@
 Each heir is its parent's RocksDB files, shared with the parent in the checkpoint (its manifest
 lists them in the parent's ``ks-files/``, FORMATS.md "The path rule"), plus one small file of
 range deletes that hides the key groups the heir does not own, as Flink clips a parent's files
-to a new key-group range. No key is rewritten; the one pass over the parent's keys counts each
-heir's keys (a manifest records its exact count) and checks that every key is the parent's.
+to a new key-group range. No key is read or rewritten when the parent's snapshot carries its
+key-group counts (FORMATS.md, "Key-group counts"): each heir's exact count is the sum of its key
+groups'. Without them one pass over the parent's keys counts them, and checks that every key is
+the parent's.
 """
 from __future__ import annotations
 
 import shutil
+from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from ...formats import keygroups, layout, rocksdb
 from ... import checkpoint as ckpt
@@ -30,14 +33,24 @@ def not_owned_ranges(q: int, partitions: int, key_groups: int) -> list[tuple[byt
     return ranges
 
 
-def count_by_heir(db: Any, partition: int, from_partitions: int, partitions: int, key_groups: int,
-                  describe: str) -> dict[int, int]:
-    """The parent's keys per heir (key group mod ``partitions``), in one pass over the keys alone;
-    a key of a key group the parent does not own, or too short to name one, is refused."""
+def owned_counts(counts: Mapping[int, int], partition: int, from_partitions: int, key_groups: int,
+                 describe: str) -> Counter:
+    """The parent's key-group counts, each key group checked to be one the parent owns."""
+    for g in counts:
+        if not 0 <= g < key_groups or g % from_partitions != partition:
+            raise ckpt.CheckpointError(
+                f"the key-group counts of partition {partition} of {describe} name key group {g}, which it "
+                f"does not own among {key_groups} key groups and {from_partitions} partitions: corrupt or misplaced")
+    return Counter(counts)
+
+
+def count_by_key_group(db: Any, partition: int, from_partitions: int, key_groups: int, describe: str) -> Counter:
+    """The parent's keys per key group, in one pass over the keys alone; a key of a key group
+    the parent does not own, or too short to name one, is refused."""
     from rocksdict import ReadOptions
 
     prefix_bytes = keygroups.PREFIX_BYTES
-    counts: dict[int, int] = {}
+    counts: Counter = Counter()
 
     def run_of(prefix: bytes) -> tuple[int, bytes]:
         group = keygroups.key_group_of_stored_key(prefix) if len(prefix) == prefix_bytes else -1
@@ -46,21 +59,21 @@ def count_by_heir(db: Any, partition: int, from_partitions: int, partitions: int
                 f"partition {partition} of {describe} holds a key of key group {group} (key prefix "
                 f"{prefix.hex()}), which it does not own among {key_groups} key groups and "
                 f"{from_partitions} partitions: corrupt or misplaced")
-        return group % partitions, keygroups.prefix(group + 1)
+        return group, keygroups.prefix(group + 1)
 
     read = ReadOptions()
     read.fill_cache(False)  # each block is read once
     # Keys come sorted, so a key group's run ends at the first key at or past the next prefix.
-    q, bound, run, seen, key = -1, b"", 0, 0, None
+    g, bound, run, seen, key = -1, b"", 0, 0, None
     for key in db.keys(read_opt=read):
         if key >= bound:
-            if q >= 0:
-                counts[q] = counts.get(q, 0) + seen - run
+            if g >= 0:
+                counts[g] = seen - run
                 run = seen
-            q, bound = run_of(key[:prefix_bytes])
+            g, bound = run_of(key[:prefix_bytes])
         seen += 1
-    if q >= 0:
-        counts[q] = counts.get(q, 0) + seen - run
+    if g >= 0:
+        counts[g] = seen - run
     try:
         rocksdb.check_scan_end(db, key)
     except rocksdb.ScanError as exc:

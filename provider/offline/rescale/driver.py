@@ -48,6 +48,7 @@ class RescaleResult:
     resumed: bool
     seconds: float
     task_seconds: dict[str, float] | None = None  # summed over the tasks, by phase (direct splits)
+    counted_by_keys: int = 0  # split-by-files parents whose snapshot carried no key-group counts
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -135,7 +136,7 @@ class Rescale:
         work = self._write_repartition_batch(plan)
         try:
             stores = list_stores(self.root, plan.old_n)
-            keys, whole, task_seconds = self._run_jobs(plan, stores, work)
+            keys, whole, task_seconds, counted_by_keys = self._run_jobs(plan, stores, work)
             self._commit(plan, stores)
         except BaseException:
             if (not plan.resumed and self.logs.latest(self.logs.commits) != plan.batch
@@ -151,7 +152,8 @@ class Rescale:
         if staging.is_dir() and not any(staging.iterdir()):
             staging.rmdir()
         result = RescaleResult(str(self.root), plan.batch, plan.old_n, self.n, len(stores), keys,
-                               whole, plan.resumed, round(time.monotonic() - started, 3), task_seconds)
+                               whole, plan.resumed, round(time.monotonic() - started, 3), task_seconds,
+                               counted_by_keys)
         log.info("commits/%d written: %s rescaled from %d to %d partitions", plan.batch, self.root, plan.old_n, self.n)
         return result
 
@@ -255,10 +257,10 @@ class Rescale:
         return work
 
     # -- step 3: run the split and merge jobs --------------------------------------------------
-    def _run_jobs(self, plan: _Plan, stores, work: Path) -> tuple[int, bool, dict[str, float]]:
+    def _run_jobs(self, plan: _Plan, stores, work: Path) -> tuple[int, bool, dict[str, float], int]:
         """Split every old store partition, merge the new partitions no split staged, and
-        publish them all; returns the keys moved, whether key groups routed them, and the
-        task seconds by phase."""
+        publish them all; returns the keys moved, whether key groups routed them, the task
+        seconds by phase and the parents split by files whose keys were read to count them."""
         old_n, batch = plan.old_n, plan.batch
         task_seconds: dict[str, float] = {}
         key_groups = key_group_count(self.root, stores, plan.read_batch + 1)
@@ -310,7 +312,7 @@ class Rescale:
                 publish(ckpt.store_dir(outbox / str(op), q, name),
                         ckpt.store_dir(self.root / "state" / str(op), q, name), write_version, self.root, q, name)
             mark_retired(self.root / "state" / str(op), name, self.n, old_n, write_version)
-        return keys, whole, task_seconds
+        return keys, whole, task_seconds, sum(bool(r.get("countedByKeys")) for r in split_results)
 
     def _run_tasks(self, fn, tasks: list, phase: str) -> list[dict]:
         if not tasks:

@@ -11,11 +11,11 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...formats import changelog
+from ...formats import changelog, key_group_counts
 from ...formats.layout import CHANGELOG_SUFFIX
 from ... import checkpoint as ckpt
 from ..routing import route_by_key_group
-from .clip import clipped_heir, count_by_heir, shared_files
+from .clip import clipped_heir, count_by_key_group, owned_counts, shared_files
 from .merge import layout_or_none, stage_ingested
 from .routing import HeirFiles, write_by_hash, write_by_key_group
 
@@ -67,7 +67,7 @@ def split_into(task: SplitTask, temp: Path) -> dict:
         return replay_split(files, task, temp)
     started = time.monotonic()
     heirs = range(task.partition, task.partitions, task.from_partitions) if task.direct else None
-    with ckpt.rebuild(files, task.version, workdir=temp) as rebuilt:
+    with ckpt.rebuild(files, task.version, workdir=temp, count_key_groups=heirs is not None) as rebuilt:
         check_key_groups(rebuilt, task)
         ttl = rebuilt.manifest.ttl if rebuilt.manifest else None
         rebuilt_at = time.monotonic()
@@ -97,17 +97,25 @@ def split_by_files(rebuilt: ckpt.RebuiltVersion, task: SplitTask, temp: Path, he
     groups it owns (:mod:`.clip`); only the range deletes, and files the rebuild added on top
     of the snapshot (changelogs replayed), are written."""
     started = time.monotonic()
-    counts = count_by_heir(rebuilt.db, task.partition, task.from_partitions, task.partitions, task.key_groups,
-                           task.store_path)
+    counted_by_keys = rebuilt.key_group_counts is None
+    if not counted_by_keys:
+        by_group = owned_counts(rebuilt.key_group_counts, task.partition, task.from_partitions, task.key_groups,
+                                task.store_path)
+    else:  # a snapshot without counts (older, or an offline writer's): one pass over the keys
+        by_group = count_by_key_group(rebuilt.db, task.partition, task.from_partitions, task.key_groups,
+                                      task.store_path)
+    counts = key_group_counts.by_partition(by_group, task.partitions)
     counted_at = time.monotonic()
     for q in heirs:
         snapshot = clipped_heir(rebuilt.db, temp / f"to-{q}", q, task.partitions, task.key_groups)
         ckpt.write_snapshot(snapshot, ckpt.store_dir(Path(task.targets), q, task.store), task.target_version,
                             task.key_groups, counts.get(q, 0), ttl, rescale=task.origin,
                             key_layout=layout_or_none(task.key_layout),
-                            shared=shared_files(rebuilt.manifest, task.partition, q))
+                            shared=shared_files(rebuilt.manifest, task.partition, q),
+                            key_group_counts={g: c for g, c in by_group.items() if g % task.partitions == q})
         shutil.rmtree(temp / f"to-{q}")
     return {"keys": {str(q): counts.get(q, 0) for q in heirs}, "ttl": ttl, "published": list(heirs),
+            "countedByKeys": counted_by_keys,
             "seconds": {"rebuild": rebuild_seconds, "count": counted_at - started,
                         "clip": time.monotonic() - counted_at}}
 

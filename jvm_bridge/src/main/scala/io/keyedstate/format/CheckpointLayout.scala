@@ -24,10 +24,11 @@ object CheckpointLayout {
   /** Files of Spark's HDFS-backed and RocksDB providers: a directory holding them is not ours. */
   val ForeignFile: Regex = """\d+(?:_[0-9a-fA-F-]+)?\.(?:delta|snapshot|zip|changelog)""".r
 
-  /** A snapshot file's local name: what RocksDB puts in a checkpoint, or a rescale's replay log. */
+  /** A snapshot file's local name: what RocksDB puts in a checkpoint, a rescale's replay log, or
+   *  the snapshot's key-group counts (read by the state server only). */
   val FileName: Regex =
     ("""(?:\d{1,20}\.(?:sst|log|blob)|(?:MANIFEST|OPTIONS)-\d{1,20}|CURRENT|IDENTITY|rocksdict-config\.json""" +
-      """|replay-\d{1,20}\.ks-changelog)""").r
+      """|replay-\d{1,20}\.ks-changelog|ks-key-group-counts)""").r
 
   /** Where a manifest may say a snapshot file lives: directly inside `ks-files/` of its own store
    *  partition, or (`../<p>/ks-files/<name>`) of partition `<p>` of the same operator and store,
