@@ -42,7 +42,9 @@ import json
 import mmap
 import struct
 import zlib
+from collections import Counter
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any, Callable, Iterator, MutableMapping, NamedTuple
 
 from .layout import MAX_CHANGELOG_BYTES, TooLargeError, json_of, open_file
@@ -190,10 +192,14 @@ class Changelog:
         buf, source = self.payload, self.source
         pos, end = (self.first if start is None else start), self.end
         cap = end if max_records is None else max_records  # a record takes at least 5 bytes
-        unpack, key_group_at = _unpack_u32, _unpack_key_group
+        unpack = _unpack_u32
         n = delta = deletes = 0
         unknown_puts: list[bytes] = []
         unknown_deletes: list[bytes] = []
+        # Keys the ops say are new or were there, counted by key group at the end (or when many
+        # wait) in one C-level pass: cheaper than a Counter update per record.
+        added: list[bytes] = []
+        removed: list[bytes] = []
         try:
             while pos < end and n < cap:
                 op = buf[pos]
@@ -208,7 +214,9 @@ class Changelog:
                     if op == OP_PUT_NEW:
                         delta += 1
                         if counts is not None and key_end - pos >= 9:
-                            counts[key_group_at(buf, pos + 5)[0]] += 1
+                            added.append(key)
+                            if len(added) >= _COUNT_BATCH:
+                                _count_key_groups(counts, added, 1)
                     elif op == OP_PUT and unknown_keys:
                         unknown_puts.append(key)
                 elif op == OP_DELETE_EXISTING or op == OP_DELETE:
@@ -220,7 +228,9 @@ class Changelog:
                     if op == OP_DELETE_EXISTING:
                         delta -= 1
                         if counts is not None and key_end - pos >= 9:
-                            counts[key_group_at(buf, pos + 5)[0]] -= 1
+                            removed.append(key)
+                            if len(removed) >= _COUNT_BATCH:
+                                _count_key_groups(counts, removed, -1)
                     elif unknown_keys:
                         unknown_deletes.append(key)
                     record_end = key_end
@@ -233,7 +243,24 @@ class Changelog:
         if pos >= end and records_before + n != self.record_count:
             raise CorruptChangelogError(
                 f"{source} holds {records_before + n} records but its trailer says {self.record_count}: corrupt")
+        if counts is not None:
+            _count_key_groups(counts, added, 1)
+            _count_key_groups(counts, removed, -1)
         return Fed(pos, n, delta, deletes, unknown_puts, unknown_deletes)
+
+
+_COUNT_BATCH = 1 << 16
+"""Keys :meth:`Changelog.feed` holds before it adds them to ``counts``: bounds the list, not the work."""
+
+_FIRST_FOUR = itemgetter(slice(0, 4))
+
+
+def _count_key_groups(counts: MutableMapping[int, int], keys: list[bytes], sign: int) -> None:
+    """Add ``sign`` to ``counts`` for each of ``keys`` (at least 4 bytes) by its key group; empties ``keys``."""
+    if keys:
+        for prefix, n in Counter(map(_FIRST_FOUR, keys)).items():
+            counts[_unpack_key_group(prefix)[0]] += sign * n
+        keys.clear()
 
 
 def decode(data: bytes | bytearray | memoryview | mmap.mmap, source: str, offset: int = 0) -> Changelog:

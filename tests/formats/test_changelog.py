@@ -294,3 +294,40 @@ def test_read_meta_reads_the_header_alone(tmp_path):
     bad_header[cl.HEADER_V2.size] ^= 0xFF
     with pytest.raises(cl.CorruptChangelogError, match="header CRC-32"):
         cl.read_meta(bytes(bad_header), "corrupt header")
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_feed_counts_the_known_ops_by_key_group_across_chunks_and_batches(monkeypatch, in_place):
+    """FORMATS.md, "Key-group counts": feed adds PUT_NEW and takes DELETE_EXISTING by the key
+    group of each key of at least 4 bytes, whatever the chunks and however many keys wait to be
+    counted; ops of unknown keys and shorter keys are left to the caller."""
+    from collections import Counter
+
+    monkeypatch.setattr(cl, "_COUNT_BATCH", 3)
+
+    def k(g: int, name: bytes) -> bytes:
+        return g.to_bytes(4, "big") + name
+
+    records = [(cl.OP_PUT_NEW, k(i % 5, b"n%d" % i), b"v") for i in range(23)]
+    records += [(cl.OP_DELETE_EXISTING, k(i % 3, b"d%d" % i), None) for i in range(8)]
+    records += [(cl.OP_PUT, k(4, b"u"), b"v"), (cl.OP_DELETE, k(4, b"w"), None), (cl.OP_PUT_EXISTING, k(2, b"e"), b"v"),
+                (cl.OP_PUT_NEW, b"abc", b"v"), (cl.OP_DELETE_EXISTING, b"", None), (cl.OP_PUT_NEW, k(9, b""), b"v")]
+    data = cl.encode(1, 16, records)
+    expected = {15: 2, 9: 1}  # what counts held before, plus the PUT_NEW of a key of 4 bytes
+    for i in range(23):
+        expected[i % 5] = expected.get(i % 5, 0) + 1
+    for i in range(8):
+        expected[i % 3] -= 1
+    if in_place:
+        mm = mmap.mmap(-1, len(data))
+        mm.write(data)
+        log = cl.decode(mm, "mem")
+    else:
+        log = cl.decode(data, "mem")
+    for per_chunk in (None, 1, 4, 7):
+        counts: Counter = Counter({15: 2})  # counts of the keys a store held before
+        pos, done = log.first, 0
+        while pos < log.end:
+            fed = log.feed(lambda *_: None, lambda *_: None, pos, done, per_chunk, counts=counts)
+            pos, done = fed.end, done + fed.records
+        assert {g: v for g, v in counts.items() if v} == {g: v for g, v in expected.items() if v}, per_chunk
