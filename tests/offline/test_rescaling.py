@@ -932,6 +932,65 @@ def test_a_split_by_files_of_snapshots_without_key_group_counts_counts_the_keys(
     assert out == _expected(5)
 
 
+def test_key_group_counts_are_held_to_the_key_groups_the_files_hold(tmp_path):
+    """counts_disagree: one seek per key group held tells counts that name exactly the populated
+    key groups (range-deleted ones are empty) from counts that name an empty one, miss one, or
+    miss a key too short to name one."""
+    from keyedstate.formats import rocksdb
+    from keyedstate.offline.rescale.clip import counts_disagree
+
+    db = rocksdb.open_db(tmp_path / "db")
+    try:
+        for g, n in ((0, 3), (4, 1), (8, 2), (12, 5)):
+            for i in range(n):
+                db[keygroups.prefix(g) + b"k%d" % i] = b"v"
+        db.delete_range(keygroups.prefix(8), keygroups.prefix(9))  # as a clipped parent hides a key group
+        exact = {0: 3, 4: 1, 12: 5, 16: 0}
+        assert counts_disagree(db, exact) is None
+        assert counts_disagree(db, {0: 3, 4: 1, 8: 2, 12: 3}) == "key group 12 holds keys, the counts say 3"
+        assert counts_disagree(db, {0: 2, 4: 1, 12: 5, 20: 1}) == "key group 20 holds no key, the counts say 1"
+        assert counts_disagree(db, {0: 4, 12: 5}) == "key group 4 holds keys, the counts say 0"
+        db[b"\x00\x01"] = b"short"
+        assert "too short" in counts_disagree(db, exact)
+    finally:
+        db.close()
+
+
+def test_a_split_by_files_whose_parent_counts_name_an_empty_key_group_counts_the_keys(spark, tmp_path):
+    """Key-group counts that are well formed, sum to numKeys and name only the parent's key
+    groups, but not the key groups its files hold keys of (a key moved to an empty key group),
+    would make two heirs' numKeys wrong: the split finds them out with a seek per key group held
+    and counts the keys instead."""
+    stream = FileStream(spark, tmp_path, "k LONG")
+    out: dict = {}
+    op_dir = Path(stream.checkpoint) / "state" / "0"
+    with session_confs(spark, {"spark.sql.streaming.stateStore.keyedstate.snapshotInterval": "2"}):
+        _run(spark, stream, range(2), out)
+        _await_snapshots(op_dir, 2)
+        _run(spark, stream, range(2, 3), out)
+    stores = ckpt.discover_stores(op_dir)["default"]
+    for p, files in enumerate(stores):
+        path = Path(files.manifest_path(2))
+        node = json.loads(path.read_bytes())
+        [entry] = [f for f in node["files"] if f["name"] == key_group_counts.NAME]
+        counts_path = path.parent / entry["path"]
+        key_groups, counts = key_group_counts.decode(counts_path.read_bytes(), str(counts_path))
+        first = min(counts)
+        # an empty key group of the parent's, of another heir than the first one's
+        empty = next(g for g in range(first + len(stores), key_groups, len(stores))
+                     if g not in counts and g % 8 != first % 8)
+        counts[first] -= 1
+        counts[empty] += 1
+        data = key_group_counts.encode(counts, key_groups)  # the same total: a load keeps it
+        tampered = counts_path.parent / f"tampered-{p}-{key_group_counts.NAME}"
+        tampered.write_bytes(data)
+        entry["path"], entry["size"] = f"{layout.FILES_DIR}/{tampered.name}", len(data)
+        path.write_bytes(json.dumps(node, separators=(",", ":")).encode())
+    result = keyedstate.rescale(stream.checkpoint, 8, spark=spark)
+    _assert_heirs_hold_and_count_their_key_groups(op_dir, result.batch + 1, 8, len(_expected(3)))
+    assert result.counted_by_keys == len(stores), result
+
+
 def test_a_split_by_files_failing_at_publish_rolls_back_to_every_file_it_had(spark, tmp_path, monkeypatch):
     """4 -> 8 from snapshots fails after publishing heirs 0..4 (heir 4 lists 0's files, 0
     holds its borrower marker), and the driver rolls it back: every file the checkpoint held before is

@@ -3,10 +3,11 @@
 Each heir is its parent's RocksDB files, shared with the parent in the checkpoint (its manifest
 lists them in the parent's ``ks-files/``, FORMATS.md "The path rule"), plus one small file of
 range deletes that hides the key groups the heir does not own, as Flink clips a parent's files
-to a new key-group range. No key is read or rewritten when the parent's snapshot carries its
+to a new key-group range. No key is counted or rewritten when the parent's snapshot carries its
 key-group counts (FORMATS.md, "Key-group counts"): each heir's exact count is the sum of its key
-groups'. Without them one pass over the parent's keys counts them, and checks that every key is
-the parent's.
+groups', once a seek per key group held has shown the counts name exactly those. Without them,
+or with counts that fail that check, one pass over the parent's keys counts them, and checks that
+every key is the parent's.
 """
 from __future__ import annotations
 
@@ -42,6 +43,37 @@ def owned_counts(counts: Mapping[int, int], partition: int, from_partitions: int
                 f"the key-group counts of partition {partition} of {describe} name key group {g}, which it "
                 f"does not own among {key_groups} key groups and {from_partitions} partitions: corrupt or misplaced")
     return Counter(counts)
+
+
+def counts_disagree(db: Any, counts: Mapping[int, int]) -> str | None:
+    """Why ``counts`` do not name exactly the key groups ``db`` holds keys of (None: they do),
+    found with one seek per key group held, no key counted: counts that name an empty key group,
+    or none for one that holds keys (a foreign or too short key included), are not its files'.
+    How many keys each held key group has is taken on trust (FORMATS.md, "Key-group counts")."""
+    from rocksdict import ReadOptions
+
+    expected = sorted(g for g, c in counts.items() if c > 0)
+    read = ReadOptions()
+    read.fill_cache(False)
+    it = db.iter(read)
+    it.seek_to_first()
+    found = 0
+    while it.valid():
+        key = it.key()
+        if len(key) < keygroups.PREFIX_BYTES:
+            return f"it holds key {key.hex()}, too short to name a key group"
+        g = keygroups.key_group_of_stored_key(key)
+        if found >= len(expected) or expected[found] != g:
+            return f"key group {g} holds keys, the counts say {counts.get(g, 0)}"
+        found += 1
+        it.seek(keygroups.prefix(g + 1))  # g is one the counts name, so below keyGroups
+    try:
+        it.status()
+    except Exception as exc:
+        raise ckpt.CheckpointError(f"cannot read the keys: a corrupt file: {exc}") from exc
+    if found < len(expected):
+        return f"key group {expected[found]} holds no key, the counts say {counts[expected[found]]}"
+    return None
 
 
 def count_by_key_group(db: Any, partition: int, from_partitions: int, key_groups: int, describe: str) -> Counter:

@@ -4,6 +4,7 @@ by a multiple) stages its heirs itself, so they need no merge task."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import time
@@ -15,9 +16,12 @@ from ...formats import changelog, key_group_counts
 from ...formats.layout import CHANGELOG_SUFFIX
 from ... import checkpoint as ckpt
 from ..routing import route_by_key_group
-from .clip import clipped_heir, count_by_key_group, owned_counts, shared_files
+from .clip import clipped_heir, count_by_key_group, counts_disagree, owned_counts, shared_files
 from .merge import layout_or_none, stage_ingested
 from .routing import HeirFiles, write_by_hash, write_by_key_group
+
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class SplitTask:
@@ -101,7 +105,12 @@ def split_by_files(rebuilt: ckpt.RebuiltVersion, task: SplitTask, temp: Path, he
     if not counted_by_keys:
         by_group = owned_counts(rebuilt.key_group_counts, task.partition, task.from_partitions, task.key_groups,
                                 task.store_path)
-    else:  # a snapshot without counts (older, or an offline writer's): one pass over the keys
+        why = counts_disagree(rebuilt.db, by_group)
+        if why is not None:  # counts that are not the files' would give the heirs wrong numKeys
+            log.warning("keyedstate: partition %d of %s: its key-group counts are not its files' (%s); "
+                        "counting its keys", task.partition, task.store_path, why)
+            counted_by_keys = True
+    if counted_by_keys:  # a snapshot without usable counts (older, or an offline writer's): one pass over the keys
         by_group = count_by_key_group(rebuilt.db, task.partition, task.from_partitions, task.key_groups,
                                       task.store_path)
     counts = key_group_counts.by_partition(by_group, task.partitions)
