@@ -126,10 +126,11 @@ def written_from_empty(files: StoreFiles, version: int) -> int | None:
 
 @contextlib.contextmanager
 def rebuild(store: StoreFiles, version: int, manifests: dict | None = None,
-            workdir: str | os.PathLike | None = None) -> Iterator[Rebuilt]:
+            workdir: str | os.PathLike | None = None, compactions: bool = True) -> Iterator[Rebuilt]:
     """Rebuild ``version`` of a local store partition (:func:`.rebuilder.rebuild`)."""
     with rebuild_.rebuild(store.storage, store.listing, version, None,
-                          None if workdir is None else os.fspath(workdir), manifests) as rebuilt:
+                          None if workdir is None else os.fspath(workdir), manifests,
+                          compactions=compactions) as rebuilt:
         yield rebuilt
 
 

@@ -111,11 +111,13 @@ def cannot_rebuild(sp: StorePartition, version: int, problems: list[str]) -> Che
 @contextlib.contextmanager
 def rebuild(storage: Storage, sp: StorePartition, version: int, uid: str | None = None,
             workdir: str | None = None, manifests: dict | None = None,
-            skip_unusable: bool = True) -> Iterator[Rebuilt]:
+            skip_unusable: bool = True, compactions: bool = True) -> Iterator[Rebuilt]:
     """A private local RocksDB holding ``version`` (deleted on exit). ``manifests``: manifests
     already read, by version (format 1; a value may be the error reading it gave).
     ``skip_unusable=False``: a base snapshot that cannot be used fails the rebuild, naming why
-    (for a check of that very snapshot); one of another run is still passed over."""
+    (for a check of that very snapshot); one of another run is still passed over.
+    ``compactions=False``: no automatic compaction runs, so the base snapshot's SST files stay
+    live as they are and the replay adds only its flush's files (a split by files shares them)."""
     problems: list[str] = []
     skipped: list[str] = []
     with tempfile.TemporaryDirectory(prefix="keyedstate-rebuild-", dir=workdir) as tmp:
@@ -129,7 +131,7 @@ def rebuild(storage: Storage, sp: StorePartition, version: int, uid: str | None 
                 shutil.rmtree(db_dir)
             db_dir.mkdir()
             try:
-                found = plan, *_open_base(storage, sp, plan, uid, db_dir, manifests or {})
+                found = plan, *_open_base(storage, sp, plan, uid, db_dir, manifests or {}, compactions)
             except _Unusable as exc:
                 if not skip_unusable and not isinstance(exc, _OfAnotherRun):
                     raise CheckpointError(str(exc)) from None
@@ -164,11 +166,11 @@ class _OfAnotherRun(_Unusable):
 
 
 def _open_base(storage: Storage, sp: StorePartition, plan: tuple, uid: str | None, db_dir: Path,
-               manifests: dict) -> tuple[Any, mf.Manifest | None, int | None]:
+               manifests: dict, compactions: bool) -> tuple[Any, mf.Manifest | None, int | None]:
     """The plan's base opened in ``db_dir`` (its replay applied): (db, manifest, key groups)."""
     base_v, base_id = plan[-1]
     if base_v == 0:
-        return rocksdb.open_db(db_dir), None, None
+        return rocksdb.open_db(db_dir, compactions=compactions), None, None
     source = sp.manifest_path(storage, base_v, base_id)
     try:
         known = manifests.get(base_v) if base_id is None else None
@@ -183,7 +185,7 @@ def _open_base(storage: Storage, sp: StorePartition, plan: tuple, uid: str | Non
         replay = manifest.replay
         read_only = len(plan) == 1 and replay is None and bool(manifest.files)
         try:
-            db = rocksdb.open_read_only(db_dir) if read_only else rocksdb.open_db(db_dir)
+            db = rocksdb.open_read_only(db_dir) if read_only else rocksdb.open_db(db_dir, compactions=compactions)
         except Exception as exc:  # rocksdict raises plain exceptions for unreadable files
             raise CheckpointError(f"the RocksDB files of snapshot manifest {source} cannot be opened: {exc}") from exc
     except _Unusable:

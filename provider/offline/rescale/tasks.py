@@ -67,7 +67,9 @@ def split_into(task: SplitTask, temp: Path) -> dict:
         return replay_split(files, task, temp)
     started = time.monotonic()
     heirs = range(task.partition, task.partitions, task.from_partitions) if task.direct else None
-    with ckpt.rebuild(files, task.version, workdir=temp) as rebuilt:
+    # Without compactions: a split by files shares the snapshot's SSTs with the heirs, and a
+    # compaction's output (the replay's flush reaching L0's trigger) would be new to each heir.
+    with ckpt.rebuild(files, task.version, workdir=temp, compactions=not task.direct) as rebuilt:
         check_key_groups(rebuilt, task)
         ttl = rebuilt.manifest.ttl if rebuilt.manifest else None
         rebuilt_at = time.monotonic()
