@@ -114,14 +114,17 @@ def cannot_rebuild(sp: StorePartition, version: int, problems: list[str]) -> Che
 @contextlib.contextmanager
 def rebuild(storage: Storage, sp: StorePartition, version: int, uid: str | None = None,
             workdir: str | None = None, manifests: dict | None = None,
-            skip_unusable: bool = True, count_key_groups: bool = False) -> Iterator[Rebuilt]:
+            skip_unusable: bool = True, count_key_groups: bool = False,
+            compactions: bool = True) -> Iterator[Rebuilt]:
     """A private local RocksDB holding ``version`` (deleted on exit). ``manifests``: manifests
     already read, by version (format 1; a value may be the error reading it gave).
     ``skip_unusable=False``: a base snapshot that cannot be used fails the rebuild, naming why
     (for a check of that very snapshot); one of another run is still passed over.
     ``count_key_groups``: keep the base snapshot's key-group counts (FORMATS.md, "Key-group
     counts") exact through the changelogs applied on it, asking RocksDB whether the keys their
-    writer did not know were there."""
+    writer did not know were there. ``compactions=False``: no automatic compaction runs, so the
+    base snapshot's SST files stay live as they are and the replay adds only its flush's files (a
+    split by files shares them)."""
     problems: list[str] = []
     skipped: list[str] = []
     with tempfile.TemporaryDirectory(prefix="keyedstate-rebuild-", dir=workdir) as tmp:
@@ -135,7 +138,8 @@ def rebuild(storage: Storage, sp: StorePartition, version: int, uid: str | None 
                 shutil.rmtree(db_dir)
             db_dir.mkdir()
             try:
-                found = plan, *_open_base(storage, sp, plan, uid, db_dir, manifests or {}, count_key_groups)
+                found = plan, *_open_base(storage, sp, plan, uid, db_dir, manifests or {}, count_key_groups,
+                                          compactions)
             except _Unusable as exc:
                 if not skip_unusable and not isinstance(exc, _OfAnotherRun):
                     raise CheckpointError(str(exc)) from None
@@ -170,12 +174,13 @@ class _OfAnotherRun(_Unusable):
 
 
 def _open_base(storage: Storage, sp: StorePartition, plan: tuple, uid: str | None, db_dir: Path,
-               manifests: dict, count_key_groups: bool) -> tuple[Any, mf.Manifest | None, int | None, Counter | None]:
+               manifests: dict, count_key_groups: bool,
+               compactions: bool) -> tuple[Any, mf.Manifest | None, int | None, Counter | None]:
     """The plan's base opened in ``db_dir`` (its replay applied): (db, manifest, key groups,
     key-group counts if asked for and known)."""
     base_v, base_id = plan[-1]
     if base_v == 0:
-        return rocksdb.open_db(db_dir), None, None, Counter() if count_key_groups else None
+        return rocksdb.open_db(db_dir, compactions=compactions), None, None, Counter() if count_key_groups else None
     source = sp.manifest_path(storage, base_v, base_id)
     try:
         known = manifests.get(base_v) if base_id is None else None
@@ -195,7 +200,7 @@ def _open_base(storage: Storage, sp: StorePartition, plan: tuple, uid: str | Non
         replay = manifest.replay
         read_only = len(plan) == 1 and replay is None and bool(manifest.files)
         try:
-            db = rocksdb.open_read_only(db_dir) if read_only else rocksdb.open_db(db_dir)
+            db = rocksdb.open_read_only(db_dir) if read_only else rocksdb.open_db(db_dir, compactions=compactions)
         except Exception as exc:  # rocksdict raises plain exceptions for unreadable files
             raise CheckpointError(f"the RocksDB files of snapshot manifest {source} cannot be opened: {exc}") from exc
     except _Unusable:

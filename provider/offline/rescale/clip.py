@@ -3,11 +3,12 @@
 Each heir is its parent's RocksDB files, shared with the parent in the checkpoint (its manifest
 lists them in the parent's ``ks-files/``, FORMATS.md "The path rule"), plus one small file of
 range deletes that hides the key groups the heir does not own, as Flink clips a parent's files
-to a new key-group range. No key is counted or rewritten when the parent's snapshot carries its
-key-group counts (FORMATS.md, "Key-group counts"): each heir's exact count is the sum of its key
-groups', once a seek per key group held has shown the counts name exactly those. Without them,
-or with counts that fail that check, one pass over the parent's keys counts them, and checks that
-every key is the parent's.
+to a new key-group range; where the parent's version is its snapshot plus changelogs, that file
+also holds the changelogs' records of the heir's key groups (:func:`replayed_heir`). No key of the
+snapshot is counted or rewritten when the snapshot carries its key-group counts (FORMATS.md,
+"Key-group counts"): each heir's exact count is the sum of its key groups', once a seek per key
+group held has shown the counts name exactly those. Without them, or with counts that fail that
+check, one pass over the parent's keys counts them, and checks that every key is the parent's.
 """
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping
 
-from ...formats import keygroups, layout, rocksdb
+from ...formats import changelog, keygroups, layout, rocksdb
 from ... import checkpoint as ckpt
+from ...checkpoint.snapshots import fetch_snapshot
 
 
 def not_owned_ranges(q: int, partitions: int, key_groups: int) -> list[tuple[bytes, bytes]]:
@@ -127,6 +129,55 @@ def clipped_heir(parent: Any, scratch: Path, q: int, partitions: int, key_groups
         batch = WriteBatch(raw_mode=True)
         for begin, end in not_owned_ranges(q, partitions, key_groups):
             batch.delete_range(begin, end)
+        db.write(batch)
+        db.flush()
+        Checkpoint(db).create_checkpoint(str(snapshot))
+    finally:
+        db.close()
+    shutil.rmtree(db_dir)
+    return snapshot
+
+
+def replayed_logs(files: Any, rebuilt: Any) -> list | None:
+    """The changelogs the rebuild replayed on its base snapshot, oldest first, read again; None
+    where :func:`replayed_heir` cannot cut them by heir (a base with a replay of its own, a
+    changelog written from empty: the snapshot's files are then not the base of every key)."""
+    manifest = rebuilt.manifest
+    if manifest is None or manifest.replay is not None or not rebuilt.changelogs_applied:
+        return None
+    logs = [ckpt.read_changelog(files.changelog_path(v), v, rebuilt.key_groups)
+            for v, _ in reversed(rebuilt.chain[:-1])]
+    return None if any(log_.meta.get(changelog.FROM_EMPTY) is True for log_ in logs) else logs
+
+
+def replayed_heir(files: Any, manifest: Any, logs: list, scratch: Path, q: int, partitions: int,
+                  key_groups: int) -> Path:
+    """Heir ``q`` as its parent's base snapshot (hard links) plus one new file: the range deletes
+    of :func:`clipped_heir` and the records of ``logs`` for the key groups it owns, in one
+    memtable flushed once; returns the checkpoint's directory. A delete is kept unless its key
+    is certainly another heir's (a key too short for a key group sorts below every range)."""
+    from rocksdict import Checkpoint, WriteBatch
+
+    db_dir, snapshot = scratch / "db", scratch / "snapshot"
+    db_dir.mkdir(parents=True)
+    fetch_snapshot(files.storage, files.listing, manifest, str(files.manifest_path(manifest.version)), db_dir)
+    db = rocksdb.open_db(db_dir, bulk_load=False, compactions=False)
+    try:
+        batch = WriteBatch(raw_mode=True)
+        for begin, end in not_owned_ranges(q, partitions, key_groups):
+            batch.delete_range(begin, end)
+        prefix_bytes, group_of = keygroups.PREFIX_BYTES, keygroups.key_group_of_stored_key
+
+        def put(key: bytes, value: bytes) -> None:
+            if len(key) >= prefix_bytes and group_of(key) % partitions == q:
+                batch.put(key, value)
+
+        def delete(key: bytes) -> None:
+            if len(key) < prefix_bytes or group_of(key) % partitions == q:
+                batch.delete(key)
+
+        for log_ in logs:
+            log_.feed(put, delete, unknown_keys=False)
         db.write(batch)
         db.flush()
         Checkpoint(db).create_checkpoint(str(snapshot))

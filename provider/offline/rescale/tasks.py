@@ -16,7 +16,8 @@ from ...formats import changelog, key_group_counts
 from ...formats.layout import CHANGELOG_SUFFIX
 from ... import checkpoint as ckpt
 from ..routing import route_by_key_group
-from .clip import clipped_heir, count_by_key_group, counts_disagree, owned_counts, shared_files
+from .clip import (clipped_heir, count_by_key_group, counts_disagree, owned_counts, replayed_heir,
+                   replayed_logs, shared_files)
 from .merge import layout_or_none, stage_ingested
 from .routing import HeirFiles, write_by_hash, write_by_key_group
 
@@ -71,12 +72,15 @@ def split_into(task: SplitTask, temp: Path) -> dict:
         return replay_split(files, task, temp)
     started = time.monotonic()
     heirs = range(task.partition, task.partitions, task.from_partitions) if task.direct else None
-    with ckpt.rebuild(files, task.version, workdir=temp, count_key_groups=heirs is not None) as rebuilt:
+    # Without compactions: a split by files shares the snapshot's SSTs with the heirs, and a
+    # compaction's output (the replay's flush reaching L0's trigger) would be new to each heir.
+    with ckpt.rebuild(files, task.version, workdir=temp, count_key_groups=heirs is not None,
+                      compactions=not task.direct) as rebuilt:
         check_key_groups(rebuilt, task)
         ttl = rebuilt.manifest.ttl if rebuilt.manifest else None
         rebuilt_at = time.monotonic()
         if heirs is not None and rebuilt.manifest is not None:
-            return split_by_files(rebuilt, task, temp, heirs, ttl, rebuilt_at - started)
+            return split_by_files(files, rebuilt, task, temp, heirs, ttl, rebuilt_at - started)
         out = HeirFiles(temp, len(heirs) if heirs is not None else task.partitions)
         if task.hash_spec is None:
             counts = write_by_key_group(rebuilt.db, task, out)
@@ -95,11 +99,11 @@ def split_into(task: SplitTask, temp: Path) -> dict:
                         "stage": time.monotonic() - written_at}}
 
 
-def split_by_files(rebuilt: ckpt.RebuiltVersion, task: SplitTask, temp: Path, heirs: range, ttl: dict | None,
-                   rebuild_seconds: float) -> dict:
+def split_by_files(files: ckpt.StoreFiles, rebuilt: ckpt.RebuiltVersion, task: SplitTask, temp: Path,
+                   heirs: range, ttl: dict | None, rebuild_seconds: float) -> dict:
     """Stage each heir as its parent's files, shared in the checkpoint, clipped to the key
-    groups it owns (:mod:`.clip`); only the range deletes, and files the rebuild added on top
-    of the snapshot (changelogs replayed), are written."""
+    groups it owns (:mod:`.clip`); only the range deletes are written, with the changelogs
+    replayed on the snapshot cut to the heir's key groups (else the rebuild's own files)."""
     started = time.monotonic()
     counted_by_keys = rebuilt.key_group_counts is None
     if not counted_by_keys:
@@ -115,8 +119,13 @@ def split_by_files(rebuilt: ckpt.RebuiltVersion, task: SplitTask, temp: Path, he
                                       task.store_path)
     counts = key_group_counts.by_partition(by_group, task.partitions)
     counted_at = time.monotonic()
+    logs = replayed_logs(files, rebuilt)
     for q in heirs:
-        snapshot = clipped_heir(rebuilt.db, temp / f"to-{q}", q, task.partitions, task.key_groups)
+        if logs is None:
+            snapshot = clipped_heir(rebuilt.db, temp / f"to-{q}", q, task.partitions, task.key_groups)
+        else:
+            snapshot = replayed_heir(files, rebuilt.manifest, logs, temp / f"to-{q}", q, task.partitions,
+                                     task.key_groups)
         ckpt.write_snapshot(snapshot, ckpt.store_dir(Path(task.targets), q, task.store), task.target_version,
                             task.key_groups, counts.get(q, 0), ttl, rescale=task.origin,
                             key_layout=layout_or_none(task.key_layout),

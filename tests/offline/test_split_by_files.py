@@ -1,0 +1,101 @@
+"""The split task of a 4 -> 8 rescale by files, on real RocksDB and real checkpoint files (no
+Spark): what a heir writes of its own when its parent's version is a snapshot plus changelogs."""
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+
+from rocksdict import Checkpoint
+
+from keyedstate import checkpoint as ckpt
+from keyedstate.formats import changelog, keygroups, rocksdb
+from keyedstate.formats import manifest as mf
+from keyedstate.formats.layout import CHANGELOG_SUFFIX
+from keyedstate.offline.rescale import clip, tasks
+
+KEY_GROUPS, FROM, TO = 256, 4, 8
+SNAPSHOT, CHANGELOGS = 20, 3
+
+
+def _key(i: int) -> bytes:  # a key of partition 0 of 4: key groups 0, 4, 8, ...
+    group = zlib.crc32(b"%d" % i) % (KEY_GROUPS // FROM) * FROM
+    return keygroups.prefix(group) + b"key-%09d" % i
+
+
+def _parent(part: Path, scratch: Path, keys: int) -> tuple[mf.Manifest, dict[bytes, bytes], list[bytes]]:
+    """Snapshot 20 of partition 0 as a store leaves it, three L0 files (a seed and two later
+    flushes), then changelogs 21-23, each updating 1 % of the keys, adding as many and
+    deleting a few: the snapshot's manifest, the state at version 23 and the changelogs' keys."""
+    state: dict[bytes, bytes] = {}
+    replayed: list[bytes] = []
+    db = rocksdb.open_db(scratch / "db", compactions=False)
+    seed, second = keys - 2 * keys // 50, keys - keys // 50
+    for begin, end in ((0, seed), (seed, second), (second, keys)):
+        for i in range(begin, end):
+            db[_key(i)] = state[_key(i)] = b"value-%012d" % i
+        db.flush()
+    assert db.property_int_value("rocksdb.num-files-at-level0") == 3
+    Checkpoint(db).create_checkpoint(str(scratch / "snapshot"))
+    db.close()
+    manifest = ckpt.write_snapshot(scratch / "snapshot", part, SNAPSHOT, KEY_GROUPS, len(state))
+    step = keys // 100
+    for v in range(SNAPSHOT + 1, SNAPSHOT + 1 + CHANGELOGS):
+        n = v - SNAPSHOT
+        records = [(changelog.OP_PUT, _key(i), b"update-%d-%d" % (v, i)) for i in range(n * step, (n + 1) * step)]
+        records += [(changelog.OP_PUT, _key(i), b"new-%d" % i) for i in range(keys + n * step, keys + (n + 1) * step)]
+        records += [(changelog.OP_DELETE, _key(i), None) for i in range(keys - n * 10, keys - n * 10 + 5)]
+        replayed += [k for _, k, _ in records]
+        for op, k, value in records:
+            if value is None:
+                state.pop(k, None)
+            else:
+                state[k] = value
+        inner = changelog.encode(v, KEY_GROUPS, records)
+        (part / f"{v}{CHANGELOG_SUFFIX}").write_bytes(changelog.compress(inner, {}))
+    return manifest, state, replayed
+
+
+def test_a_split_by_files_of_a_snapshot_plus_changelogs_writes_the_replay_and_range_deletes_alone(tmp_path):
+    """The parent's snapshot has three L0 files; the replay of its changelogs flushes a fourth,
+    RocksDB's L0 compaction trigger. A heir lists every SST of the snapshot where it is and
+    writes one file of its own: its range deletes (32 or 33 tombstones) and the changelogs'
+    records of the key groups it owns (~3 % of the snapshot's keys here, half of ~6 %). So its
+    own bytes are far below a quarter of the snapshot's; a compaction of the parent (its
+    output, a rewrite of the whole snapshot, new to every heir) would put them near the
+    snapshot's whole size. Each heir loads exactly the parent's keys of the key groups it owns,
+    with its manifest counting them, and its file holds no other heir's key."""
+    op_dir = tmp_path / "state" / "0"
+    part = op_dir / "0"
+    part.mkdir(parents=True)
+    for q in range(1, TO):
+        (op_dir / str(q)).mkdir()
+    parent, state, replayed = _parent(part, tmp_path / "build", 60_000)
+    snapshot_ssts = {f.path.rsplit("/", 1)[1]: f.size for f in parent.files if f.name.endswith(".sst")}
+    last, version = SNAPSHOT + CHANGELOGS, SNAPSHOT + CHANGELOGS + 2
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    task = tasks.SplitTask(operator=0, store="default", store_path=str(part), partition=0, version=last,
+                           staging=str(staging / "0"), partitions=TO, key_groups=KEY_GROUPS, hash_spec=None,
+                           direct=True, from_partitions=FROM, target_version=version, targets=str(op_dir),
+                           origin={"fromPartitions": FROM}, key_layout=None)
+    result = tasks.split(task)
+    assert "clip" in result["seconds"], result  # the split by files
+    assert result["published"] == [0, 4]
+
+    for q in (0, 4):
+        heir = ckpt.read_manifest(op_dir / str(q) / f"{version}.ks-snapshot", version)
+        listed = {f.path.rsplit("/", 1)[1]: f for f in heir.files if f.name.endswith(".sst")}
+        own = [f for name, f in listed.items() if name not in snapshot_ssts]
+        assert sum(f.size for f in own) < sum(snapshot_ssts.values()) / 4, (q, own, sum(snapshot_ssts.values()))
+        assert len(own) == 1, (q, own)  # its range deletes and its share of the replay
+        assert set(snapshot_ssts) <= set(listed), (q, sorted(listed))
+        assert all(listed[name].size == size for name, size in snapshot_ssts.items())
+
+        expected = {k: v for k, v in state.items() if keygroups.key_group_of_stored_key(k) % TO == q}
+        with ckpt.rebuild(ckpt.list_store(op_dir / str(q), q), version) as rebuilt:
+            assert dict(rebuilt.db.items()) == expected, q
+            [file] = [f for f in rebuilt.db.live_files() if f["name"].endswith(f"/{own[0].name}")]
+        # its records (the changelogs' keys of its key groups: all different) and its range deletes
+        mine = sum(keygroups.key_group_of_stored_key(k) % TO == q for k in replayed)
+        assert file["num_entries"] == mine + len(clip.not_owned_ranges(q, TO, KEY_GROUPS)), (q, file, mine)
+        assert heir.num_keys == len(expected) == result["keys"][str(q)]
