@@ -44,7 +44,9 @@ For each provider (keyedstate, and Spark's RocksDB provider with changelog check
    of input values of that key over all batches (no key's state lost or duplicated); failing that,
    status ``verify_failed``. ``--after`` (10) more files were written before the start, so the
    query goes on with that many batches at the new count, each verified likewise; their
-   ``triggerExecution`` times and median (*median of the next*, held against *median before*).
+   ``triggerExecution`` times and median (*median of the next*, held against *median before*);
+   both sets of batches are also kept whole (durations, state operators' custom metrics) in
+   ``resume.next_batches`` and ``before_batches``, to say where a slower batch's time went.
 4. **plain restart** (timed like the resume, unless ``--no-plain-restart``): the copy made before
    the rescale, restarted at the old partition count on the same input files, in the same
    session, until its first batch is done (verified like the resume's), then stopped. It runs
@@ -349,6 +351,7 @@ def run_child(provider: str, keys: int, from_n: int, to_n: int, batches: int, ba
         # the steady state the batches after the rescale are held against (the seed batch excluded)
         result["before_batch_ms"] = result["run_batch_ms"][-BEFORE_BATCHES:]
         result["before_median_batch_ms"] = _median(result["before_batch_ms"])
+        result["before_batches"] = [_brief(b) for b in ran[-BEFORE_BATCHES:]]  # where each one's time went
         if len(ran) != batches + 1:
             raise RuntimeError(f"the run phase processed {len(ran)} batches, expected {batches + 1}")
         if ran[-1]["numRowsTotal"] != keys:
@@ -451,6 +454,7 @@ def run_child(provider: str, keys: int, from_n: int, to_n: int, batches: int, ba
         resume["total_s"] = round(result["rescale_s"] + resume["start_to_first_batch_s"], 3)
         resume["next_batch_ms"] = [b["batch_ms"] for b in resumed[1:]]
         resume["next_median_batch_ms"] = _median(resume["next_batch_ms"])
+        resume["next_batches"] = [_brief(b) for b in resumed[1:]]
         result["resume"] = resume
         result["verify"] = check = _verify(first, seen.get(first["batchId"], {}), keys, to_n,
                                            min(batch_rows, keys), len(resumed), 1 + after)
