@@ -874,13 +874,7 @@ def test_a_split_by_files_from_a_snapshot_and_changelogs_counts_and_hides_exactl
     """The parent's version is snapshot 2 plus changelog 3, which updates keys of the snapshot
     and adds others: each heir holds exactly the keys of the key groups it owns, and its
     manifest's numKeys is their count."""
-    stream = FileStream(spark, tmp_path, "k LONG")
-    out: dict = {}
-    op_dir = Path(stream.checkpoint) / "state" / "0"
-    with session_confs(spark, {"spark.sql.streaming.stateStore.keyedstate.snapshotInterval": "2"}):
-        _run(spark, stream, range(2), out)
-        _await_snapshots(op_dir, 2)
-        _run(spark, stream, range(2, 3), out)
+    stream, out, op_dir = _snapshot_and_a_changelog(spark, tmp_path)
     assert not any(3 in s.snapshots for s in ckpt.discover_stores(op_dir)["default"])
     result = keyedstate.rescale(stream.checkpoint, 8, spark=spark)
     assert "clip" in result.task_seconds, result
@@ -888,6 +882,18 @@ def test_a_split_by_files_from_a_snapshot_and_changelogs_counts_and_hides_exactl
     _assert_heirs_hold_and_count_their_key_groups(op_dir, result.batch + 1, 8, len(_expected(3)))
     _run(spark, stream, range(3, 5), out, partitions=8)
     assert out == _expected(5)
+
+
+def _snapshot_and_a_changelog(spark, tmp_path: Path) -> tuple[FileStream, dict, Path]:
+    """3 batches at 4 partitions: snapshot 2 uploaded by every partition, then changelog 3."""
+    stream = FileStream(spark, tmp_path, "k LONG")
+    out: dict = {}
+    op_dir = Path(stream.checkpoint) / "state" / "0"
+    with session_confs(spark, {"spark.sql.streaming.stateStore.keyedstate.snapshotInterval": "2"}):
+        _run(spark, stream, range(2), out)
+        _await_snapshots(op_dir, 2)
+        _run(spark, stream, range(2, 3), out)
+    return stream, out, op_dir
 
 
 def _assert_heirs_hold_and_count_their_key_groups(op_dir: Path, version: int, partitions: int, keys: int) -> None:
@@ -912,13 +918,7 @@ def test_a_split_by_files_of_snapshots_without_key_group_counts_counts_the_keys(
     """A parent whose snapshot carries no key-group counts (written before they existed) is
     counted by one pass over its keys; its heirs' counts are as exact, and their snapshots carry
     counts from then on."""
-    stream = FileStream(spark, tmp_path, "k LONG")
-    out: dict = {}
-    op_dir = Path(stream.checkpoint) / "state" / "0"
-    with session_confs(spark, {"spark.sql.streaming.stateStore.keyedstate.snapshotInterval": "2"}):
-        _run(spark, stream, range(2), out)
-        _await_snapshots(op_dir, 2)
-        _run(spark, stream, range(2, 3), out)
+    stream, out, op_dir = _snapshot_and_a_changelog(spark, tmp_path)
     for files in ckpt.discover_stores(op_dir)["default"]:  # as an older build wrote them
         path = files.manifest_path(2)
         node = json.loads(Path(path).read_bytes())
@@ -961,13 +961,7 @@ def test_a_split_by_files_whose_parent_counts_name_an_empty_key_group_counts_the
     groups, but not the key groups its files hold keys of (a key moved to an empty key group),
     would make two heirs' numKeys wrong: the split finds them out with a seek per key group held
     and counts the keys instead."""
-    stream = FileStream(spark, tmp_path, "k LONG")
-    out: dict = {}
-    op_dir = Path(stream.checkpoint) / "state" / "0"
-    with session_confs(spark, {"spark.sql.streaming.stateStore.keyedstate.snapshotInterval": "2"}):
-        _run(spark, stream, range(2), out)
-        _await_snapshots(op_dir, 2)
-        _run(spark, stream, range(2, 3), out)
+    stream, out, op_dir = _snapshot_and_a_changelog(spark, tmp_path)
     stores = ckpt.discover_stores(op_dir)["default"]
     for p, files in enumerate(stores):
         path = Path(files.manifest_path(2))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import shutil
 from collections import Counter
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ...formats import changelog, keygroups, layout, rocksdb
 from ... import checkpoint as ckpt
@@ -119,16 +119,28 @@ def count_by_key_group(db: Any, partition: int, from_partitions: int, key_groups
 def clipped_heir(parent: Any, scratch: Path, q: int, partitions: int, key_groups: int) -> Path:
     """A RocksDB checkpoint in ``scratch`` of the parent's files (hard links) plus one file of
     range deletes hiding what heir ``q`` does not own; returns the checkpoint's directory."""
+    from rocksdict import Checkpoint
+
+    scratch.mkdir()
+    Checkpoint(parent).create_checkpoint(str(scratch / "db"))
+    return _cut(scratch, q, partitions, key_groups)
+
+
+def _cut(scratch: Path, q: int, partitions: int, key_groups: int,
+         fill: Callable[[Any], None] | None = None) -> Path:
+    """Open the parent's files in ``scratch/db`` (its compactions off, so they stay as they are),
+    write the range deletes hiding what heir ``q`` does not own, and what ``fill`` adds to the
+    same write batch, into one memtable flushed once; checkpoint it to ``scratch/snapshot``."""
     from rocksdict import Checkpoint, WriteBatch
 
     db_dir, snapshot = scratch / "db", scratch / "snapshot"
-    scratch.mkdir()
-    Checkpoint(parent).create_checkpoint(str(db_dir))
-    db = rocksdb.open_db(db_dir, bulk_load=False, compactions=False)  # the parent's files stay as they are
+    db = rocksdb.open_db(db_dir, bulk_load=False, compactions=False)
     try:
         batch = WriteBatch(raw_mode=True)
         for begin, end in not_owned_ranges(q, partitions, key_groups):
             batch.delete_range(begin, end)
+        if fill is not None:
+            fill(batch)
         db.write(batch)
         db.flush()
         Checkpoint(db).create_checkpoint(str(snapshot))
@@ -156,18 +168,11 @@ def replayed_heir(files: Any, manifest: Any, logs: list, scratch: Path, q: int, 
     of :func:`clipped_heir` and the records of ``logs`` for the key groups it owns, in one
     memtable flushed once; returns the checkpoint's directory. A delete is kept unless its key
     is certainly another heir's (a key too short for a key group sorts below every range)."""
-    from rocksdict import Checkpoint, WriteBatch
+    (scratch / "db").mkdir(parents=True)
+    fetch_snapshot(files.storage, files.listing, manifest, str(files.manifest_path(manifest.version)), scratch / "db")
+    prefix_bytes, group_of = keygroups.PREFIX_BYTES, keygroups.key_group_of_stored_key
 
-    db_dir, snapshot = scratch / "db", scratch / "snapshot"
-    db_dir.mkdir(parents=True)
-    fetch_snapshot(files.storage, files.listing, manifest, str(files.manifest_path(manifest.version)), db_dir)
-    db = rocksdb.open_db(db_dir, bulk_load=False, compactions=False)
-    try:
-        batch = WriteBatch(raw_mode=True)
-        for begin, end in not_owned_ranges(q, partitions, key_groups):
-            batch.delete_range(begin, end)
-        prefix_bytes, group_of = keygroups.PREFIX_BYTES, keygroups.key_group_of_stored_key
-
+    def fill(batch: Any) -> None:
         def put(key: bytes, value: bytes) -> None:
             if len(key) >= prefix_bytes and group_of(key) % partitions == q:
                 batch.put(key, value)
@@ -178,13 +183,8 @@ def replayed_heir(files: Any, manifest: Any, logs: list, scratch: Path, q: int, 
 
         for log_ in logs:
             log_.feed(put, delete, unknown_keys=False)
-        db.write(batch)
-        db.flush()
-        Checkpoint(db).create_checkpoint(str(snapshot))
-    finally:
-        db.close()
-    shutil.rmtree(db_dir)
-    return snapshot
+
+    return _cut(scratch, q, partitions, key_groups, fill)
 
 
 def shared_files(manifest: Any, parent: int, heir: int) -> dict[tuple[str, int], str]:
