@@ -914,19 +914,36 @@ def _assert_heirs_hold_and_count_their_key_groups(op_dir: Path, version: int, pa
     assert seen == keys
 
 
-def test_a_split_by_files_of_snapshots_without_key_group_counts_counts_the_keys(spark, tmp_path):
-    """A parent whose snapshot carries no key-group counts (written before they existed) is
-    counted by one pass over its keys; its heirs' counts are as exact, and their snapshots carry
-    counts from then on."""
+def test_a_split_by_files_counts_the_keys_of_parents_without_usable_key_group_counts(spark, tmp_path):
+    """Parents 0 and 1: snapshots without key-group counts (as an older build wrote them).
+    Parents 2 and 3: counts that are well formed, sum to numKeys and name only the parent's key
+    groups, but not the key groups its files hold keys of (a key moved to an empty key group of
+    another heir), which would make two heirs' numKeys wrong; the split finds them out with a
+    seek per key group held. Each is counted by one pass over its keys instead: the heirs'
+    counts are exact, their snapshots carry counts from then on, and the query goes on."""
     stream, out, op_dir = _snapshot_and_a_changelog(spark, tmp_path)
-    for files in ckpt.discover_stores(op_dir)["default"]:  # as an older build wrote them
-        path = files.manifest_path(2)
-        node = json.loads(Path(path).read_bytes())
-        node["files"] = [f for f in node["files"] if f["name"] != key_group_counts.NAME]
-        assert len(node["files"]) < len(json.loads(Path(path).read_bytes())["files"])
-        Path(path).write_bytes(json.dumps(node, separators=(",", ":")).encode())
+    stores = ckpt.discover_stores(op_dir)["default"]
+    for p, files in enumerate(stores):
+        path = Path(files.manifest_path(2))
+        node = json.loads(path.read_bytes())
+        [entry] = [f for f in node["files"] if f["name"] == key_group_counts.NAME]
+        if p < 2:
+            node["files"].remove(entry)
+        else:
+            counts_path = path.parent / entry["path"]
+            key_groups, counts = key_group_counts.decode(counts_path.read_bytes(), str(counts_path))
+            first = min(counts)
+            empty = next(g for g in range(first + len(stores), key_groups, len(stores))
+                         if g not in counts and g % 8 != first % 8)
+            counts[first] -= 1
+            counts[empty] += 1
+            data = key_group_counts.encode(counts, key_groups)  # the same total: a load keeps it
+            tampered = counts_path.parent / f"tampered-{p}-{key_group_counts.NAME}"
+            tampered.write_bytes(data)
+            entry["path"], entry["size"] = f"{layout.FILES_DIR}/{tampered.name}", len(data)
+        path.write_bytes(json.dumps(node, separators=(",", ":")).encode())
     result = keyedstate.rescale(stream.checkpoint, 8, spark=spark)
-    assert result.counted_by_keys == 4, result
+    assert result.counted_by_keys == len(stores), result
     _assert_heirs_hold_and_count_their_key_groups(op_dir, result.batch + 1, 8, len(_expected(3)))
     _run(spark, stream, range(3, 5), out, partitions=8)
     assert out == _expected(5)
@@ -954,35 +971,6 @@ def test_key_group_counts_are_held_to_the_key_groups_the_files_hold(tmp_path):
         assert "too short" in counts_disagree(db, exact)
     finally:
         db.close()
-
-
-def test_a_split_by_files_whose_parent_counts_name_an_empty_key_group_counts_the_keys(spark, tmp_path):
-    """Key-group counts that are well formed, sum to numKeys and name only the parent's key
-    groups, but not the key groups its files hold keys of (a key moved to an empty key group),
-    would make two heirs' numKeys wrong: the split finds them out with a seek per key group held
-    and counts the keys instead."""
-    stream, out, op_dir = _snapshot_and_a_changelog(spark, tmp_path)
-    stores = ckpt.discover_stores(op_dir)["default"]
-    for p, files in enumerate(stores):
-        path = Path(files.manifest_path(2))
-        node = json.loads(path.read_bytes())
-        [entry] = [f for f in node["files"] if f["name"] == key_group_counts.NAME]
-        counts_path = path.parent / entry["path"]
-        key_groups, counts = key_group_counts.decode(counts_path.read_bytes(), str(counts_path))
-        first = min(counts)
-        # an empty key group of the parent's, of another heir than the first one's
-        empty = next(g for g in range(first + len(stores), key_groups, len(stores))
-                     if g not in counts and g % 8 != first % 8)
-        counts[first] -= 1
-        counts[empty] += 1
-        data = key_group_counts.encode(counts, key_groups)  # the same total: a load keeps it
-        tampered = counts_path.parent / f"tampered-{p}-{key_group_counts.NAME}"
-        tampered.write_bytes(data)
-        entry["path"], entry["size"] = f"{layout.FILES_DIR}/{tampered.name}", len(data)
-        path.write_bytes(json.dumps(node, separators=(",", ":")).encode())
-    result = keyedstate.rescale(stream.checkpoint, 8, spark=spark)
-    _assert_heirs_hold_and_count_their_key_groups(op_dir, result.batch + 1, 8, len(_expected(3)))
-    assert result.counted_by_keys == len(stores), result
 
 
 def test_a_split_by_files_failing_at_publish_rolls_back_to_every_file_it_had(spark, tmp_path, monkeypatch):
