@@ -148,6 +148,8 @@ def test_scale_up_by_a_multiple_moves_whole_key_groups(spark, tmp_path, snapshot
         assert not any(s.snapshots for s in stores)
     result = keyedstate.rescale(stream.checkpoint, 8, spark=spark)
     assert result.whole_key_groups and result.keys == len(_expected(3))
+    # splits by files run in the driver's worker processes; changelog routing runs as Spark tasks
+    assert result.splits_in_driver == snapshots, result
     report = keyedstate.inspect(stream.checkpoint)
     store = report["operators"][0]["stores"][0]
     assert len(store["partitions"]) == 8 and store["distribution"]["misplacedKeys"] == 0

@@ -28,7 +28,9 @@ interrupted attempt) exactly as it treats its own:
 
 A scale-up by a multiple (N = k x the old count, both dividing the key-group count) needs no
 merge: new partition q's keys all sit in old partition q mod the old count, so each split task
-stages its k heirs itself, from the SST files of its one scan (:func:`.routing.write_by_key_group`).
+stages its k heirs itself: from its snapshot's files, shared and clipped (:mod:`.clip`), in
+worker processes of the driver (:mod:`.local_workers`: the work is a few files per heir, less
+than starting PySpark's workers); without a snapshot, by routing its changelogs.
 
 Everything before the commit only adds files, so an interrupted rescale can be rerun (finished
 splits are reused) or rolled back (:func:`rescale` with ``rollback=True``); the old state is
@@ -38,7 +40,8 @@ Spark's logs are read and written through Spark's own ``OffsetSeqLog``/``CommitL
 The package's modules: :mod:`.driver` (:func:`rescale` and the four steps), :mod:`.sparklogs`
 (Spark's logs adapter), :mod:`.plan` (what is read before anything is written),
 :mod:`.staging` (the work directory and journal), :mod:`.tasks` (the split task),
-:mod:`.routing` (keys into the heirs' SST files), :mod:`.merge` (the merge task),
+:mod:`.routing` (keys into the heirs' SST files), :mod:`.clip` (the split by files),
+:mod:`.local_workers` (tasks in the driver's processes), :mod:`.merge` (the merge task),
 :mod:`.commit` (publishing the new partitions) and :mod:`.rollback`.
 """
 from .driver import RescaleResult, refuse_checkpoint_format_2, rescale

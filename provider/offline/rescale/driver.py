@@ -23,6 +23,7 @@ from .. import checkpoint_format
 from ..progress import tracked
 from .commit import mark_retired, publish, set_metadata_partitions
 from .errors import RescaleError
+from . import local_workers
 from .merge import MergeTask, merge
 from .plan import hash_spec, json_or_none, key_group_count, list_stores, store_key_layout
 from .rollback import await_idle_executors, roll_back
@@ -49,6 +50,7 @@ class RescaleResult:
     seconds: float
     task_seconds: dict[str, float] | None = None  # summed over the tasks, by phase (direct splits)
     counted_by_keys: int = 0  # split-by-files parents whose snapshot carried no key-group counts
+    splits_in_driver: bool = False  # the splits ran in the driver's worker processes, not as Spark tasks
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -136,7 +138,7 @@ class Rescale:
         work = self._write_repartition_batch(plan)
         try:
             stores = list_stores(self.root, plan.old_n)
-            keys, whole, task_seconds, counted_by_keys = self._run_jobs(plan, stores, work)
+            keys, whole, task_seconds, counted_by_keys, in_driver = self._run_jobs(plan, stores, work)
             self._commit(plan, stores)
         except BaseException:
             if (not plan.resumed and self.logs.latest(self.logs.commits) != plan.batch
@@ -153,7 +155,7 @@ class Rescale:
             staging.rmdir()
         result = RescaleResult(str(self.root), plan.batch, plan.old_n, self.n, len(stores), keys,
                                whole, plan.resumed, round(time.monotonic() - started, 3), task_seconds,
-                               counted_by_keys)
+                               counted_by_keys, in_driver)
         log.info("commits/%d written: %s rescaled from %d to %d partitions", plan.batch, self.root, plan.old_n, self.n)
         return result
 
@@ -257,10 +259,11 @@ class Rescale:
         return work
 
     # -- step 3: run the split and merge jobs --------------------------------------------------
-    def _run_jobs(self, plan: _Plan, stores, work: Path) -> tuple[int, bool, dict[str, float], int]:
+    def _run_jobs(self, plan: _Plan, stores, work: Path) -> tuple[int, bool, dict[str, float], int, bool]:
         """Split every old store partition, merge the new partitions no split staged, and
         publish them all; returns the keys moved, whether key groups routed them, the task
-        seconds by phase and the parents split by files whose keys were read to count them."""
+        seconds by phase, the parents split by files whose keys were read to count them, and
+        whether the splits ran in the driver."""
         old_n, batch = plan.old_n, plan.batch
         task_seconds: dict[str, float] = {}
         key_groups = key_group_count(self.root, stores, plan.read_batch + 1)
@@ -287,7 +290,10 @@ class Rescale:
                             write_version, str(outbox / str(op)), origin,
                             json_or_none(layouts[(op, name)]))
                   for op, name, parts in stores for s in parts]
-        split_results = self._run_tasks(split, splits, "split")
+        # A split by files (a direct split of partitions that have a snapshot) writes a few
+        # files per heir: it runs in the driver's own worker processes (:mod:`.local_workers`).
+        by_files = direct and all(any(v <= read_version for v in s.snapshots) for _, _, parts in stores for s in parts)
+        split_results = self._run_tasks(split, splits, "split", in_driver=by_files)
         counts: dict[tuple[int, str, int], int] = {}
         ttl: dict[tuple[int, str], dict | None] = {}
         published = {(task.operator, task.store, q) for task, result in zip(splits, split_results)
@@ -312,15 +318,19 @@ class Rescale:
                 publish(ckpt.store_dir(outbox / str(op), q, name),
                         ckpt.store_dir(self.root / "state" / str(op), q, name), write_version, self.root, q, name)
             mark_retired(self.root / "state" / str(op), name, self.n, old_n, write_version)
-        return keys, whole, task_seconds, sum(bool(r.get("countedByKeys")) for r in split_results)
+        return keys, whole, task_seconds, sum(bool(r.get("countedByKeys")) for r in split_results), by_files
 
-    def _run_tasks(self, fn, tasks: list, phase: str) -> list[dict]:
+    def _run_tasks(self, fn, tasks: list, phase: str, in_driver: bool = False) -> list[dict]:
+        """``fn`` over ``tasks`` as a Spark job, or ``in_driver``: in worker processes of the driver."""
         if not tasks:
             return []
-        sc = self.spark.sparkContext
         started = time.monotonic()
-        with tracked(sc, "rescale", phase, len(tasks), log, "store partitions"):
-            results = sc.parallelize(tasks, len(tasks)).map(fn).collect()
+        if in_driver:
+            results = local_workers.run(fn, tasks, phase, log, "store partitions", _describe)
+        else:
+            sc = self.spark.sparkContext
+            with tracked(sc, "rescale", phase, len(tasks), log, "store partitions"):
+                results = sc.parallelize(tasks, len(tasks)).map(fn).collect()
         log.info("%s: %d tasks in %.1f s", phase, len(tasks), time.monotonic() - started)
         return results
 
@@ -343,3 +353,9 @@ class Rescale:
                         plan.skipped[0], plan.skipped[-1])
         if not logs.commits.add(batch, logs.commits.get(plan.read_batch).get()):
             raise RescaleError(f"{self.root / 'commits' / str(batch)} appeared while rescaling: the query is running")
+
+
+def _describe(task: SplitTask | MergeTask) -> str:
+    if isinstance(task, SplitTask):
+        return f"the split of partition {task.partition} of {task.store_path}"
+    return f"the merge of new partition {task.partition} into {task.target}"

@@ -1,0 +1,149 @@
+"""Tasks run in worker processes the driver starts on its own machine, not as Spark tasks.
+
+A split by files touches a few files per heir, so starting PySpark's workers for it (their
+daemon, a fork per task, keyedstate imported in each) costs more than the work itself. Each
+worker here is ``python -m keyedstate.offline.rescale.local_workers``: it takes pickled
+``(fn, task)`` pairs on its stdin and answers each with ``("ok", result)`` or ``("error",
+exception, traceback text)`` on its stdout (what else it prints goes to stderr). A worker dies
+with the driver (Linux's parent-death signal, and the end of its stdin); on a failed task the
+driver kills every worker before it returns, so no task of a failed run writes afterwards.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import traceback
+from multiprocessing.connection import Connection, wait
+from typing import Any, Callable, Sequence
+
+from ..progress import Steps
+from .errors import RescaleError
+
+_PR_SET_PDEATHSIG = 1
+
+
+def worker_count(tasks: int) -> int:
+    """As many workers as this process may use cores, and no more than there are tasks."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(tasks, cores))
+
+
+class _Worker:
+    def __init__(self, log_level: int) -> None:
+        env = dict(os.environ)
+        # The driver's own import path: the worker imports the keyedstate the driver runs.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", __name__, str(os.getpid()), str(log_level)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
+        self.send = Connection(os.dup(self.proc.stdin.fileno()), readable=False)
+        self.recv = Connection(os.dup(self.proc.stdout.fileno()), writable=False)
+        self.proc.stdin.close()
+        self.proc.stdout.close()
+        self.index: int | None = None  # the task it runs
+
+    def stop(self, kill: bool) -> None:
+        if kill:
+            self.proc.kill()
+        self.send.close()  # the end of its stdin: an idle worker exits
+        self.proc.wait()
+        self.recv.close()
+
+
+def run(fn: Callable[[Any], dict], tasks: Sequence[Any], phase: str, log: logging.Logger,
+        unit: str, describe: Callable[[Any], str]) -> list[dict]:
+    """``fn(task)`` for each task, in worker processes, results in the tasks' order. The first
+    task that fails stops them all (killed) and raises its exception, with a note naming it."""
+    workers = [_Worker(logging.getLogger("keyedstate").getEffectiveLevel())
+               for _ in range(worker_count(len(tasks)))]
+    results: list[dict | None] = [None] * len(tasks)
+    steps = Steps(phase, len(tasks), log, unit)
+    queue = list(range(len(tasks)))[::-1]
+    failed = True
+    try:
+        for worker in workers:
+            _give(worker, fn, tasks, queue)
+        busy = {w.recv: w for w in workers if w.index is not None}
+        while busy:
+            for conn in wait(list(busy)):
+                worker = busy.pop(conn)
+                index = worker.index
+                try:
+                    answer = conn.recv()
+                except EOFError:
+                    code = worker.proc.wait()
+                    raise RescaleError(f"the worker process running {describe(tasks[index])} exited with "
+                                       f"code {code} before it finished (see its messages above)") from None
+                if answer[0] == "error":
+                    _, exc, text = answer
+                    log.error("%s failed in a worker process:\n%s", describe(tasks[index]), text)
+                    if exc is None:
+                        raise RescaleError(f"{describe(tasks[index])} failed: {text.strip().splitlines()[-1]}")
+                    exc.add_note(f"(in {describe(tasks[index])}, run in a worker process of the driver)")
+                    raise exc
+                results[index] = answer[1]
+                steps.step()
+                if _give(worker, fn, tasks, queue):
+                    busy[worker.recv] = worker
+        failed = False
+    finally:
+        for worker in workers:
+            worker.stop(kill=failed)
+    return results  # type: ignore[return-value]
+
+
+def _give(worker: _Worker, fn: Callable, tasks: Sequence[Any], queue: list[int]) -> bool:
+    worker.index = queue.pop() if queue else None
+    if worker.index is None:
+        return False
+    worker.send.send((fn, tasks[worker.index]))
+    return True
+
+
+def _serve(parent: int) -> None:
+    requests = Connection(os.dup(0), writable=False)
+    answers = Connection(os.dup(1), readable=False)
+    os.dup2(2, 1)  # what anything else prints must not reach the answers
+    while True:
+        try:
+            fn, task = requests.recv()
+        except EOFError:
+            return
+        try:
+            answer: tuple = ("ok", fn(task))
+        except BaseException as exc:  # noqa: BLE001 -- every failure is the driver's to report
+            text = traceback.format_exc()
+            try:
+                pickle.dumps(exc)
+            except Exception:  # an exception that does not cross processes: its text does
+                exc = None  # type: ignore[assignment]
+            answer = ("error", exc, text)
+        answers.send(answer)
+        if os.getppid() != parent:
+            return
+
+
+def _die_with(parent: int) -> None:
+    """SIGKILL this process when the driver dies (Linux); elsewhere the end of stdin stops it."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # it died before the signal was set
+        os._exit(1)
+
+
+if __name__ == "__main__":
+    _parent, _level = int(sys.argv[1]), int(sys.argv[2])
+    _die_with(_parent)
+    logging.basicConfig(level=_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _serve(_parent)

@@ -1,0 +1,84 @@
+"""The driver's own worker processes, which run a rescale's splits by files (real processes,
+real pipes; the tasks are builtins evaluated in the worker)."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from keyedstate.offline.rescale import RescaleError, local_workers
+
+log = logging.getLogger("test-local-workers")
+SLEEPER = "__import__('time').sleep(120)"
+
+
+def _run(tasks: list[str]) -> list:
+    return local_workers.run(eval, tasks, "test", log, "tasks", lambda task: f"task {task!r}")
+
+
+def _children(pid: int) -> set[int]:
+    out = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.add(int(stat.parent.name))
+    return out
+
+
+def test_results_come_back_in_task_order_from_other_processes():
+    tasks = [f"({i}, __import__('os').getpid())" for i in range(7)]
+    results = _run(tasks)
+    assert [i for i, _ in results] == list(range(7))
+    pids = {pid for _, pid in results}
+    assert os.getpid() not in pids and 1 <= len(pids) <= local_workers.worker_count(7)
+
+
+def test_a_failed_task_raises_its_own_exception_and_stops_the_others_at_once():
+    started = time.monotonic()
+    with pytest.raises(ZeroDivisionError) as failed:
+        _run([SLEEPER, "1 / 0", SLEEPER, SLEEPER])
+    assert time.monotonic() - started < 30  # the sleepers were killed, not waited for
+    assert any("task '1 / 0'" in note and "worker process of the driver" in note
+               for note in getattr(failed.value, "__notes__", []))
+    assert not _children(os.getpid())
+
+
+def test_a_worker_that_dies_fails_the_run_with_its_exit_code():
+    with pytest.raises(RescaleError, match=r"task .*_exit.* exited with code 3 before it finished"):
+        _run(["__import__('os')._exit(3)"])
+
+
+def test_an_exception_that_cannot_be_pickled_arrives_as_its_text():
+    with pytest.raises(RescaleError, match=r"failed: .*Unpicklable"):
+        _run(["exec('class Unpicklable(Exception):\\n def __reduce__(self): raise TypeError()\\n"
+              "raise Unpicklable(\"no\")')"])
+
+
+def test_workers_die_with_a_killed_driver(tmp_path):
+    driver = subprocess.Popen(
+        [sys.executable, "-c", "import logging; from keyedstate.offline.rescale import local_workers as w; "
+         f"w.run(eval, [{SLEEPER!r}] * 2, 'x', logging.getLogger(), 'tasks', str)"],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+    try:
+        deadline = time.monotonic() + 60
+        while len(workers := _children(driver.pid)) < min(2, local_workers.worker_count(2)):
+            assert time.monotonic() < deadline and driver.poll() is None, "the workers did not start"
+            time.sleep(0.1)
+        time.sleep(1)  # each has its task
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+    deadline = time.monotonic() + 10
+    while alive := [pid for pid in workers if Path(f"/proc/{pid}").exists()
+                    and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]:
+        assert time.monotonic() < deadline, f"workers {alive} outlived their driver"
+        time.sleep(0.1)
