@@ -42,6 +42,7 @@ class Rebuilt:
     skipped: tuple[str, ...] = ()  # unusable snapshots passed over, and why (naming them)
     # Keys by key group (asked for with count_key_groups=True); None: the base snapshot has none.
     key_group_counts: Counter | None = None
+    logs: tuple = ()  # the changelogs applied on the base, oldest first
 
     @property
     def base_snapshot(self) -> int | None:
@@ -154,13 +155,14 @@ def rebuild(storage: Storage, sp: StorePartition, version: int, uid: str | None 
         plan, db, manifest, key_groups, counts = found
         try:
             to_apply = list(reversed(plan[:-1]))
+            logs = []
             for v, i in to_apply:
-                log_ = read_changelog(storage, sp, v, i, key_groups)
+                logs.append(log_ := read_changelog(storage, sp, v, i, key_groups))
                 key_groups = log_.key_groups
                 _apply(db, log_, counts)
             if to_apply or (manifest is not None and manifest.replay):
                 db.flush()
-            yield Rebuilt(db, list(plan), key_groups, manifest, tuple(skipped), counts)
+            yield Rebuilt(db, list(plan), key_groups, manifest, tuple(skipped), counts, tuple(logs))
         finally:
             db.close()
 

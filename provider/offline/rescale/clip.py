@@ -15,7 +15,7 @@ from __future__ import annotations
 import shutil
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from ...formats import changelog, keygroups, layout, rocksdb
 from ... import checkpoint as ckpt
@@ -126,21 +126,20 @@ def clipped_heir(parent: Any, scratch: Path, q: int, partitions: int, key_groups
     return _cut(scratch, q, partitions, key_groups)
 
 
-def _cut(scratch: Path, q: int, partitions: int, key_groups: int,
-         fill: Callable[[Any], None] | None = None) -> Path:
+def _cut(scratch: Path, q: int, partitions: int, key_groups: int, batch: Any = None) -> Path:
     """Open the parent's files in ``scratch/db`` (its compactions off, so they stay as they are),
-    write the range deletes hiding what heir ``q`` does not own, and what ``fill`` adds to the
-    same write batch, into one memtable flushed once; checkpoint it to ``scratch/snapshot``."""
+    write the range deletes hiding what heir ``q`` does not own, with ``batch`` (records of key
+    groups the heir owns, so the two never overlap), into one memtable flushed once; checkpoint
+    it to ``scratch/snapshot``."""
     from rocksdict import Checkpoint, WriteBatch
 
     db_dir, snapshot = scratch / "db", scratch / "snapshot"
     db = rocksdb.open_db(db_dir, bulk_load=False, compactions=False)
     try:
-        batch = WriteBatch(raw_mode=True)
+        if batch is None:
+            batch = WriteBatch(raw_mode=True)
         for begin, end in not_owned_ranges(q, partitions, key_groups):
             batch.delete_range(begin, end)
-        if fill is not None:
-            fill(batch)
         db.write(batch)
         db.flush()
         Checkpoint(db).create_checkpoint(str(snapshot))
@@ -150,41 +149,50 @@ def _cut(scratch: Path, q: int, partitions: int, key_groups: int,
     return snapshot
 
 
-def replayed_logs(files: Any, rebuilt: Any) -> list | None:
-    """The changelogs the rebuild replayed on its base snapshot, oldest first, read again; None
-    where :func:`replayed_heir` cannot cut them by heir (a base with a replay of its own, a
-    changelog written from empty: the snapshot's files are then not the base of every key)."""
+def replayed_logs(rebuilt: Any) -> tuple | None:
+    """The changelogs the rebuild replayed on its base snapshot, oldest first; None where
+    :func:`replayed_heir` cannot cut them by heir (a base with a replay of its own, a changelog
+    written from empty: the snapshot's files are then not the base of every key)."""
     manifest = rebuilt.manifest
-    if manifest is None or manifest.replay is not None or not rebuilt.changelogs_applied:
+    if manifest is None or manifest.replay is not None or not rebuilt.logs:
         return None
-    logs = [ckpt.read_changelog(files.changelog_path(v), v, rebuilt.key_groups)
-            for v, _ in reversed(rebuilt.chain[:-1])]
-    return None if any(log_.meta.get(changelog.FROM_EMPTY) is True for log_ in logs) else logs
+    return None if any(log_.meta.get(changelog.FROM_EMPTY) is True for log_ in rebuilt.logs) else rebuilt.logs
 
 
-def replayed_heir(files: Any, manifest: Any, logs: list, scratch: Path, q: int, partitions: int,
-                  key_groups: int) -> Path:
-    """Heir ``q`` as its parent's base snapshot (hard links) plus one new file: the range deletes
-    of :func:`clipped_heir` and the records of ``logs`` for the key groups it owns, in one
-    memtable flushed once; returns the checkpoint's directory. A delete is kept unless its key
-    is certainly another heir's (a key too short for a key group sorts below every range)."""
-    (scratch / "db").mkdir(parents=True)
-    fetch_snapshot(files.storage, files.listing, manifest, str(files.manifest_path(manifest.version)), scratch / "db")
+def replayed_batches(logs: tuple, heirs: range, partitions: int) -> dict[int, Any]:
+    """One write batch per heir of ``partitions``, in one pass over ``logs``: the records of the
+    key groups it owns. A delete is kept by every heir unless its key is certainly another
+    heir's (a key too short for a key group sorts below every range delete)."""
+    from rocksdict import WriteBatch
+
+    batches = {q: WriteBatch(raw_mode=True) for q in heirs}
+    everyone = list(batches.values())
     prefix_bytes, group_of = keygroups.PREFIX_BYTES, keygroups.key_group_of_stored_key
 
-    def fill(batch: Any) -> None:
-        def put(key: bytes, value: bytes) -> None:
-            if len(key) >= prefix_bytes and group_of(key) % partitions == q:
-                batch.put(key, value)
+    def put(key: bytes, value: bytes) -> None:
+        if len(key) >= prefix_bytes and (batch := batches.get(group_of(key) % partitions)) is not None:
+            batch.put(key, value)
 
-        def delete(key: bytes) -> None:
-            if len(key) < prefix_bytes or group_of(key) % partitions == q:
+    def delete(key: bytes) -> None:
+        if len(key) < prefix_bytes:
+            for batch in everyone:
                 batch.delete(key)
+        elif (batch := batches.get(group_of(key) % partitions)) is not None:
+            batch.delete(key)
 
-        for log_ in logs:
-            log_.feed(put, delete, unknown_keys=False)
+    for log_ in logs:
+        log_.feed(put, delete, unknown_keys=False)
+    return batches
 
-    return _cut(scratch, q, partitions, key_groups, fill)
+
+def replayed_heir(files: Any, manifest: Any, batch: Any, scratch: Path, q: int, partitions: int,
+                  key_groups: int) -> Path:
+    """Heir ``q`` as its parent's base snapshot (hard links) plus one new file: the range deletes
+    of :func:`clipped_heir` and ``batch``, its records of the changelogs (:func:`replayed_batches`),
+    in one memtable flushed once; returns the checkpoint's directory."""
+    (scratch / "db").mkdir(parents=True)
+    fetch_snapshot(files.storage, files.listing, manifest, str(files.manifest_path(manifest.version)), scratch / "db")
+    return _cut(scratch, q, partitions, key_groups, batch)
 
 
 def shared_files(manifest: Any, parent: int, heir: int) -> dict[tuple[str, int], str]:

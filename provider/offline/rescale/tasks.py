@@ -16,8 +16,8 @@ from ...formats import changelog, key_group_counts
 from ...formats.layout import CHANGELOG_SUFFIX
 from ... import checkpoint as ckpt
 from ..routing import route_by_key_group
-from .clip import (clipped_heir, count_by_key_group, counts_disagree, owned_counts, replayed_heir,
-                   replayed_logs, shared_files)
+from .clip import (clipped_heir, count_by_key_group, counts_disagree, owned_counts, replayed_batches,
+                   replayed_heir, replayed_logs, shared_files)
 from .merge import layout_or_none, stage_ingested
 from .routing import HeirFiles, write_by_hash, write_by_key_group
 
@@ -119,12 +119,13 @@ def split_by_files(files: ckpt.StoreFiles, rebuilt: ckpt.RebuiltVersion, task: S
                                       task.store_path)
     counts = key_group_counts.by_partition(by_group, task.partitions)
     counted_at = time.monotonic()
-    logs = replayed_logs(files, rebuilt)
+    logs = replayed_logs(rebuilt)
+    batches = None if logs is None else replayed_batches(logs, heirs, task.partitions)
     for q in heirs:
-        if logs is None:
+        if batches is None:
             snapshot = clipped_heir(rebuilt.db, temp / f"to-{q}", q, task.partitions, task.key_groups)
         else:
-            snapshot = replayed_heir(files, rebuilt.manifest, logs, temp / f"to-{q}", q, task.partitions,
+            snapshot = replayed_heir(files, rebuilt.manifest, batches.pop(q), temp / f"to-{q}", q, task.partitions,
                                      task.key_groups)
         ckpt.write_snapshot(snapshot, ckpt.store_dir(Path(task.targets), q, task.store), task.target_version,
                             task.key_groups, counts.get(q, 0), ttl, rescale=task.origin,
