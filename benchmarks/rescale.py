@@ -28,7 +28,9 @@ For each provider (keyedstate, and Spark's RocksDB provider with changelog check
 2. **rescale** (timed): wall clock around ``keyedstate.rescale(checkpoint, to, spark=spark)`` or
    ``spark._streamingCheckpointManager.repartition(checkpoint, to)`` alone. The session (JVM,
    executors) is already up, so JVM start is excluded for both; PySpark worker start-up (which
-   keyedstate's tasks need and Spark's do not) is included unless ``--warm-workers``. Spark jobs
+   keyedstate's Spark tasks need and Spark's do not) is included unless ``--warm-workers``, as is
+   the start of the worker processes a split by files runs in (keyedstate starts them in the
+   driver, no Spark job). Spark jobs
    and stages submitted during the call are read back from the driver's status store. *Bytes
    written*: sizes of the files below ``state/`` that are new or changed (size or mtime) after
    the call, each inode once (a new hard link to an old file writes nothing). A call that raises
@@ -860,6 +862,13 @@ def breakdown(data: dict) -> list[str]:
     for provider in _ordered(data.get("runs") or {}):
         r = data["runs"][provider]
         b = r.get("breakdown_s")
+        result = r.get("keyedstate_result") or {}
+        if not b and result.get("splits_in_driver"):
+            logged = [line.split(" ", 1)[1] for line in r.get("keyedstate_log") or [] if " split: " in f" {line}"]
+            phases = ", ".join(f"{k} {v:.2f}" for k, v in (result.get("task_seconds") or {}).items())
+            out.append(f"- {provider}: no Spark job: the splits ran in worker processes of the driver "
+                       f"({'; '.join(logged) or 'no split logged'}; split phases summed over the splits, s: {phases})")
+            continue
         if not b:
             continue
 
