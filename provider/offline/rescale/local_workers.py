@@ -61,13 +61,14 @@ def run(fn: Callable[[Any], dict], tasks: Sequence[Any], phase: str, log: loggin
         unit: str, describe: Callable[[Any], str]) -> list[dict]:
     """``fn(task)`` for each task, in worker processes, results in the tasks' order. The first
     task that fails stops them all (killed) and raises its exception, with a note naming it."""
-    workers = [_Worker(logging.getLogger("keyedstate").getEffectiveLevel())
-               for _ in range(worker_count(len(tasks)))]
+    level = logging.getLogger("keyedstate").getEffectiveLevel()
+    workers: list[_Worker] = []
     results: list[dict | None] = [None] * len(tasks)
     steps = Steps(phase, len(tasks), log, unit)
     queue = list(range(len(tasks)))[::-1]
     failed = True
     try:
+        workers.extend(_Worker(level) for _ in range(worker_count(len(tasks))))
         for worker in workers:
             _give(worker, fn, tasks, queue)
         busy = {w.recv: w for w in workers if w.index is not None}
