@@ -185,11 +185,11 @@ def count_unknown(db: Rdict, fed: changelog.Fed, counts: MutableMapping[int, int
     for keys, sign in ((fed.unknown_puts, 1), (fed.unknown_deletes, -1)):
         if not keys:
             continue
-        for key, value in zip(keys, multi_get(db, keys)):
-            if (value is None) == (sign > 0):  # a put of an absent key, a delete of a present one
-                delta += sign
-                if counts is not None and len(key) >= keygroups.PREFIX_BYTES:
-                    counts[keygroups.key_group_of_stored_key(key)] += sign
+        # A put of an absent key, a delete of a present one.
+        changed = [key for key, value in zip(keys, multi_get(db, keys)) if (value is None) == (sign > 0)]
+        delta += sign * len(changed)
+        if counts is not None:
+            keygroups.count_key_groups(counts, changed, sign)
     return delta
 
 
