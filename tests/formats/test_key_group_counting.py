@@ -1,5 +1,5 @@
-"""Counting keys by key group (FORMATS.md, "Key-group counts"): the one counter, and the unknown
-keys asked of a real RocksDB."""
+"""Counting keys by key group (FORMATS.md, "Key-group counts"): the one counter, the unknown
+keys asked of a real RocksDB, and the counts written beside a snapshot."""
 from collections import Counter
 
 import pytest
@@ -47,3 +47,17 @@ def test_count_unknown_counts_changed_keys_and_skips_short_ones_by_key_group(db,
     # key of exactly the prefix); b"" added and b"ab" taken count in the delta only.
     assert counts == Counter({0: 11, 1: 10, 2: 10, 3: 10})
     assert rocksdb.count_unknown(db, fed, None) == 1  # nothing was written: the same answers
+
+
+@pytest.mark.parametrize("counts, written", [({1: 2, 5: 1}, True), ({1: 2, 5: 0, 7: 1}, True),
+                                             ({1: 2}, False), ({1: 4, 5: -1}, False)])
+def test_counts_are_written_beside_a_snapshot_only_when_they_add_up_to_its_keys(tmp_path, caplog, counts, written):
+    """FORMATS.md, "Key-group counts": counts that disagree with the snapshot's key count, or hold
+    a negative count, are left out (logged), and the snapshot goes without them."""
+    from keyedstate.formats import key_group_counts as kgc
+
+    assert kgc.write_beside(tmp_path, counts, 8, 3, "version 4") is None
+    assert (tmp_path / kgc.NAME).is_file() == written
+    assert ("version 4" in caplog.text and "do not add up to its 3 keys" in caplog.text) == (not written)
+    if written:
+        assert kgc.decode((tmp_path / kgc.NAME).read_bytes(), "beside") == (8, {g: n for g, n in counts.items() if n})
