@@ -42,9 +42,7 @@ import json
 import mmap
 import struct
 import zlib
-from collections import Counter
 from dataclasses import dataclass, field
-from operator import itemgetter
 from typing import Any, Callable, Iterator, MutableMapping, NamedTuple
 
 from .layout import MAX_CHANGELOG_BYTES, TooLargeError, json_of, open_file
@@ -61,7 +59,7 @@ from .changelog_wire import (CODEC_NONE, CODEC_ZSTD, CODEC_ZSTD_SPLIT, DELETES, 
                              PUTS, RUN_ID, TRAILER, ZSTD_LEVEL, CorruptChangelogError)
 from .changelog_wire import U32 as _U32
 from .changelog_wire import unpack_u32 as _unpack_u32
-from .keygroups import unpack_key_group as _unpack_key_group
+from .keygroups import count_key_groups as _count_key_groups
 
 
 class Record(NamedTuple):
@@ -213,10 +211,11 @@ class Changelog:
                     put(key, buf[value_start:record_end])
                     if op == OP_PUT_NEW:
                         delta += 1
-                        if counts is not None and key_end - pos >= 9:
+                        if counts is not None:
                             added.append(key)
                             if len(added) >= _COUNT_BATCH:
                                 _count_key_groups(counts, added, 1)
+                                added.clear()
                     elif op == OP_PUT and unknown_keys:
                         unknown_puts.append(key)
                 elif op == OP_DELETE_EXISTING or op == OP_DELETE:
@@ -227,10 +226,11 @@ class Changelog:
                     deletes += 1
                     if op == OP_DELETE_EXISTING:
                         delta -= 1
-                        if counts is not None and key_end - pos >= 9:
+                        if counts is not None:
                             removed.append(key)
                             if len(removed) >= _COUNT_BATCH:
                                 _count_key_groups(counts, removed, -1)
+                                removed.clear()
                     elif unknown_keys:
                         unknown_deletes.append(key)
                     record_end = key_end
@@ -251,16 +251,6 @@ class Changelog:
 
 _COUNT_BATCH = 1 << 16
 """Keys :meth:`Changelog.feed` holds before it adds them to ``counts``: bounds the list, not the work."""
-
-_FIRST_FOUR = itemgetter(slice(0, 4))
-
-
-def _count_key_groups(counts: MutableMapping[int, int], keys: list[bytes], sign: int) -> None:
-    """Add ``sign`` to ``counts`` for each of ``keys`` (at least 4 bytes) by its key group; empties ``keys``."""
-    if keys:
-        for prefix, n in Counter(map(_FIRST_FOUR, keys)).items():
-            counts[_unpack_key_group(prefix)[0]] += sign * n
-        keys.clear()
 
 
 def decode(data: bytes | bytearray | memoryview | mmap.mmap, source: str, offset: int = 0) -> Changelog:

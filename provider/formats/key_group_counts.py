@@ -89,15 +89,14 @@ def decode(data: bytes, source: str) -> tuple[int, Counter]:
     return key_groups, counts
 
 
-def write_beside(directory: Path, counts: Mapping[int, int], key_groups: int, num_keys: int, describe: str) -> bool:
+def write_beside(directory: Path, counts: Mapping[int, int], key_groups: int, num_keys: int, describe: str) -> None:
     """Write ``counts`` as the file :data:`NAME` in ``directory``, unless they
     disagree with ``num_keys`` (then a snapshot goes without them, and a rescale counts keys)."""
     if sum(counts.values()) != num_keys or any(c < 0 for c in counts.values()):
         log.warning("keyedstate: the key-group counts of %s do not add up to its %d keys; its snapshot "
                     "is written without them", describe, num_keys)
-        return False
+        return
     (directory / NAME).write_bytes(encode(counts, key_groups))
-    return True
 
 
 def take_beside(db_dir: Path, key_groups: int, num_keys: int, describe: str) -> Counter | None:

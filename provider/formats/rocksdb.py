@@ -6,6 +6,7 @@ choices that decide what the files contain live here once.
 """
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Iterator, MutableMapping
 
@@ -151,17 +152,24 @@ def write_changelog(db: Rdict, log_: changelog.Changelog, counts: MutableMapping
     tools (the state server writes its chunks with the same parser, :meth:`Changelog.feed`).
     A corrupt changelog raises before anything is written. A version written from empty (an
     offline writer's, ``fromEmpty``) is a base, not a delta: it replaces what ``db`` held.
-    ``counts``: the keys by key group of what ``db`` held, brought to what it holds after."""
+    ``counts``: the keys by key group of what ``db`` held, brought to what it holds after
+    (unchanged when the changelog does not parse)."""
+    from_empty = log_.meta.get(changelog.FROM_EMPTY) is True
     batch = WriteBatch(raw_mode=True)
-    if log_.meta.get(changelog.FROM_EMPTY) is True:
+    if from_empty:
         batch.delete_range(b"", EVERY_STORED_KEY_BELOW)
-        if counts is not None:
-            counts.clear()
-            db.write(batch)  # the unknown keys below are asked of the emptied database
-            batch = WriteBatch(raw_mode=True)
-    fed = log_.feed(batch.put, batch.delete, unknown_keys=counts is not None, counts=counts)
+    change: Counter[int] = Counter()  # added to counts once the changelog is known whole
+    fed = log_.feed(batch.put, batch.delete, unknown_keys=counts is not None, counts=None if counts is None else change)
     if counts is not None:
-        count_unknown(db, fed, counts)
+        if from_empty:
+            # After the range delete no stored key is left: a put of an unknown key adds it, a
+            # delete of one takes nothing away.
+            keygroups.count_key_groups(change, fed.unknown_puts, 1)
+            counts.clear()
+        else:
+            count_unknown(db, fed, change)  # asked of db before the batch is written
+        for group, n in change.items():
+            counts[group] = counts.get(group, 0) + n
     db.write(batch)
 
 
@@ -185,11 +193,11 @@ def count_unknown(db: Rdict, fed: changelog.Fed, counts: MutableMapping[int, int
     for keys, sign in ((fed.unknown_puts, 1), (fed.unknown_deletes, -1)):
         if not keys:
             continue
-        for key, value in zip(keys, multi_get(db, keys)):
-            if (value is None) == (sign > 0):  # a put of an absent key, a delete of a present one
-                delta += sign
-                if counts is not None and len(key) >= keygroups.PREFIX_BYTES:
-                    counts[keygroups.key_group_of_stored_key(key)] += sign
+        # A put of an absent key, a delete of a present one.
+        changed = [key for key, value in zip(keys, multi_get(db, keys)) if (value is None) == (sign > 0)]
+        delta += sign * len(changed)
+        if counts is not None:
+            keygroups.count_key_groups(counts, changed, sign)
     return delta
 
 

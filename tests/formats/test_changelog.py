@@ -300,7 +300,7 @@ def test_read_meta_reads_the_header_alone(tmp_path):
 def test_feed_counts_the_known_ops_by_key_group_across_chunks_and_batches(monkeypatch, in_place):
     """FORMATS.md, "Key-group counts": feed adds PUT_NEW and takes DELETE_EXISTING by the key
     group of each key of at least 4 bytes, whatever the chunks and however many keys wait to be
-    counted; ops of unknown keys and shorter keys are left to the caller."""
+    counted; ops of unknown keys are left to the caller, and shorter keys carry no key group."""
     from collections import Counter
 
     monkeypatch.setattr(cl, "_COUNT_BATCH", 3)
