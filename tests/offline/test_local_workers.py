@@ -82,3 +82,46 @@ def test_workers_die_with_a_killed_driver(tmp_path):
                     and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]:
         assert time.monotonic() < deadline, f"workers {alive} outlived their driver"
         time.sleep(0.1)
+
+
+def test_a_worker_killed_by_a_signal_fails_the_run_naming_the_signal():
+    with pytest.raises(RescaleError, match=r"task .*getpid.* was killed by SIGKILL before it finished"):
+        _run(["__import__('os').kill(__import__('os').getpid(), 9)"])
+
+
+def test_a_package_in_the_drivers_cwd_is_not_imported_by_the_workers(tmp_path, monkeypatch, capfd):
+    """A driver run from a directory others may write to (/tmp): a ``keyedstate`` placed there
+    is not what the workers import (the driver's path is theirs), and they print nothing."""
+    import keyedstate
+
+    planted = tmp_path / "keyedstate"
+    planted.mkdir()
+    (planted / "__init__.py").write_text("open(__file__ + '.ran', 'w').close()\nraise SystemExit(9)\n")
+    monkeypatch.chdir(tmp_path)
+    assert _run(["__import__('keyedstate').__file__"] * 2) == [keyedstate.__file__] * 2
+    assert not (planted / "__init__.py.ran").exists()
+    assert capfd.readouterr().err == ""
+
+
+def test_a_process_a_task_starts_reads_nothing_of_the_requests():
+    """A child process of a task inherits the worker's stdin: it must see its end, not wait on
+    (or consume) the driver's requests."""
+    tasks = ["__import__('subprocess').run(['cat'], capture_output=True, timeout=5).stdout"] * 3
+    assert _run(tasks) == [b""] * 3
+
+
+class TwoArgs(Exception):
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(f"{path}: {why}")
+
+
+def _truncated(path: str):
+    raise TwoArgs(path, "truncated")
+
+
+def test_an_exception_that_pickles_but_does_not_unpickle_arrives_as_its_text():
+    """An exception whose __init__ takes other arguments than its args pickles, then fails to
+    unpickle: its text reaches the driver, with the task named, not the unpickler's TypeError."""
+    with pytest.raises(RescaleError, match=r"task '/ck/3.ks-snapshot' failed: .*TwoArgs: /ck/3.ks-snapshot: truncated"):
+        local_workers.run(_truncated, ["/ck/3.ks-snapshot"], "test", log, "tasks", lambda task: f"task {task!r}")
+
