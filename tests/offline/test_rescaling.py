@@ -531,9 +531,9 @@ class _RecordingRescale(rescaling._Rescale):
         super().__init__(*args)
         self.jobs: list[tuple] = []
 
-    def _run_tasks(self, fn, tasks, phase):
+    def _run_tasks(self, fn, tasks, phase, **options):
         self.jobs.append((fn, tasks))
-        return super()._run_tasks(fn, tasks, phase)
+        return super()._run_tasks(fn, tasks, phase, **options)
 
 
 def test_a_task_of_a_failed_rescale_that_runs_late_publishes_nothing(spark, tmp_path):
