@@ -125,3 +125,21 @@ def test_an_exception_that_pickles_but_does_not_unpickle_arrives_as_its_text():
     with pytest.raises(RescaleError, match=r"task '/ck/3.ks-snapshot' failed: .*TwoArgs: /ck/3.ks-snapshot: truncated"):
         local_workers.run(_truncated, ["/ck/3.ks-snapshot"], "test", log, "tasks", lambda task: f"task {task!r}")
 
+
+
+@pytest.mark.parametrize("level", [logging.INFO, logging.WARNING])
+def test_what_a_task_prints_or_logs_goes_to_stderr_at_the_drivers_level(capfd, level):
+    """Prints (Python's and the raw fd 1's, more than a pipe holds) reach stderr, not the
+    answers; a task's log records pass the level the driver's keyedstate logger has."""
+    task = ("(print('stray ' * 20000), __import__('os').write(1, b'raw-fd-1'),"
+            " __import__('logging').getLogger('keyedstate.t').info('an-info-record'), 7)[-1]")
+    logger = logging.getLogger("keyedstate")
+    saved = logger.level
+    logger.setLevel(level)
+    try:
+        assert _run([task] * 3) == [7] * 3
+    finally:
+        logger.setLevel(saved)
+    out, err = capfd.readouterr()
+    assert err.count("stray " * 20000) == 3 and err.count("raw-fd-1") == 3 and "stray" not in out
+    assert err.count("an-info-record") == (3 if level == logging.INFO else 0)
