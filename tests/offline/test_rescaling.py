@@ -1116,3 +1116,31 @@ def test_a_split_by_files_of_a_damaged_parent_warns_naming_the_file_and_splits_w
             assert all(Path(heir.listing.file_path(heir.storage, f.path)).resolve() != path.resolve()
                        for f in ckpt.read_manifest(heir.manifest_path(version), version).files), q
     _continues_exactly(spark, stream, out, confs)
+
+
+def test_a_split_by_files_that_cannot_rebuild_a_parent_fails_in_the_cli_naming_the_file(spark, tmp_path):
+    """Every snapshot of parent 2 (through the SST they share) and its changelogs truncated:
+    the CLI's split in a worker process fails, and what it prints names a damaged file of
+    that partition, on one line, without a traceback; the rollback leaves every file as it was."""
+    stream, out, op_dir, confs, files = _quiet_snapshotted_query(spark, tmp_path)
+    part = op_dir / "2"
+    listed = ckpt.read_manifest(part / "3.ks-snapshot", 3).files
+    damaged = [max((part / f.path for f in listed if f.name.endswith(".sst")), key=lambda p: p.stat().st_size),
+               *sorted(part.glob("*.ks-changelog"))]
+    good = {p: p.read_bytes() for p in damaged}
+    for p in damaged:
+        p.write_bytes(good[p][:len(good[p]) // 2])
+    before = files()
+    proc = rescale_cli("--checkpoint", stream.checkpoint, "--partitions", "8")
+    _, err = proc.communicate(timeout=240)
+    for p, data in good.items():
+        p.write_bytes(data)
+    said = [line for line in err.splitlines() if line.startswith("keyedstate: error:")]
+    assert proc.returncode == 1 and len(said) == 1, err[-3000:]
+    assert any(str(p) in said[0] for p in damaged), said
+    assert "Traceback" not in err.split("rolling back the repartition batch")[-1], err[-3000:]
+    after = files()
+    assert set(after) == set(before) and all(after[f] == before[f] for f in after
+                                             if op_dir / f not in good), (sorted(set(before) ^ set(after)))
+    assert not (Path(stream.checkpoint) / "_keyedstate_rescale").exists()
+    _continues_exactly(spark, stream, out, confs)
