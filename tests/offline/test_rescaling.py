@@ -1088,33 +1088,21 @@ def test_a_worker_killed_mid_split_fails_the_rescale_naming_the_split(spark, tmp
     _continues_exactly(spark, stream, out, confs)
 
 
-@pytest.mark.parametrize("victim", ["manifest", "sst"])
-def test_a_split_by_files_of_a_damaged_parent_warns_naming_the_file_and_splits_what_loads(spark, tmp_path, capfd,
-                                                                                          victim):
-    """One parent's snapshot manifest, or an SST file its snapshots share, truncated: the split
-    (in a worker process of the driver) skips the snapshots that name it for an older one plus
-    changelogs, as a load does, and its warning naming the file reaches the driver's stderr; no
-    heir lists the damaged file, and the query goes on exactly."""
+def test_a_split_by_files_of_a_damaged_manifest_warns_naming_it_and_splits_from_an_older_one(spark, tmp_path,
+                                                                                            capfd):
+    """One parent's snapshot manifest of the version read truncated: the split (in a worker
+    process of the driver) skips it for the retained older snapshot plus changelogs, as a load
+    does, and its warning naming the manifest reaches the driver's stderr; the query goes on
+    exactly. (Damage to an SST every retained snapshot shares: see the next test.)"""
     stream, out, op_dir, confs, _ = _quiet_snapshotted_query(spark, tmp_path)
     manifest = op_dir / "2" / "3.ks-snapshot"
-    if victim == "manifest":
-        path = manifest
-    else:
-        listed = ckpt.read_manifest(manifest, 3).files
-        path = max((op_dir / "2" / f.path for f in listed if f.name.endswith(".sst")), key=lambda p: p.stat().st_size)
-    good = path.read_bytes()
-    path.write_bytes(good[:len(good) // 2])
+    good = manifest.read_bytes()
+    manifest.write_bytes(good[:len(good) // 2])
     capfd.readouterr()
     result = keyedstate.rescale(stream.checkpoint, 8, spark=spark)
     assert result.splits_in_driver and result.keys == len(_expected(3)), result
-    assert re.search(rf"WARNING keyedstate\.checkpoint\.rebuilder: skipping snapshot {re.escape(str(manifest))} .*"
-                     rf"{re.escape(str(path))}", capfd.readouterr().err)
-    version = result.batch + 1
-    for q in range(8):
-        heir = ckpt.list_store(op_dir / str(q), q)
-        if version in heir.snapshots:
-            assert all(Path(heir.listing.file_path(heir.storage, f.path)).resolve() != path.resolve()
-                       for f in ckpt.read_manifest(heir.manifest_path(version), version).files), q
+    assert re.search(rf"WARNING keyedstate\.checkpoint\.rebuilder: skipping snapshot {re.escape(str(manifest))} "
+                     r"in favour of an older one plus changelogs: .*truncated or corrupt", capfd.readouterr().err)
     _continues_exactly(spark, stream, out, confs)
 
 
