@@ -17,8 +17,9 @@ every committed step it re-arms one kind of fault for the next one:
 - ``cleanup``: a longer query whose every step waits for maintenance to clean up old versions,
   with the first delete of keyedstate's files failing after every step;
 - ``rescale``: after three steps the query stops, ``keyedstate rescale`` (2 -> 4 partitions) is
-  SIGKILLed after a step it logs or after a delay, then finished by a rerun or rolled back and
-  done again, and the query continues on 4 partitions;
+  SIGKILLed after a step it logs or after a delay, or its driver process alone while a split runs
+  (in the driver's worker processes, which must die with it), then finished by a rerun or rolled
+  back and done again, and the query continues on 4 partitions;
 - ``executor kill`` (run first, in a cluster of its own): an aggregation on
   ``local-cluster[2,1,1024]`` whose executor JVMs are SIGKILLed one at a time while batches run;
   its output is known in closed form.

@@ -21,7 +21,7 @@ from . import scenarios as sc
 from .constants import HDFS_PROVIDER, KS, PFX, STATE_PREFIX
 from .driver import run_query
 from .faults import judge, run_through_failures
-from .offline import kill_rescale_after, rescale_cli
+from .offline import kill_rescale_after, kill_rescale_driver_while_splitting, rescale_cli
 
 IO_FAULTS = dict(
     create={"nth": 1, "path": ".ks-changelog"},
@@ -59,10 +59,15 @@ PLANS = ([Plan(f"{s}-{k}-v{v}", s, k, v) for s in ("agg", "dedup") for k in ("io
 # Rescale (2 -> 4 partitions, after the third step, on a local checkpoint: rescale writes
 # checkpoint format 1): the CLI is SIGKILLed after a step it logs (offsets written, splits done,
 # merges done) or after a delay, then the rescale is finished by a rerun or rolled back and done
-# again; the query continues on 4 partitions.
+# again; the query continues on 4 partitions. SPLITTING: its driver process alone is SIGKILLed
+# while a split runs (with snapshots, in the driver's worker processes, which must die with it).
+# A split by files has no merge step: the "merge:" kills never come, the CLI finishes.
+SPLITTING = "while a split runs"
 RESCALE_KILLS = [("offsets/", "rerun"), ("split:", "rerun"), ("merge:", "rerun"), ("offsets/", "rollback"),
-                 ("split:", "rollback"), ("merge:", "rollback"), (6.0, "rerun"), (9.0, "rollback")]
-PLANS += [Plan(f"{s}-rescale-{i}", s, "rescale", "1", i) for s, n in (("agg", 8), ("dedup", 4)) for i in range(n)]
+                 ("split:", "rollback"), ("merge:", "rollback"), (6.0, "rerun"), (9.0, "rollback"),
+                 (SPLITTING, "rerun"), (SPLITTING, "rollback")]
+PLANS += [Plan(f"{s}-rescale-{i}", s, "rescale", "1", i) for s, variants in (("agg", range(10)), ("dedup", (0, 1, 2, 3, 8, 9)))
+          for i in variants]
 RESCALE_AFTER = 2
 # Cleanup: the first two deletes of keyedstate's files after every step fail (maintenance
 # retries at its next tick), and each step waits for maintenance to have run.
@@ -154,7 +159,7 @@ def run_plan(spark, plan: Plan, root: Path, work: Path, references: dict) -> dic
         faults = collections.Counter({f"rescale (CLI killed {rescaled['killed']}, then {rescaled['then']})": 1})
     return {"plan": plan, "faults": faults, "lost": verdict.lost, "duplicated": verdict.duplicated,
             "replays": verdict.replays, "failures": run.failures, "detail": verdict.detail,
-            "seconds": time.monotonic() - started}
+            "seconds": time.monotonic() - started, "rescaled": rescaled}
 
 
 def rescale_killed(spark, checkpoint: Path, variant: int, partitions: int = 4) -> dict:
@@ -170,8 +175,13 @@ def rescale_killed(spark, checkpoint: Path, variant: int, partitions: int = 4) -
         timer.start()
         proc.communicate()
         timer.cancel()
+        said = ""
+    elif marker == SPLITTING:
+        workers = kill_rescale_driver_while_splitting(proc, checkpoint)  # AssertionError if one outlives it
+        said = f"{len(workers)} worker processes of the driver died with it"
+        killed = f"{marker} ({said})"
     else:
-        kill_rescale_after(proc, marker)
+        said = kill_rescale_after(proc, marker)
     proc.wait(120)
     if proc.returncode == 0:
         killed = "never (it finished first)"
@@ -181,13 +191,15 @@ def rescale_killed(spark, checkpoint: Path, variant: int, partitions: int = 4) -
         except keyedstate.RescaleError as exc:
             if "no unfinished repartition" not in str(exc):
                 raise
+    in_driver = None  # where the splits of the last rescale ran (None: the killed CLI finished it)
     try:
-        keyedstate.rescale(str(checkpoint), partitions, spark=spark)
+        in_driver = keyedstate.rescale(str(checkpoint), partitions, spark=spark).splits_in_driver
     except keyedstate.RescaleError as exc:
         if f"already runs with {partitions} partitions" not in str(exc):
             raise
     commits = [int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit()]
-    return {"batch": max(commits), "killed": killed, "then": then}
+    return {"batch": max(commits), "killed": killed, "then": then, "splitsInDriver": in_driver,
+            "cliLog": "\n".join(line for line in said.splitlines() if "keyedstate" in line)}
 
 
 class confs:

@@ -65,3 +65,48 @@ def kill_rescale_after(proc: subprocess.Popen, step: str, timeout: float = 180) 
     seen.append(proc.stderr.read())
     proc.wait(60)
     return "".join(seen)
+
+
+def rescale_workers(driver_pid: int) -> list[int]:
+    """The live worker processes of the rescale driver ``driver_pid`` (their argv names it)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().split(b"\0")
+            state = (cmdline.parent / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if any(b"rescale.local_workers" in a for a in argv) and str(driver_pid).encode() in argv and state != "Z":
+            found.append(int(cmdline.parent.name))
+    return found
+
+
+def await_a_split_running(checkpoint: Path, running=lambda: True, timeout: float = 180) -> None:
+    """Waits until a split task of a rescale of ``checkpoint`` has made its temp directory (it
+    is cutting its partition), while ``running()``."""
+    deadline = time.monotonic() + timeout
+    while not list((Path(checkpoint) / "_keyedstate_rescale").glob("batch-*/*/*/from-*.tmp")):
+        if not running() or time.monotonic() > deadline:
+            raise TimeoutError(f"no split of {checkpoint} started")
+        time.sleep(0.005)
+
+
+def kill_rescale_driver_while_splitting(proc: subprocess.Popen, checkpoint: Path) -> list[int]:
+    """SIGKILL the driver process of the rescale CLI ``proc`` alone (not its group) while a split
+    task runs; returns its worker processes of that moment, once each has died with it (else
+    AssertionError). The rest of its group (its JVM) is killed after."""
+    try:
+        await_a_split_running(checkpoint, lambda: proc.poll() is None)
+        workers = rescale_workers(proc.pid)
+        proc.kill()
+        proc.communicate(timeout=60)
+        deadline = time.monotonic() + 10
+        while alive := [pid for pid in workers if pid in rescale_workers(proc.pid)]:
+            assert time.monotonic() < deadline, f"the rescale's workers {alive} outlived their driver"
+            time.sleep(0.1)
+        return workers
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -2,7 +2,8 @@
 
 A split by files touches a few files per heir, so starting PySpark's workers for it (their
 daemon, a fork per task, keyedstate imported in each) costs more than the work itself. Each
-worker here is ``python -m keyedstate.offline.rescale.local_workers``: it takes pickled
+worker here is ``python -P -c "from keyedstate.offline.rescale.local_workers import _main; ..."``
+(``-P``: nothing from the cwd shadows a module; the driver's ``sys.path`` is its path): it takes pickled
 ``(fn, task)`` pairs on its stdin and answers each with ``("ok", result)`` or ``("error",
 exception, traceback text)`` on its stdout (what else it prints goes to stderr). A worker dies
 with the driver (Linux's parent-death signal, and the end of its stdin); on a failed task the
@@ -38,10 +39,11 @@ def worker_count(tasks: int) -> int:
 class _Worker:
     def __init__(self, log_level: int) -> None:
         env = dict(os.environ)
-        # The driver's own import path: the worker imports the keyedstate the driver runs.
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        # The driver's own import path, resolved as the driver resolves it ('' is its cwd): the
+        # worker imports the keyedstate the driver runs, and -P adds no cwd (anyone's /tmp) to it.
+        env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in sys.path if isinstance(p, str))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", __name__, str(os.getpid()), str(log_level)],
+            [sys.executable, "-P", "-c", f"from {__name__} import _main; _main()", str(os.getpid()), str(log_level)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
         self.send = Connection(os.dup(self.proc.stdin.fileno()), readable=False)
         self.recv = Connection(os.dup(self.proc.stdout.fileno()), writable=False)
@@ -61,14 +63,14 @@ def run(fn: Callable[[Any], dict], tasks: Sequence[Any], phase: str, log: loggin
         unit: str, describe: Callable[[Any], str]) -> list[dict]:
     """``fn(task)`` for each task, in worker processes, results in the tasks' order. The first
     task that fails stops them all (killed) and raises its exception, with a note naming it."""
-    level = logging.getLogger("keyedstate").getEffectiveLevel()
     workers: list[_Worker] = []
     results: list[dict | None] = [None] * len(tasks)
     steps = Steps(phase, len(tasks), log, unit)
     queue = list(range(len(tasks)))[::-1]
     failed = True
     try:
-        workers.extend(_Worker(level) for _ in range(worker_count(len(tasks))))
+        for _ in range(worker_count(len(tasks))):  # inside the try: a failed start stops the started
+            workers.append(_Worker(logging.getLogger("keyedstate").getEffectiveLevel()))
         for worker in workers:
             _give(worker, fn, tasks, queue)
         busy = {w.recv: w for w in workers if w.index is not None}
@@ -80,8 +82,9 @@ def run(fn: Callable[[Any], dict], tasks: Sequence[Any], phase: str, log: loggin
                     answer = conn.recv()
                 except EOFError:
                     code = worker.proc.wait()
-                    raise RescaleError(f"the worker process running {describe(tasks[index])} exited with "
-                                       f"code {code} before it finished (see its messages above)") from None
+                    how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+                    raise RescaleError(f"the worker process running {describe(tasks[index])} {how} "
+                                       "before it finished (see its messages above)") from None
                 if answer[0] == "error":
                     _, exc, text = answer
                     log.error("%s failed in a worker process:\n%s", describe(tasks[index]), text)
@@ -104,14 +107,20 @@ def _give(worker: _Worker, fn: Callable, tasks: Sequence[Any], queue: list[int])
     worker.index = queue.pop() if queue else None
     if worker.index is None:
         return False
-    worker.send.send((fn, tasks[worker.index]))
+    try:
+        worker.send.send((fn, tasks[worker.index]))
+    except BrokenPipeError:
+        pass  # it died: the end of its answers reports the task, with its exit status
     return True
 
 
 def _serve(parent: int) -> None:
     requests = Connection(os.dup(0), writable=False)
     answers = Connection(os.dup(1), readable=False)
-    os.dup2(2, 1)  # what anything else prints must not reach the answers
+    os.dup2(2, 1)  # what anything else prints must not reach the answers,
+    devnull = os.open(os.devnull, os.O_RDONLY)  # nor may anything else read the requests
+    os.dup2(devnull, 0)
+    os.close(devnull)
     while True:
         try:
             fn, task = requests.recv()
@@ -121,8 +130,8 @@ def _serve(parent: int) -> None:
             answer: tuple = ("ok", fn(task))
         except BaseException as exc:  # noqa: BLE001 -- every failure is the driver's to report
             text = traceback.format_exc()
-            try:
-                pickle.dumps(exc)
+            try:  # a round trip: some pickle, then fail to unpickle (an __init__ of other arguments)
+                pickle.loads(pickle.dumps(exc))
             except Exception:  # an exception that does not cross processes: its text does
                 exc = None  # type: ignore[assignment]
             answer = ("error", exc, text)
@@ -143,8 +152,9 @@ def _die_with(parent: int) -> None:
         os._exit(1)
 
 
-if __name__ == "__main__":
-    _parent, _level = int(sys.argv[1]), int(sys.argv[2])
-    _die_with(_parent)
-    logging.basicConfig(level=_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    _serve(_parent)
+def _main() -> None:
+    """A worker: ``sys.argv`` is [-c, the driver's pid, its log level]."""
+    parent, level = int(sys.argv[1]), int(sys.argv[2])
+    _die_with(parent)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _serve(parent)
