@@ -5,7 +5,9 @@ What is checked, per operator, store and partition (through :mod:`.storage`, any
 * **files**: every changelog decodes (magic, format, header and trailer CRC-32, zstd frame,
   every record's lengths, the record count), names its own version (and, under checkpoint
   format 2, its own unique id) and the store's key-group count; every snapshot manifest decodes
-  (names and paths by the path rule) and every file it lists is present with its size;
+  (names and paths by the path rule) and every file it lists is present with its size; under
+  checkpoint format 1 a manifest of another run's attempt of its version (its runId is not its
+  version's changelog's) is never loaded, so it is a warning and nothing else of it is checked;
 * **versions**: every version from the oldest loadable one to the newest is rebuilt (one pass:
   the oldest snapshot, then each changelog in turn); at each snapshot the snapshot's own files
   are opened and their exact key count compared with the manifest's ``numKeys`` and with the
@@ -18,7 +20,8 @@ What is checked, per operator, store and partition (through :mod:`.storage`, any
   time), and each manifest's TTL settings are readable.
 
 A report lists problems (path, what is wrong, what to do) and what was checked; ``ok`` is
-True when there is no problem. Orphan files a cleanup left behind are warnings, not problems.
+True when there is no problem. Orphan files a cleanup left behind, and snapshots of another run's
+attempt, are warnings, not problems.
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ from ..formats.stored import PLAIN_VALUE, TIMED_VALUE, KeyLayout
 from .progress import Steps
 from .storage import open_storage
 from ..checkpoint import Checkpoint, CheckpointProblem, StorePartition, partition_key_layout
+from ..checkpoint.rebuilder import of_another_run
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -192,6 +196,12 @@ def _verify_store_partition(ck: Checkpoint, op, sp: StorePartition, key_schema, 
         except CheckpointProblem as exc:
             report.problem(path, str(exc), RESTORE)
             continue
+        why = of_another_run(storage, sp, v, m) if uid is None else None
+        if why is not None:  # loads pass it over: its files and counts are of no version
+            report.warn(path, f"never loaded: {why}; loads rebuild version {v} from an older snapshot and the "
+                              "changelogs, and the running query's cleanup deletes this manifest once a newer "
+                              "snapshot is the base of the versions it keeps")
+            continue
         if key_groups is not None and m.key_groups != key_groups:
             report.problem(path, f"written with {m.key_groups} key groups, the changelogs with {key_groups}",
                            RESTORE)
@@ -220,6 +230,9 @@ def _verify_store_partition(ck: Checkpoint, op, sp: StorePartition, key_schema, 
         path = sp.manifest_path(storage, v, uid)
         try:
             with ck.rebuild(sp, v, uid, skip_unusable=False, count_key_groups=True) as rebuilt:  # this snapshot
+                if rebuilt.chain[-1] != (v, uid):  # passed over as another run's since step 2 (a query running)
+                    report.warn(path, f"never loaded: {'; '.join(rebuilt.skipped)}")
+                    continue
                 partitions = ck.recorded_partitions(v - 1)
                 n = 0
                 by_group: Counter = Counter()

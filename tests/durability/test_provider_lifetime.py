@@ -17,6 +17,7 @@
 """
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -26,6 +27,7 @@ from contextlib import contextmanager
 
 import pytest
 
+import keyedstate
 from keyedstate import checkpoint as ckpt
 from keyedstate.offline.storage import LocalStorage
 from keyedstate.checkpoint import Checkpoint
@@ -273,7 +275,9 @@ def test_a_stopped_runs_snapshot_beside_the_rerun_changelog_is_never_loaded(spar
     re-check while a later run replaces version 3: the stopped run's manifest stays beside the
     later run's changelog of the same version. The JVM's load and both offline rebuilders see
     that the manifest names another run than the changelog and rebuild version 3 from the older
-    snapshot and changelogs; before, all three loaded the stale snapshot (the rerun's key lost)."""
+    snapshot and changelogs; before, all three loaded the stale snapshot (the rerun's key lost).
+    ``keyedstate verify`` warns of that manifest, naming both runs and the changelog; before, it
+    held the manifest's numKeys to the rerun's version 3 and reported a corrupt snapshot."""
     location, local = objtest_location(spark, "stale")
     history, ids = {0: {}}, {}
     old = Run(spark, location + "/state", "1", history, ids)
@@ -301,6 +305,15 @@ def test_a_stopped_runs_snapshot_beside_the_rerun_changelog_is_never_loaded(spar
         part = checkpoint.operator(0).stores["default"][0]
         with checkpoint.rebuild(part, 3) as rebuilt:
             assert rebuilt.chain[-1] != (3, None) and _offline_contents(rebuilt.db) == history[3]
+        _as_query_checkpoint(local, committed=2)
+        report = keyedstate.verify(location, spark=spark)
+        assert report["ok"], report
+        assert report["checked"]["snapshots"] == 3 and report["checked"]["keysChecked"] > 0, report
+        stale_path = location + "/state/0/0/3.ks-snapshot"
+        said = [w["warning"] for w in report["warnings"] if w["path"] == stale_path]
+        assert len(said) == 1 and "never loaded" in said[0], report
+        changelog_path = location + "/state/0/0/3.ks-changelog"
+        assert old.run_id in said[0] and new.run_id in said[0] and changelog_path in said[0], said
     finally:
         close_runs(spark, old, new)
 
@@ -502,6 +515,28 @@ def test_a_replace_deletes_no_file_another_run_wrote_after_it_decided(spark):
     finally:
         disarm(spark)
         close_runs(spark, first, stopped, latest)
+
+
+def _as_query_checkpoint(local, committed: int) -> None:
+    """What a query adds around the layer store's files, as Spark 4.3 writes them: the offset and
+    commit logs of batches 0..``committed`` (one partition, keyedstate's provider) and the state
+    schema file (key k INT, value n LONG), so that ``keyedstate verify`` takes it as a checkpoint."""
+    from keyedstate.offline.processor import _chunks, _utf
+
+    for name in ("offsets", "commits"):
+        (local / name).mkdir(exist_ok=True)
+    conf = {"spark.sql.shuffle.partitions": "1",
+            "spark.sql.streaming.stateStore.providerClass": keyedstate.PROVIDER_CLASS}
+    for batch in range(committed + 1):
+        meta = {"batchWatermarkMs": 0, "batchTimestampMs": 0, "conf": conf}
+        (local / "offsets" / str(batch)).write_text("v1\n" + json.dumps(meta) + "\n-")
+        (local / "commits" / str(batch)).write_text('v1\n{"nextBatchWatermarkMs":0}')
+    schema = local / "state" / "0" / "0" / "_metadata"
+    schema.mkdir(exist_ok=True)
+    field = lambda name, kind: {"type": "struct", "fields": [  # noqa: E731
+        {"name": name, "type": kind, "nullable": True, "metadata": {}}]}
+    (schema / "schema").write_bytes(_utf("v2") + _chunks(json.dumps(field("k", "integer")))
+                                    + _chunks(json.dumps(field("n", "long"))))
 
 
 def _offline_contents(db) -> dict:

@@ -7,6 +7,7 @@ on copies.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import struct
 import subprocess
@@ -155,6 +156,36 @@ def test_verify_detects_each_corruption(checkpoints, tmp_path, corrupt):
     assert not report["ok"], report
     assert any(str(damaged) in p["path"] or str(damaged) in p["problem"] for p in report["problems"]), report
     assert all(p["fix"] for p in report["problems"])
+
+
+def test_verify_warns_of_a_snapshot_of_another_runs_attempt(checkpoints, tmp_path, monkeypatch):
+    """Checkpoint format 1: a snapshot manifest whose runId is not the runId of its version's
+    changelog is of another run's attempt (a stopped run's late upload; built for real in
+    tests/durability/test_provider_lifetime.py) and never loaded. verify warns of it, naming the
+    changelog, and checks no version against it; also when the rebuild is the first to see it
+    (the changelog replaced after verify read the manifest). Before, it said nothing here (the
+    rebuild passed the snapshot over and found the same keys elsewhere)."""
+    ck = copy_checkpoint(checkpoints[("aggregation-update", KS)], tmp_path / "ck")
+    part = ck / "state/0/0"
+    manifest = max(part.glob("*.ks-snapshot"), key=lambda p: int(p.name.split(".")[0]))
+    version = int(manifest.name.split(".")[0])
+    entry = json.loads(manifest.read_text())
+    committer = changelog.read_file_meta(part / f"{version}.ks-changelog").get(changelog.RUN_ID)
+    assert entry.get("runId") and entry["runId"] == committer, (entry, committer)  # the case under test
+    entry["runId"] = "00000000-0000-4000-8000-000000000000"
+    manifest.write_text(json.dumps(entry, separators=(",", ":")))
+
+    def warned(report):
+        said = [w["warning"] for w in report["warnings"] if w["path"] == str(manifest)]
+        return len(said) == 1 and all(s in said[0] for s in ("never loaded", entry["runId"], committer,
+                                                             str(part / f"{version}.ks-changelog")))
+
+    report = verify(ck)
+    assert report["ok"] and warned(report), report
+    verify_module = importlib.import_module("keyedstate.offline.verify")
+    monkeypatch.setattr(verify_module, "of_another_run", lambda *args: None)
+    report = verify(ck)
+    assert report["ok"] and warned(report), report
 
 
 def test_verify_cli_exit_status_and_json(checkpoints, tmp_path):
