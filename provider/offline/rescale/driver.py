@@ -121,6 +121,17 @@ class _Plan:
     meta: Any
 
 
+@dataclass(frozen=True)
+class _Route:
+    """How keys reach the new partitions: by key group (``whole``), each old partition staging
+    its heirs itself (``direct``), from its snapshot's files (``by_files``); ``splits`` tasks."""
+    key_groups: int
+    whole: bool
+    direct: bool
+    by_files: bool
+    splits: int
+
+
 class Rescale:
     """One invocation: Spark's logs through the JVM, the state through Spark tasks."""
 
@@ -135,27 +146,37 @@ class Rescale:
         plan = self._plan(skip_failed_batch, rollback, idle_seconds)
         if plan is None:
             return None  # rolled back
-        work = self._write_repartition_batch(plan)
+        stores = list_stores(self.root, plan.old_n)
+        route = self._route(plan, stores)
+        # The workers of a split by files start now: they import keyedstate while the driver
+        # writes the repartition batch.
+        workers = local_workers.Workers(local_workers.worker_count(route.splits)) if route.by_files else None
         try:
-            stores = list_stores(self.root, plan.old_n)
-            keys, whole, task_seconds, counted_by_keys, in_driver = self._run_jobs(plan, stores, work)
-            self._commit(plan, stores)
-        except BaseException:
-            if (not plan.resumed and self.logs.latest(self.logs.commits) != plan.batch
-                    and self.logs.latest(self.logs.offsets) == plan.batch):
-                # Undo what this call started, so that the query can restart as it was;
-                # a kill leaves it to a rerun or to rollback=True instead.
-                log.error("rescale failed; rolling back the repartition batch %d", plan.batch)
-                await_idle_executors(self.spark)
-                roll_back(self.logs, plan.batch)
-            raise
+            work = self._write_repartition_batch(plan)
+            try:
+                keys, task_seconds, counted_by_keys = self._run_jobs(plan, stores, route, work, workers)
+                self._commit(plan, stores)
+            except BaseException:
+                if workers is not None:
+                    workers.close(kill=True)  # nothing of this run writes during the rollback
+                if (not plan.resumed and self.logs.latest(self.logs.commits) != plan.batch
+                        and self.logs.latest(self.logs.offsets) == plan.batch):
+                    # Undo what this call started, so that the query can restart as it was;
+                    # a kill leaves it to a rerun or to rollback=True instead.
+                    log.error("rescale failed; rolling back the repartition batch %d", plan.batch)
+                    await_idle_executors(self.spark)
+                    roll_back(self.logs, plan.batch)
+                raise
+        finally:
+            if workers is not None:
+                workers.close()
         shutil.rmtree(work, ignore_errors=True)
         staging = self.root / STAGING
         if staging.is_dir() and not any(staging.iterdir()):
             staging.rmdir()
         result = RescaleResult(str(self.root), plan.batch, plan.old_n, self.n, len(stores), keys,
-                               whole, plan.resumed, round(time.monotonic() - started, 3), task_seconds,
-                               counted_by_keys, in_driver)
+                               route.whole, plan.resumed, round(time.monotonic() - started, 3), task_seconds,
+                               counted_by_keys, route.by_files)
         log.info("commits/%d written: %s rescaled from %d to %d partitions", plan.batch, self.root, plan.old_n, self.n)
         return result
 
@@ -259,19 +280,27 @@ class Rescale:
         return work
 
     # -- step 3: run the split and merge jobs --------------------------------------------------
-    def _run_jobs(self, plan: _Plan, stores, work: Path) -> tuple[int, bool, dict[str, float], int, bool]:
-        """Split every old store partition, merge the new partitions no split staged, and
-        publish them all; returns the keys moved, whether key groups routed them, the task
-        seconds by phase, the parents split by files whose keys were read to count them, and
-        whether the splits ran in the driver."""
-        old_n, batch = plan.old_n, plan.batch
-        task_seconds: dict[str, float] = {}
+    def _route(self, plan: _Plan, stores) -> _Route:
         key_groups = key_group_count(self.root, stores, plan.read_batch + 1)
         whole = keygroups.divides(self.n, key_groups)
         # Scale-up by a multiple from a key-group-aligned layout: new partition q's keys all
         # sit in old partition q mod old_n: the split task that scans that partition stages
         # all its heirs from its SST files itself, so there is no merge job.
-        direct = whole and keygroups.divides(old_n, key_groups) and self.n % old_n == 0
+        direct = whole and keygroups.divides(plan.old_n, key_groups) and self.n % plan.old_n == 0
+        # A direct split of partitions that all have a snapshot is a split by files: a few
+        # files per heir, run in the driver's own worker processes (:mod:`.local_workers`).
+        by_files = direct and all(any(v <= plan.read_batch + 1 for v in s.snapshots)
+                                  for _, _, parts in stores for s in parts)
+        return _Route(key_groups, whole, direct, by_files, sum(len(parts) for _, _, parts in stores))
+
+    def _run_jobs(self, plan: _Plan, stores, route: _Route, work: Path,
+                  workers: local_workers.Workers | None) -> tuple[int, dict[str, float], int]:
+        """Split every old store partition (in ``workers`` if given, else as a Spark job),
+        merge the new partitions no split staged, and publish them all; returns the keys moved,
+        the task seconds by phase, and the parents split by files whose keys were read to count them."""
+        old_n, batch = plan.old_n, plan.batch
+        task_seconds: dict[str, float] = {}
+        key_groups, whole, direct = route.key_groups, route.whole, route.direct
         read_version, write_version = plan.read_batch + 1, batch + 1
         origin = {"batch": batch, "fromPartitions": old_n, "toPartitions": self.n}
         layouts = {(op, name): store_key_layout(parts) for op, name, parts in stores}
@@ -290,10 +319,7 @@ class Rescale:
                             write_version, str(outbox / str(op)), origin,
                             json_or_none(layouts[(op, name)]))
                   for op, name, parts in stores for s in parts]
-        # A split by files (a direct split of partitions that have a snapshot) writes a few
-        # files per heir: it runs in the driver's own worker processes (:mod:`.local_workers`).
-        by_files = direct and all(any(v <= read_version for v in s.snapshots) for _, _, parts in stores for s in parts)
-        split_results = self._run_tasks(split, splits, "split", in_driver=by_files)
+        split_results = self._run_tasks(split, splits, "split", workers=workers)
         counts: dict[tuple[int, str, int], int] = {}
         ttl: dict[tuple[int, str], dict | None] = {}
         published = {(task.operator, task.store, q) for task, result in zip(splits, split_results)
@@ -318,15 +344,15 @@ class Rescale:
                 publish(ckpt.store_dir(outbox / str(op), q, name),
                         ckpt.store_dir(self.root / "state" / str(op), q, name), write_version, self.root, q, name)
             mark_retired(self.root / "state" / str(op), name, self.n, old_n, write_version)
-        return keys, whole, task_seconds, sum(bool(r.get("countedByKeys")) for r in split_results), by_files
+        return keys, task_seconds, sum(bool(r.get("countedByKeys")) for r in split_results)
 
-    def _run_tasks(self, fn, tasks: list, phase: str, in_driver: bool = False) -> list[dict]:
-        """``fn`` over ``tasks`` as a Spark job, or ``in_driver``: in worker processes of the driver."""
+    def _run_tasks(self, fn, tasks: list, phase: str, workers: local_workers.Workers | None = None) -> list[dict]:
+        """``fn`` over ``tasks`` as a Spark job, or in ``workers``, processes of the driver."""
         if not tasks:
             return []
         started = time.monotonic()
-        if in_driver:
-            results = local_workers.run(fn, tasks, phase, log, "store partitions", _describe)
+        if workers is not None:
+            results = workers.run(fn, tasks, phase, log, "store partitions", _describe)
         else:
             sc = self.spark.sparkContext
             with tracked(sc, "rescale", phase, len(tasks), log, "store partitions"):

@@ -59,48 +59,76 @@ class _Worker:
         self.recv.close()
 
 
+class Workers:
+    """``count`` worker processes, started at once so that their start overlaps what the driver
+    does before it has tasks for them; :meth:`close` stops them (killed if ``kill``)."""
+
+    def __init__(self, count: int) -> None:
+        self._workers: list[_Worker] = []
+        try:  # a failed start stops the started ones
+            for _ in range(count):
+                self._workers.append(_Worker(logging.getLogger("keyedstate").getEffectiveLevel()))
+        except BaseException:
+            self.close(kill=True)
+            raise
+
+    def __enter__(self) -> "Workers":
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        self.close(kill=kind is not None)
+
+    def close(self, kill: bool = False) -> None:
+        while self._workers:
+            self._workers.pop().stop(kill=kill)
+
+    def run(self, fn: Callable[[Any], dict], tasks: Sequence[Any], phase: str, log: logging.Logger,
+            unit: str, describe: Callable[[Any], str]) -> list[dict]:
+        """``fn(task)`` for each task, results in the tasks' order. The first task that fails
+        stops every worker (killed) and raises its exception, with a note naming the task."""
+        workers = self._workers
+        if not workers:
+            raise RescaleError("internal: no worker process left to run tasks in")
+        results: list[dict | None] = [None] * len(tasks)
+        steps = Steps(phase, len(tasks), log, unit)
+        queue = list(range(len(tasks)))[::-1]
+        try:
+            for worker in workers:
+                _give(worker, fn, tasks, queue)
+            busy = {w.recv: w for w in workers if w.index is not None}
+            while busy:
+                for conn in wait(list(busy)):
+                    worker = busy.pop(conn)
+                    index = worker.index
+                    try:
+                        answer = conn.recv()
+                    except EOFError:
+                        code = worker.proc.wait()
+                        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+                        raise RescaleError(f"the worker process running {describe(tasks[index])} {how} "
+                                           "before it finished (see its messages above)") from None
+                    if answer[0] == "error":
+                        _, exc, text = answer
+                        log.error("%s failed in a worker process:\n%s", describe(tasks[index]), text)
+                        if exc is None:
+                            raise RescaleError(f"{describe(tasks[index])} failed: {text.strip().splitlines()[-1]}")
+                        exc.add_note(f"(in {describe(tasks[index])}, run in a worker process of the driver)")
+                        raise exc
+                    results[index] = answer[1]
+                    steps.step()
+                    if _give(worker, fn, tasks, queue):
+                        busy[worker.recv] = worker
+        except BaseException:
+            self.close(kill=True)  # no task of a failed run may write after it
+            raise
+        return results  # type: ignore[return-value]
+
+
 def run(fn: Callable[[Any], dict], tasks: Sequence[Any], phase: str, log: logging.Logger,
         unit: str, describe: Callable[[Any], str]) -> list[dict]:
-    """``fn(task)`` for each task, in worker processes, results in the tasks' order. The first
-    task that fails stops them all (killed) and raises its exception, with a note naming it."""
-    workers: list[_Worker] = []
-    results: list[dict | None] = [None] * len(tasks)
-    steps = Steps(phase, len(tasks), log, unit)
-    queue = list(range(len(tasks)))[::-1]
-    failed = True
-    try:
-        for _ in range(worker_count(len(tasks))):  # inside the try: a failed start stops the started
-            workers.append(_Worker(logging.getLogger("keyedstate").getEffectiveLevel()))
-        for worker in workers:
-            _give(worker, fn, tasks, queue)
-        busy = {w.recv: w for w in workers if w.index is not None}
-        while busy:
-            for conn in wait(list(busy)):
-                worker = busy.pop(conn)
-                index = worker.index
-                try:
-                    answer = conn.recv()
-                except EOFError:
-                    code = worker.proc.wait()
-                    how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-                    raise RescaleError(f"the worker process running {describe(tasks[index])} {how} "
-                                       "before it finished (see its messages above)") from None
-                if answer[0] == "error":
-                    _, exc, text = answer
-                    log.error("%s failed in a worker process:\n%s", describe(tasks[index]), text)
-                    if exc is None:
-                        raise RescaleError(f"{describe(tasks[index])} failed: {text.strip().splitlines()[-1]}")
-                    exc.add_note(f"(in {describe(tasks[index])}, run in a worker process of the driver)")
-                    raise exc
-                results[index] = answer[1]
-                steps.step()
-                if _give(worker, fn, tasks, queue):
-                    busy[worker.recv] = worker
-        failed = False
-    finally:
-        for worker in workers:
-            worker.stop(kill=failed)
-    return results  # type: ignore[return-value]
+    """:meth:`Workers.run` in as many workers as there are cores, none kept."""
+    with Workers(worker_count(len(tasks))) as workers:
+        return workers.run(fn, tasks, phase, log, unit, describe)
 
 
 def _give(worker: _Worker, fn: Callable, tasks: Sequence[Any], queue: list[int]) -> bool:
