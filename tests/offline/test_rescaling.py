@@ -9,10 +9,8 @@ query's batch ids are one higher than the uninterrupted run's after that point.
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -28,8 +26,11 @@ from keyedstate.offline.storage import HadoopStorage, LocalStorage
 from keyedstate.checkpoint import Checkpoint
 from support.constants import HDFS_PROVIDER, PROVIDER_CONF
 from support.driver import FileStream, assert_same_output, collect_into, run_query, session_confs
-from support.offline import (await_a_split_running, kill_rescale_after, kill_rescale_driver_while_splitting, rescale_cli,
-                             rescale_workers, to_objtest)
+from support.offline import kill_rescale_after, rescale_cli, to_objtest
+from support.rescale_query import (
+    await_every_file_listed as _await_every_file_listed, await_snapshots as _await_snapshots,
+    batch_rows as _batch_rows, count_by_key as _agg, expected as _expected, run as _run,
+    snapshotted_query as _snapshotted_query)
 from support.scenarios import SCENARIOS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
@@ -98,37 +99,6 @@ def test_rescaled_query_gives_the_uninterrupted_output(spark, tmp_path, case, re
         assert len(store["partitions"]) == case.after
         if KEY_GROUPS % case.after == 0:
             assert store["distribution"]["misplacedKeys"] == 0
-
-
-# -- a W1-shaped aggregation, for the interruption and refusal tests ---------------------------------
-
-def _agg(df):
-    from pyspark.sql import functions as F
-
-    return df.groupBy("k").agg(F.count("*").alias("n"))
-
-
-def _batch_rows(b: int) -> list[dict]:
-    return [{"k": k} for k in range(b * 700, b * 700 + 3000)]
-
-
-def _expected(batches: int) -> dict:
-    counts: dict[int, int] = {}
-    for b in range(batches):
-        for row in _batch_rows(b):
-            counts[row["k"]] = counts.get(row["k"], 0) + 1
-    return counts
-
-
-def _run(spark, stream: FileStream, batches: range, out: dict, partitions: int = 4) -> None:
-    with session_confs(spark, {PROVIDER_CONF: keyedstate.PROVIDER_CLASS,
-                               "spark.sql.shuffle.partitions": str(partitions)}):
-        query = stream.start(_agg, lambda df, _: out.update({r.k: r.n for r in df.collect()}))
-        try:
-            for b in batches:
-                stream.step(query, _batch_rows(b))
-        finally:
-            query.stop()
 
 
 @pytest.mark.parametrize("snapshots", [False, True], ids=["changelogs-only", "from-snapshots"])
@@ -667,8 +637,6 @@ def test_a_split_refuses_a_partition_rocksdb_cannot_read_whole(tmp_path):
 def test_a_merge_takes_finished_splits_only(tmp_path):
     """A split attempt killed midway leaves from-<p>.<id>.tmp with partial files; the merge of a
     rerun took them too (found by the helper attack: every rerun failed on an empty SST)."""
-    from keyedstate.formats import keygroups, rocksdb
-
     data = _old_partition(tmp_path / "db", range(0, 300, 3))  # key groups of new partition 0 of 3
     staging = tmp_path / "staging"
     db = ckpt.open_copy(tmp_path / "db", read_only=True)
@@ -688,55 +656,6 @@ def test_a_merge_takes_finished_splits_only(tmp_path):
     assert rescaling._merge(task) == {"partition": 0, "keys": len(data)}
     with ckpt.rebuild(ckpt.list_store(target, 0), 2) as rebuilt:
         assert dict(rebuilt.db.items()) == data
-
-
-def _await_snapshots(op_dir: Path, version: int) -> None:
-    """Waits until every partition of the operator uploaded the snapshot of ``version``
-    (maintenance runs every second in the tests)."""
-    deadline = time.monotonic() + 60
-    while not all(version in s.snapshots for s in ckpt.discover_stores(op_dir)["default"]):
-        assert time.monotonic() < deadline, f"no snapshot of version {version} uploaded"
-        time.sleep(0.5)
-
-
-def _unlisted_snapshot_files(op_dir: Path) -> list[Path]:
-    """The files in any partition's ``ks-files/`` that no manifest of any partition lists (a
-    checksum file goes with the file it belongs to)."""
-    listed = set()
-    for files in ckpt.discover_stores(op_dir)["default"]:
-        for v in files.snapshots:
-            m = ckpt.read_manifest(files.manifest_path(v), v)
-            listed |= {Path(files.listing.file_path(files.storage, f.path)) for f in m.files}
-
-    def checksummed(f: Path) -> Path:
-        return f.with_name(f.name[1:-4]) if f.name.startswith(".") and f.name.endswith(".crc") else f
-
-    return [f for d in op_dir.iterdir() if (d / "ks-files").is_dir() for f in (d / "ks-files").iterdir()
-            if checksummed(f) not in listed]
-
-
-def _await_every_file_listed(op_dir: Path) -> None:
-    """Waits until every snapshot file is listed by a manifest: an upload of the stopped query
-    may still be finishing."""
-    deadline = time.monotonic() + 30
-    while unlisted := _unlisted_snapshot_files(op_dir):
-        assert time.monotonic() < deadline, sorted(str(f.relative_to(op_dir)) for f in unlisted)
-        time.sleep(0.5)
-
-
-def _snapshotted_query(spark, tmp_path: Path, retain: int) -> tuple[FileStream, dict, Path, dict]:
-    """3 batches at 4 partitions with a snapshot every version and ``retain`` batches retained,
-    stopped once every partition uploaded version 3's snapshot: the stream, its output so far,
-    the operator's directory and the confs to run it on with."""
-    confs = {"spark.sql.streaming.stateStore.keyedstate.snapshotInterval": "1",
-             "spark.sql.streaming.minBatchesToRetain": str(retain)}
-    stream = FileStream(spark, tmp_path, "k LONG")
-    out: dict = {}
-    op_dir = Path(stream.checkpoint) / "state" / "0"
-    with session_confs(spark, confs):
-        _run(spark, stream, range(3), out)
-    _await_snapshots(op_dir, 3)
-    return stream, out, op_dir, confs
 
 
 def test_a_split_by_files_shares_the_parents_files_and_every_retained_version_loads(spark, tmp_path):
@@ -1018,117 +937,3 @@ def test_a_split_by_files_failing_at_publish_rolls_back_to_every_file_it_had(spa
     assert after == before, (sorted(set(before) - set(after)), sorted(set(after) - set(before)))
     _run(spark, stream, range(3, 5), out)
     assert out == _expected(5)
-
-
-def _quiet_snapshotted_query(spark, tmp_path: Path):
-    """_snapshotted_query, once every upload of the stopped query is done and a second old (a
-    rollback takes files from a second before the rescale as its own); with a function that
-    lists the operator's files and their sizes."""
-    stream, out, op_dir, confs = _snapshotted_query(spark, tmp_path, 2)
-    _await_every_file_listed(op_dir)
-    time.sleep(1.5)
-    return stream, out, op_dir, confs, lambda: {p.relative_to(op_dir): p.stat().st_size
-                                               for p in op_dir.rglob("*") if p.is_file()}
-
-
-def _continues_exactly(spark, stream, out: dict, confs: dict) -> None:
-    with session_confs(spark, confs):
-        _run(spark, stream, range(3, 5), out)
-    assert out == _expected(5)
-
-
-@pytest.mark.parametrize("then", ["rerun", "rollback"])
-def test_a_rescale_driver_killed_while_its_workers_split_leaves_no_worker(spark, tmp_path, then):
-    """4 -> 8 from snapshots by the CLI, whose driver process alone is SIGKILLed while its
-    workers split by files: every worker dies with it; then a rerun finishes the batch, or a
-    rollback leaves every file of the operator as it was; the query goes on exactly."""
-    stream, out, op_dir, confs, files = _quiet_snapshotted_query(spark, tmp_path)
-    root = Path(stream.checkpoint)
-    before = files()
-    proc = rescale_cli("--checkpoint", stream.checkpoint, "--partitions", "8")
-    workers = kill_rescale_driver_while_splitting(proc, root)  # they died with it
-    assert workers, "the splits did not run in the driver's worker processes"
-    if then == "rollback":
-        assert keyedstate.rescale(stream.checkpoint, 8, spark=spark, rollback=True) is None
-        after = files()
-        assert after == before, (sorted(set(before) - set(after)), sorted(set(after) - set(before)))
-        assert not (root / "_keyedstate_rescale").exists() and not (root / "offsets" / "3").exists()
-    result = keyedstate.rescale(stream.checkpoint, 8, spark=spark)
-    assert result.splits_in_driver and result.resumed == (then == "rerun"), result
-    assert result.keys == len(_expected(3))
-    _continues_exactly(spark, stream, out, confs)
-
-
-def test_a_worker_killed_mid_split_fails_the_rescale_naming_the_split(spark, tmp_path):
-    """A worker process SIGKILLed from outside while it splits: the rescale fails naming the
-    split it ran, the driver's rollback leaves every file as it was, and a rerun succeeds."""
-    stream, out, op_dir, confs, files = _quiet_snapshotted_query(spark, tmp_path)
-    root = Path(stream.checkpoint)
-    before = files()
-    killed: list[int] = []
-
-    def kill_a_worker():
-        await_a_split_running(root)
-        killed.extend(rescale_workers(os.getpid())[:1])
-        for pid in killed:
-            os.kill(pid, signal.SIGKILL)
-
-    killer = threading.Thread(target=kill_a_worker, daemon=True)
-    killer.start()
-    with pytest.raises(keyedstate.RescaleError, match=r"the worker process running the split of partition [0-3] "
-                       rf"of {re.escape(str(op_dir))}/[0-3] was killed by SIGKILL before it finished"):
-        keyedstate.rescale(stream.checkpoint, 8, spark=spark)
-    killer.join()
-    assert killed and not rescale_workers(os.getpid())
-    after = files()
-    assert after == before, (sorted(set(before) - set(after)), sorted(set(after) - set(before)))
-    assert not (root / "_keyedstate_rescale").exists() and not (root / "offsets" / "3").exists()
-    result = keyedstate.rescale(stream.checkpoint, 8, spark=spark)
-    assert result.splits_in_driver and not result.resumed and result.keys == len(_expected(3)), result
-    _continues_exactly(spark, stream, out, confs)
-
-
-def test_a_split_by_files_of_a_damaged_manifest_warns_naming_it_and_splits_from_an_older_one(spark, tmp_path,
-                                                                                            capfd):
-    """One parent's snapshot manifest of the version read truncated: the split (in a worker
-    process of the driver) skips it for the retained older snapshot plus changelogs, as a load
-    does, and its warning naming the manifest reaches the driver's stderr; the query goes on
-    exactly. (Damage to an SST every retained snapshot shares: see the next test.)"""
-    stream, out, op_dir, confs, _ = _quiet_snapshotted_query(spark, tmp_path)
-    manifest = op_dir / "2" / "3.ks-snapshot"
-    good = manifest.read_bytes()
-    manifest.write_bytes(good[:len(good) // 2])
-    capfd.readouterr()
-    result = keyedstate.rescale(stream.checkpoint, 8, spark=spark)
-    assert result.splits_in_driver and result.keys == len(_expected(3)), result
-    assert re.search(rf"WARNING keyedstate\.checkpoint\.rebuilder: skipping snapshot {re.escape(str(manifest))} "
-                     r"in favour of an older one plus changelogs: .*truncated or corrupt", capfd.readouterr().err)
-    _continues_exactly(spark, stream, out, confs)
-
-
-def test_a_split_by_files_that_cannot_rebuild_a_parent_fails_in_the_cli_naming_the_file(spark, tmp_path):
-    """Every snapshot of parent 2 (through the SST they share) and its changelogs truncated:
-    the CLI's split in a worker process fails, and what it prints names a damaged file of
-    that partition, on one line, without a traceback; the rollback leaves every file as it was."""
-    stream, out, op_dir, confs, files = _quiet_snapshotted_query(spark, tmp_path)
-    part = op_dir / "2"
-    listed = ckpt.read_manifest(part / "3.ks-snapshot", 3).files
-    damaged = [max((part / f.path for f in listed if f.name.endswith(".sst")), key=lambda p: p.stat().st_size),
-               *sorted(part.glob("*.ks-changelog"))]
-    good = {p: p.read_bytes() for p in damaged}
-    for p in damaged:
-        p.write_bytes(good[p][:len(good[p]) // 2])
-    before = files()
-    proc = rescale_cli("--checkpoint", stream.checkpoint, "--partitions", "8")
-    _, err = proc.communicate(timeout=240)
-    for p, data in good.items():
-        p.write_bytes(data)
-    said = [line for line in err.splitlines() if line.startswith("keyedstate: error:")]
-    assert proc.returncode == 1 and len(said) == 1, err[-3000:]
-    assert any(str(p) in said[0] for p in damaged), said
-    assert "Traceback" not in err.split("rolling back the repartition batch")[-1], err[-3000:]
-    after = files()
-    assert set(after) == set(before) and all(after[f] == before[f] for f in after
-                                             if op_dir / f not in good), (sorted(set(before) ^ set(after)))
-    assert not (Path(stream.checkpoint) / "_keyedstate_rescale").exists()
-    _continues_exactly(spark, stream, out, confs)

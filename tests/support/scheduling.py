@@ -21,6 +21,7 @@ GROUPED_DIRS = ("tests/storage",)
 LONG_FIRST = (
     "tests/storage",  # HDFS, moto and an s3a session; every scenario run on both
     "tests/offline/test_rescaling.py",
+    "tests/offline/test_rescale_in_driver.py",  # CLI drivers killed mid-split
     "tests/queries/test_first_contact.py",
     "tests/durability/test_provider_lifetime.py",
     "tests/queries/test_memory_budget.py",  # a state ten times its budget
