@@ -133,7 +133,8 @@ class _Route:
 
 
 class Rescale:
-    """One invocation: Spark's logs through the JVM, the state through Spark tasks."""
+    """One invocation: Spark's logs through the JVM, the state through Spark tasks (a split by
+    files: through worker processes of the driver)."""
 
     def __init__(self, spark: "SparkSession", root: Path, partitions: int) -> None:
         self.spark = spark

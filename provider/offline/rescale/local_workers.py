@@ -7,7 +7,9 @@ worker here is ``python -P -c "from keyedstate.offline.rescale.local_workers imp
 ``(fn, task)`` pairs on its stdin and answers each with ``("ok", result)`` or ``("error",
 exception, traceback text)`` on its stdout (what else it prints goes to stderr). A worker dies
 with the driver (Linux's parent-death signal, and the end of its stdin); on a failed task the
-driver kills every worker before it returns, so no task of a failed run writes afterwards.
+driver kills every worker before it returns, so no task of a failed run writes afterwards. The
+driver starts them (:class:`Workers`) before it has their tasks, so that their start overlaps
+its own work.
 """
 from __future__ import annotations
 
