@@ -12,37 +12,16 @@ from pathlib import Path
 import pytest
 
 import keyedstate
-from keyedstate import checkpoint as ckpt
+from keyedstate import checkpoint as ckpt, cli
 from support.offline import await_a_split_running, kill_rescale_driver_while_splitting, rescale_cli, rescale_workers
 from support.rescale_query import continues_exactly, expected, quiet_snapshotted_query
 
 
-def test_a_rescale_driver_killed_while_its_workers_split_leaves_no_worker(spark, tmp_path):
-    """4 -> 8 from snapshots by the CLI, whose driver process alone is SIGKILLed while its
-    workers split by files: every worker dies with it, and a rollback leaves every file of the
-    operator as it was. Killed so a second time, a rerun finishes the batch; the query goes on
-    exactly."""
-    stream, out, op_dir, confs, files = quiet_snapshotted_query(spark, tmp_path)
-    root = Path(stream.checkpoint)
-    before = files()
-    for then in ("rollback", "rerun"):
-        proc = rescale_cli("--checkpoint", stream.checkpoint, "--partitions", "8")
-        workers = kill_rescale_driver_while_splitting(proc, root)  # they died with it
-        assert workers, "the splits did not run in the driver's worker processes"
-        if then == "rollback":
-            assert keyedstate.rescale(stream.checkpoint, 8, spark=spark, rollback=True) is None
-            after = files()
-            assert after == before, (sorted(set(before) - set(after)), sorted(set(after) - set(before)))
-            assert not (root / "_keyedstate_rescale").exists() and not (root / "offsets" / "3").exists()
-    result = keyedstate.rescale(stream.checkpoint, 8, spark=spark)
-    assert result.splits_in_driver and result.resumed, result
-    assert result.keys == len(expected(3))
-    continues_exactly(spark, stream, out, confs)
-
-
-def test_a_worker_killed_mid_split_fails_the_rescale_naming_the_split(spark, tmp_path):
-    """A worker process SIGKILLed from outside while it splits: the rescale fails naming the
-    split it ran, the driver's rollback leaves every file as it was, and a rerun succeeds."""
+def test_a_killed_worker_fails_the_rescale_and_a_killed_driver_takes_its_workers_along(spark, tmp_path):
+    """4 -> 8 from snapshots, on one query. First a worker process SIGKILLed from outside while
+    it splits: the rescale fails naming the split it ran, and the driver's rollback leaves every
+    file as it was. Then the CLI's driver process alone SIGKILLed while its workers split: every
+    worker dies with it, and a rerun finishes the batch. The query goes on exactly."""
     stream, out, op_dir, confs, files = quiet_snapshotted_query(spark, tmp_path)
     root = Path(stream.checkpoint)
     before = files()
@@ -64,8 +43,12 @@ def test_a_worker_killed_mid_split_fails_the_rescale_naming_the_split(spark, tmp
     after = files()
     assert after == before, (sorted(set(before) - set(after)), sorted(set(after) - set(before)))
     assert not (root / "_keyedstate_rescale").exists() and not (root / "offsets" / "3").exists()
+
+    proc = rescale_cli("--checkpoint", stream.checkpoint, "--partitions", "8")
+    workers = kill_rescale_driver_while_splitting(proc, root)  # they died with it
+    assert workers, "the splits did not run in the driver's worker processes"
     result = keyedstate.rescale(stream.checkpoint, 8, spark=spark)
-    assert result.splits_in_driver and not result.resumed and result.keys == len(expected(3)), result
+    assert result.splits_in_driver and result.resumed and result.keys == len(expected(3)), result
     continues_exactly(spark, stream, out, confs)
 
 
@@ -87,11 +70,12 @@ def test_a_split_by_files_of_a_damaged_manifest_warns_naming_it_and_splits_from_
     continues_exactly(spark, stream, out, confs)
 
 
-def test_a_split_by_files_that_cannot_rebuild_a_parent_fails_in_the_cli_naming_the_file(spark, tmp_path):
+def test_a_split_by_files_that_cannot_rebuild_a_parent_fails_in_the_cli_naming_the_file(spark, tmp_path, capfd):
     """Every snapshot of parent 2 (through the SST they share) and its changelogs truncated:
     the CLI's split in a worker process fails, and what it prints names a damaged file of
-    that partition, on one line, without a traceback; the rollback leaves every file as it was."""
-    stream, out, op_dir, confs, files = quiet_snapshotted_query(spark, tmp_path)
+    that partition, on one line, without a traceback; the rollback leaves every file as it was.
+    (The CLI's own code, in this process: it takes the session that is already up.)"""
+    stream, _, op_dir, _, files = quiet_snapshotted_query(spark, tmp_path)
     part = op_dir / "2"
     listed = ckpt.read_manifest(part / "3.ks-snapshot", 3).files
     damaged = [max((part / f.path for f in listed if f.name.endswith(".sst")), key=lambda p: p.stat().st_size),
@@ -100,16 +84,16 @@ def test_a_split_by_files_that_cannot_rebuild_a_parent_fails_in_the_cli_naming_t
     for p in damaged:
         p.write_bytes(good[p][:len(good[p]) // 2])
     before = files()
-    proc = rescale_cli("--checkpoint", stream.checkpoint, "--partitions", "8")
-    _, err = proc.communicate(timeout=240)
+    capfd.readouterr()
+    code = cli.main(["rescale", "--checkpoint", stream.checkpoint, "--partitions", "8"])
+    err = capfd.readouterr().err
     for p, data in good.items():
         p.write_bytes(data)
     said = [line for line in err.splitlines() if line.startswith("keyedstate: error:")]
-    assert proc.returncode == 1 and len(said) == 1, err[-3000:]
+    assert code == 1 and len(said) == 1, err[-3000:]
     assert any(str(p) in said[0] for p in damaged), said
     assert "Traceback" not in err.split("rolling back the repartition batch")[-1], err[-3000:]
     after = files()
     assert set(after) == set(before) and all(after[f] == before[f] for f in after
                                              if op_dir / f not in good), (sorted(set(before) ^ set(after)))
     assert not (Path(stream.checkpoint) / "_keyedstate_rescale").exists()
-    continues_exactly(spark, stream, out, confs)
