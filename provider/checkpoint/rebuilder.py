@@ -42,7 +42,7 @@ class Rebuilt:
     skipped: tuple[str, ...] = ()  # unusable snapshots passed over, and why (naming them)
     # Keys by key group (asked for with count_key_groups=True); None: the base snapshot has none.
     key_group_counts: Counter | None = None
-    logs: tuple = ()  # the changelogs applied on the base, oldest first
+    logs: tuple = ()  # the changelogs applied on the base, oldest first (if asked to keep them)
 
     @property
     def base_snapshot(self) -> int | None:
@@ -116,7 +116,7 @@ def cannot_rebuild(sp: StorePartition, version: int, problems: list[str]) -> Che
 def rebuild(storage: Storage, sp: StorePartition, version: int, uid: str | None = None,
             workdir: str | None = None, manifests: dict | None = None,
             skip_unusable: bool = True, count_key_groups: bool = False,
-            compactions: bool = True) -> Iterator[Rebuilt]:
+            compactions: bool = True, keep_logs: bool = False) -> Iterator[Rebuilt]:
     """A private local RocksDB holding ``version`` (deleted on exit). ``manifests``: manifests
     already read, by version (format 1; a value may be the error reading it gave).
     ``skip_unusable=False``: a base snapshot that cannot be used fails the rebuild, naming why
@@ -125,7 +125,8 @@ def rebuild(storage: Storage, sp: StorePartition, version: int, uid: str | None 
     counts") exact through the changelogs applied on it, asking RocksDB whether the keys their
     writer did not know were there. ``compactions=False``: no automatic compaction runs, so the
     base snapshot's SST files stay live as they are and the replay adds only its flush's files (a
-    split by files shares them)."""
+    split by files shares them). ``keep_logs``: the changelogs applied stay decoded in
+    :attr:`Rebuilt.logs` (a caller that reads them again); otherwise each is freed once applied."""
     problems: list[str] = []
     skipped: list[str] = []
     with tempfile.TemporaryDirectory(prefix="keyedstate-rebuild-", dir=workdir) as tmp:
@@ -157,9 +158,11 @@ def rebuild(storage: Storage, sp: StorePartition, version: int, uid: str | None 
             to_apply = list(reversed(plan[:-1]))
             logs = []
             for v, i in to_apply:
-                logs.append(log_ := read_changelog(storage, sp, v, i, key_groups))
+                log_ = read_changelog(storage, sp, v, i, key_groups)
                 key_groups = log_.key_groups
                 _apply(db, log_, counts)
+                if keep_logs:
+                    logs.append(log_)
             if to_apply or (manifest is not None and manifest.replay):
                 db.flush()
             yield Rebuilt(db, list(plan), key_groups, manifest, tuple(skipped), counts, tuple(logs))

@@ -81,6 +81,9 @@ def test_a_split_by_files_of_a_snapshot_plus_changelogs_writes_the_replay_and_ra
     result = tasks.split(task)
     assert "clip" in result["seconds"], result  # the split by files
     assert result["published"] == [0, 4]
+    # Only the split keeps the changelogs it replayed decoded; every other rebuild frees them.
+    with ckpt.rebuild(ckpt.list_store(part, 0), last) as rebuilt:
+        assert rebuilt.changelogs_applied == CHANGELOGS and rebuilt.logs == ()
 
     for q in (0, 4):
         heir = ckpt.read_manifest(op_dir / str(q) / f"{version}.ks-snapshot", version)

@@ -75,7 +75,7 @@ def split_into(task: SplitTask, temp: Path) -> dict:
     # Without compactions: a split by files shares the snapshot's SSTs with the heirs, and a
     # compaction's output (the replay's flush reaching L0's trigger) would be new to each heir.
     with ckpt.rebuild(files, task.version, workdir=temp, count_key_groups=heirs is not None,
-                      compactions=not task.direct) as rebuilt:
+                      compactions=not task.direct, keep_logs=heirs is not None) as rebuilt:
         check_key_groups(rebuilt, task)
         ttl = rebuilt.manifest.ttl if rebuilt.manifest else None
         rebuilt_at = time.monotonic()
