@@ -51,7 +51,9 @@ For each provider (keyedstate, and Spark's RocksDB provider with changelog check
    ``resume.next_batches`` and ``before_batches``, to say where a slower batch's time went.
 4. **plain restart** (timed like the resume, unless ``--no-plain-restart``): the copy made before
    the rescale, restarted at the old partition count on the same input files, in the same
-   session, until its first batch is done (verified like the resume's), then stopped. It runs
+   session: its first batch and the ``--after`` batches after it, each verified like the
+   resume's (their median, *the plain restart's next*, shows what any restart costs the batches
+   after it: a cold near cache, the restored files' first compaction). It runs
    last, after the resume and its batches, and both starts wait 3 s for the maintenance thread
    to unload the previous query's stores: whatever a warmer session gives (JIT, page cache,
    started workers) favours the plain restart, so *first batch after the rescale / first batch
@@ -191,25 +193,6 @@ def _median(values: list) -> float | None:
         return None
     mid = len(values) // 2
     return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
-
-
-def _first_batch_then_stop(query, timeout: float) -> list[dict]:
-    """Wait for an availableNow query's first batch, then stop it: the plain restart's copy is
-    only timed to its first batch, and the later input files are the resume's."""
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            done = [p for p in query.recentProgress if (p.durationMs or {}).get("triggerExecution")]
-            if done:
-                return [_batch_record(json.loads(done[0].json))]
-            if not query.isActive:
-                if query.exception() is not None:
-                    raise RuntimeError(f"query {query.name} failed: {query.exception()}")
-                break
-            time.sleep(0.05)
-    finally:
-        query.stop()
-    raise RuntimeError(f"query {query.name} reported no batch")
 
 
 class _PeakSampler(threading.Thread):
@@ -482,15 +465,27 @@ def run_child(provider: str, keys: int, from_n: int, to_n: int, batches: int, ba
             cpu = CpuMonitor()
             start_wall = time.time()
             try:
-                first_plain = _first_batch_then_stop(
+                # The same input files as the resume: its first batch, then --after more, so that
+                # the batches after a restart that keeps the count are measured beside the rescale's.
+                restarted = _run_to_end(
                     _query(spark, keys, input_dir, plain, f"rescale_{provider}_plain", verify_sink_into(seen_plain)),
-                    deadline - time.monotonic())[0]
+                    deadline - time.monotonic())
+                first_plain = restarted[0]
                 pcheck = _verify(first_plain, seen_plain.get(first_plain["batchId"], {}), keys, from_n,
-                                 min(batch_rows, keys), 1, 1)
+                                 min(batch_rows, keys), len(restarted), 1 + after)
+                for b in restarted[1:]:
+                    got = seen_plain.get(b["batchId"], {})
+                    if got.get("rows") != min(batch_rows, keys) or got.get("wrong") or b["numRowsTotal"] != keys:
+                        pcheck["problems"].append(f"batch {b['batchId']}: {got.get('rows')} output rows, "
+                                                  f"{got.get('wrong')} wrong counts, numRowsTotal {b['numRowsTotal']}")
+                pcheck["ok"] = not pcheck["problems"]
+                next_ms = [b["batch_ms"] for b in restarted[1:]]
                 result["plain_restart"] = {
                     "start_to_first_batch_s": round(first_plain["start_epoch"] + first_plain["batch_ms"] / 1000
                                                     - start_wall, 3),
                     "first_batch_ms": first_plain["batch_ms"], "batch": _brief(first_plain),
+                    "next_batch_ms": next_ms, "next_median_batch_ms": _median(next_ms),
+                    "next_batches": [_brief(b) for b in restarted[1:]],
                     "verify": pcheck, "status": "ok" if pcheck["ok"] else "verify_failed"}
             except Exception as exc:  # noqa: BLE001 - the rescale's figures stand without it
                 result["plain_restart"] = {"status": "failed", "error": f"{type(exc).__name__}: {exc}"[:2000]}
@@ -725,6 +720,9 @@ def _after_figures(r: dict) -> dict[str, Any]:
                                       plain.get("start_to_first_batch_s") if plain.get("status") == "ok" else None),
         "before_ms": r.get("before_median_batch_ms"), "next_ms": res.get("next_median_batch_ms"),
         "next_vs_before": ratio_value(res.get("next_median_batch_ms"), r.get("before_median_batch_ms")),
+        "plain_next_ms": plain.get("next_median_batch_ms") if plain.get("status") == "ok" else None,
+        "next_vs_plain_next": ratio_value(res.get("next_median_batch_ms"),
+                                          plain.get("next_median_batch_ms") if plain.get("status") == "ok" else None),
         "written": written, "snapshot": snap,
         "written_share": None if written is None or not snap else written / snap,
     }
@@ -758,6 +756,8 @@ def after_lines(data: dict) -> list[str]:
             fmt_ms(f["before_ms"]), f"{fmt_ms(f['next_ms'])} ({len(nxt)})",
             "–" if f["next_vs_before"] is None else f"{f['next_vs_before']:.2f}×"
             + (f" ({verdict(f['next_vs_before'], TARGET_NEXT_MEDIAN)})" if aim else ""),
+            fmt_ms(f["plain_next_ms"]),
+            "–" if f["next_vs_plain_next"] is None else f"{f['next_vs_plain_next']:.2f}×",
             fmt_bytes(f["written"]), fmt_bytes(f["snapshot"]),
             "–" if share is None else f"{share:.1%}"
             + (f" ({'met' if share <= TARGET_WRITTEN else f'**missed** by {(share / TARGET_WRITTEN - 1) * 100:,.0f}%'})"
@@ -768,9 +768,10 @@ def after_lines(data: dict) -> list[str]:
     return table(["provider", "start() → first batch done after the rescale s", "… after a plain restart s",
                   f"rescale ÷ plain (≤ {TARGET_FIRST_BATCH:g}×)", "median batch before ms",
                   "median of the next batches ms (n)", f"next ÷ before (≤ {TARGET_NEXT_MEDIAN:g}×)",
+                  "… of the next after a plain restart ms", "next ÷ plain restart's next",
                   "bytes written by the rescale", "snapshot bytes before",
                   f"written ÷ snapshot (≤ {TARGET_WRITTEN:.0%})", "next batches ms"],
-                 rows, ["l", "r", "r", "r", "r", "r", "r", "r", "r", "r", "l"])
+                 rows, ["l", "r", "r", "r", "r", "r", "r", "r", "r", "r", "r", "r", "l"])
 
 
 def scaling_points(data: dict) -> list[dict]:
@@ -952,7 +953,8 @@ def section(data: dict, made: str | None = None) -> list[str]:
                 "partition count with the same input files, in the same session after the resume and its "
                 "batches, so any warmth of the session favours the plain restart); the **median** batch time "
                 f"(`triggerExecution`) of the {n} batches after the first at the new count against the median "
-                f"of the run's last {BEFORE_BATCHES}; **bytes written** below `state/` by the rescale call "
+                f"of the run's last {BEFORE_BATCHES} and against the median of the {n} after a plain restart's "
+                "first; **bytes written** below `state/` by the rescale call "
                 "(files new or changed in size or mtime, each inode once: a hard link writes nothing) against "
                 "the **snapshot bytes** before it (keyedstate's `ks-files/`, Spark RocksDB's `SSTs/` and "
                 "`*.zip`). Targets are issue 49's, for keyedstate 4 → 8.", ""]
