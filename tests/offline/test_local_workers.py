@@ -42,6 +42,16 @@ def test_results_come_back_in_task_order_from_other_processes():
     assert os.getpid() not in pids and 1 <= len(pids) <= local_workers.worker_count(7)
 
 
+def test_workers_import_what_they_are_told_to_before_their_first_task():
+    """A module to preload is imported while the worker waits (a missing one is passed over);
+    without it the worker has not imported it."""
+    probe = "'wave' in __import__('sys').modules"
+    with local_workers.Workers(1, preload=("no_such_module_here", "wave")) as workers:
+        assert workers.run(eval, [probe], "test", log, "tasks", repr) == [True]
+    with local_workers.Workers(1) as workers:
+        assert workers.run(eval, [probe], "test", log, "tasks", repr) == [False]
+
+
 def test_a_failed_task_raises_its_own_exception_and_stops_the_others_at_once():
     others = _children(os.getpid())  # a Spark JVM an earlier test of this process started
     started = time.monotonic()

@@ -29,7 +29,7 @@ from .plan import hash_spec, json_or_none, key_group_count, list_stores, store_k
 from .rollback import await_idle_executors, roll_back
 from .sparklogs import FORMAT_KEY, LOGGER, PARTITIONS_KEY, PROVIDER_KEY, SparkLogs
 from .staging import JOURNAL, OUTBOX, STAGING, read_journal, skipped_batches, work_dir
-from .tasks import SplitTask, split
+from .tasks import SPLIT_IMPORTS, SplitTask, split
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -151,7 +151,8 @@ class Rescale:
         route = self._route(plan, stores)
         # The workers of a split by files start now: they import keyedstate while the driver
         # writes the repartition batch.
-        workers = local_workers.Workers(local_workers.worker_count(route.splits)) if route.by_files else None
+        workers = (local_workers.Workers(local_workers.worker_count(route.splits), preload=SPLIT_IMPORTS)
+                   if route.by_files else None)
         try:
             work = self._write_repartition_batch(plan)
             try:

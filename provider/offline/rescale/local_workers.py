@@ -13,6 +13,7 @@ its own work.
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import pickle
@@ -39,13 +40,14 @@ def worker_count(tasks: int) -> int:
 
 
 class _Worker:
-    def __init__(self, log_level: int) -> None:
+    def __init__(self, log_level: int, preload: Sequence[str]) -> None:
         env = dict(os.environ)
         # The driver's own import path, resolved as the driver resolves it ('' is its cwd): the
         # worker imports the keyedstate the driver runs, and -P adds no cwd (anyone's /tmp) to it.
         env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in sys.path if isinstance(p, str))
         self.proc = subprocess.Popen(
-            [sys.executable, "-P", "-c", f"from {__name__} import _main; _main()", str(os.getpid()), str(log_level)],
+            [sys.executable, "-P", "-c", f"from {__name__} import _main; _main()", str(os.getpid()), str(log_level),
+             *preload],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
         self.send = Connection(os.dup(self.proc.stdin.fileno()), readable=False)
         self.recv = Connection(os.dup(self.proc.stdout.fileno()), writable=False)
@@ -63,13 +65,15 @@ class _Worker:
 
 class Workers:
     """``count`` worker processes, started at once so that their start overlaps what the driver
-    does before it has tasks for them; :meth:`close` stops them (killed if ``kill``)."""
+    does before it has tasks for them, each importing the modules ``preload`` names meanwhile
+    (what its tasks would otherwise import inside the first one); :meth:`close` stops them
+    (killed if ``kill``)."""
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, preload: Sequence[str] = ()) -> None:
         self._workers: list[_Worker] = []
         try:  # a failed start stops the started ones
             for _ in range(count):
-                self._workers.append(_Worker(logging.getLogger("keyedstate").getEffectiveLevel()))
+                self._workers.append(_Worker(logging.getLogger("keyedstate").getEffectiveLevel(), preload))
         except BaseException:
             self.close(kill=True)
             raise
@@ -183,8 +187,13 @@ def _die_with(parent: int) -> None:
 
 
 def _main() -> None:
-    """A worker: ``sys.argv`` is [-c, the driver's pid, its log level]."""
+    """A worker: ``sys.argv`` is [-c, the driver's pid, its log level, modules to preload...]."""
     parent, level = int(sys.argv[1]), int(sys.argv[2])
     _die_with(parent)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for module in sys.argv[3:]:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            pass  # a task that needs it fails with the error itself, as the task's own
     _serve(parent)

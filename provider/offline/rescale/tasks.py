@@ -23,6 +23,10 @@ from .routing import HeirFiles, write_by_hash, write_by_key_group
 
 log = logging.getLogger(__name__)
 
+SPLIT_IMPORTS = ("numpy",)
+"""What a split imports only once it decodes its first changelog (the column codecs use numpy):
+the driver's worker processes import it while they wait for their first split."""
+
 
 @dataclass(frozen=True)
 class SplitTask:
