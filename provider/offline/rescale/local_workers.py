@@ -194,6 +194,6 @@ def _main() -> None:
     for module in sys.argv[3:]:
         try:
             importlib.import_module(module)
-        except ImportError:
-            pass  # a task that needs it fails with the error itself, as the task's own
+        except Exception:  # noqa: BLE001 -- only a head start: a task that needs it fails on its own
+            pass
     _serve(parent)
