@@ -88,6 +88,7 @@ from .fmt import (CONTENDED_SHARE, contended, fmt_bytes, fmt_load_plan, fmt_ms, 
                   table, target_text, verdict)
 from .workloads import (BASE_CONFS, PROVIDER_PYTHON, PROVIDERS, REPO_DIR, WORK_DIR, CpuMonitor, RssSampler,
                         RunSpec, _batch_record, _descendants, _dir_bytes, _git, _proc_table, _write_json,
+                        cpu_probe_s,
                         base_provider, build_session, checkpoint_versions, child_env, environment, file_inodes,
                         is_keyedstate, keyedstate_build, register_provider_python, run_subprocess,
                         wait_until_idle)
@@ -370,6 +371,7 @@ def run_child(provider: str, keys: int, from_n: int, to_n: int, batches: int, ba
             result["python_workers_warmup_s"] = round(time.monotonic() - t, 3)
 
         # 2. rescale (timed)
+        result["cpu_probe_before_rescale_s"] = cpu_probe_s()
         capture = _LogCapture()
         ks_log = logging.getLogger("keyedstate")  # keyedstate.offline.rescaling (keyedstate.rescale before 932aed2)
         ks_log.addHandler(capture)
@@ -905,6 +907,14 @@ def breakdown(data: dict) -> list[str]:
     return out
 
 
+def _probe_text(runs: dict) -> str:
+    """The CPU probe (``workloads.cpu_probe_s``) each provider's run took just before its
+    rescale, where recorded: the machine's speed then, which varies on this machine kind."""
+    probes = [f"{p} {r['cpu_probe_before_rescale_s']:.3f} s" for p, r in runs.items()
+              if r.get("cpu_probe_before_rescale_s")]
+    return f"; CPU probe before the rescale (lower is faster): {', '.join(probes)}" if probes else ""
+
+
 def section(data: dict, made: str | None = None) -> list[str]:
     """The report's section for a rescale.json."""
     runs = data.get("runs") or {}
@@ -939,7 +949,8 @@ def section(data: dict, made: str | None = None) -> list[str]:
            f"- Command: `{data.get('command', '?')}`; started {data.get('started_at', '?')}, took "
            f"{(data.get('duration_s') or 0) / 60:.1f} min; commit `{data.get('commit') or '?'}`"
            + (" (uncommitted changes)" if data.get("dirty") else "")
-           + f"; {env.get('nproc', '?')} CPUs, pyspark {env.get('pyspark', '?')}, Java {env.get('java', '?')}", ""]
+           + f"; {env.get('nproc', '?')} CPUs, pyspark {env.get('pyspark', '?')}, Java {env.get('java', '?')}"
+           + _probe_text(runs), ""]
     busy = [p for p, r in runs.items() if contended(r)]
     if busy:
         out += [f"- ⚠ **Contended** ({', '.join(busy)}): other processes used >10% of the CPUs during or just "

@@ -507,7 +507,21 @@ def environment() -> dict[str, Any]:
         pass
     return {"nproc": os.cpu_count(), "mem_total_bytes": mem, "cpu_model": cpu,
             "python": platform.python_version(), "pyspark": pyspark.__version__,
-            "platform": platform.platform()}
+            "platform": platform.platform(), "cpu_probe_s": cpu_probe_s()}
+
+
+def cpu_probe_s(loops: int = 2_000_000) -> float:
+    """Seconds a fixed pure-Python loop takes on one core (best of 3): the machine's speed at
+    that moment, so that runs of one build at different times can be told apart from a change.
+    On this machine kind it has varied by more than 1.5x within an hour, with no steal time."""
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        total = 0
+        for i in range(loops):
+            total += i
+        best = min(best, time.perf_counter() - started)
+    return round(best, 4)
 
 
 # ---------------------------------------------------------------------------------------------
