@@ -25,7 +25,8 @@ For each provider (keyedstate, and Spark's RocksDB provider with changelog check
    the run's last 10 batches (their median: *median before*), the files below ``state/`` (size,
    mtime, inode) and the state's snapshot bytes (keyedstate's ``ks-files/``, Spark RocksDB's
    ``SSTs/`` and ``*.zip``) are recorded, and the stopped checkpoint is copied aside for step 4.
-2. **rescale** (timed): wall clock around ``keyedstate.rescale(checkpoint, to, spark=spark)`` or
+2. **rescale** (timed; first, up to 90 s, until a CPU probe runs within 1.3x of the run's first
+   one, since this machine kind's host slows it now and then with no steal time shown): wall clock around ``keyedstate.rescale(checkpoint, to, spark=spark)`` or
    ``spark._streamingCheckpointManager.repartition(checkpoint, to)`` alone. The session (JVM,
    executors) is already up, so JVM start is excluded for both; PySpark worker start-up (which
    keyedstate's Spark tasks need and Spark's do not) is included unless ``--warm-workers``, as is
@@ -298,7 +299,9 @@ class _LogCapture(logging.Handler):
 
 def run_child(provider: str, keys: int, from_n: int, to_n: int, batches: int, batch_rows: int, out: Path,
               run_dir: Path, timeout: float, warm_workers: bool = False, after: int = DEFAULT_AFTER,
-              plain_restart: bool = True) -> dict:
+              plain_restart: bool = True, cpu_reference: float | None = None) -> dict:
+    """One provider's run (in its own process); ``cpu_reference``: the invocation's fastest CPU
+    probe so far, which the timed rescale waits for the machine to come back near."""
     started = time.monotonic()
     deadline = started + timeout
     checkpoint, input_dir = run_dir / "checkpoint", run_dir / "input"
@@ -370,8 +373,10 @@ def run_child(provider: str, keys: int, from_n: int, to_n: int, batches: int, ba
             spark.sparkContext.parallelize(range(n), n).map(lambda x: x).collect()
             result["python_workers_warmup_s"] = round(time.monotonic() - t, 3)
 
-        # 2. rescale (timed)
-        result["cpu_probe_before_rescale_s"] = cpu_probe_s()
+        # 2. rescale (timed), once the machine runs at the speed it had when this run began
+        reference = min(filter(None, (cpu_reference, result["env"]["cpu_probe_s"])))
+        result["cpu_probe_reference_s"] = reference
+        result["cpu_probe_before_rescale_s"], result["waited_for_cpu_s"] = _await_speed(reference)
         capture = _LogCapture()
         ks_log = logging.getLogger("keyedstate")  # keyedstate.offline.rescaling (keyedstate.rescale before 932aed2)
         ks_log.addHandler(capture)
@@ -512,6 +517,23 @@ def run_child(provider: str, keys: int, from_n: int, to_n: int, batches: int, ba
     return result
 
 
+SLOW_PROBE = 1.3
+"""A CPU probe this much slower than the run's first one: the machine is slowed (on this machine
+kind, by its host: no steal time shows), so the timed rescale waits (:func:`_await_speed`)."""
+
+
+def _await_speed(reference: float, limit_s: float = 90.0) -> tuple[float, float]:
+    """Probe the CPU (``workloads.cpu_probe_s``) until it is within :data:`SLOW_PROBE` of
+    ``reference`` (the fastest probe of the invocation so far) or ``limit_s`` passed: every provider's rescale is
+    then timed at the machine's usual speed. Returns (the last probe, seconds waited)."""
+    started = time.monotonic()
+    probe = cpu_probe_s()
+    while probe > SLOW_PROBE * reference and time.monotonic() - started < limit_s:
+        time.sleep(5)
+        probe = cpu_probe_s()
+    return probe, round(time.monotonic() - started, 1)
+
+
 def _settle(seconds: float = 3.0) -> None:
     """Let the session's state-store maintenance (every 1 s) unload the stores of the query that
     just stopped, so that their unloading does not run inside the next timed start."""
@@ -589,6 +611,12 @@ def run_provider(provider: str, args, work_dir: Path = WORK_DIR) -> dict:
         cmd.append("--warm-workers")
     cmd += ["--after", str(args.after)] + ([] if args.plain_restart else ["--no-plain-restart"])
     busy_before = wait_until_idle(args.wait_idle)
+    # The fastest probe of the invocation so far (the first provider takes five, a second apart):
+    # each provider's rescale is timed near it.
+    for _ in range(1 if args.cpu_reference else 5):
+        args.cpu_reference = min(filter(None, (args.cpu_reference, cpu_probe_s())))
+        time.sleep(1)
+    cmd += ["--cpu-reference", str(args.cpu_reference)]
     print(f"rescale {provider}: {args.keys:,} keys, {args.batches} batches of {args.batch_rows:,} rows, "
           f"{args.from_n} -> {args.to_n} partitions (log {log_path})", flush=True)
     code, killed = run_subprocess(cmd, child_env(python, run_dir), log_path, args.timeout + 60)
@@ -910,8 +938,9 @@ def breakdown(data: dict) -> list[str]:
 def _probe_text(runs: dict) -> str:
     """The CPU probe (``workloads.cpu_probe_s``) each provider's run took just before its
     rescale, where recorded: the machine's speed then, which varies on this machine kind."""
-    probes = [f"{p} {r['cpu_probe_before_rescale_s']:.3f} s" for p, r in runs.items()
-              if r.get("cpu_probe_before_rescale_s")]
+    probes = [f"{p} {r['cpu_probe_before_rescale_s']:.3f} s (reference {r.get('cpu_probe_reference_s') or 0:.3f} s"
+              + (f", waited {r['waited_for_cpu_s']:g} s for it" if r.get("waited_for_cpu_s") else "") + ")"
+              for p, r in runs.items() if r.get("cpu_probe_before_rescale_s") and (r.get("env") or {}).get("cpu_probe_s")]
     return f"; CPU probe before the rescale (lower is faster): {', '.join(probes)}" if probes else ""
 
 
@@ -1030,6 +1059,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--run-dir", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--cpu-reference", type=float, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.report_only is not None:
         data = load_json(args.json, args.report_only)
@@ -1047,7 +1077,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         args.run_dir.mkdir(parents=True, exist_ok=True)
         r = run_child(args.child, args.keys, args.from_n, args.to_n, args.batches, args.batch_rows, args.out,
-                      args.run_dir, args.timeout, args.warm_workers, args.after, args.plain_restart)
+                      args.run_dir, args.timeout, args.warm_workers, args.after, args.plain_restart,
+                      args.cpu_reference)
         print(json.dumps({k: r.get(k) for k in ("status", "rescale_s", "error")}
                          | {"resume_s": (r.get("resume") or {}).get("total_s")}), flush=True)
         return 0 if r["status"] in ("ok", "refused") else 1
