@@ -52,6 +52,23 @@ def test_workers_import_what_they_are_told_to_before_their_first_task():
         assert workers.run(eval, [probe], "test", log, "tasks", repr) == [False]
 
 
+@pytest.mark.timeout(60)  # a broken protocol leaves the driver waiting for an answer
+def test_a_preloaded_module_that_prints_or_reads_stdin_leaves_the_pipes_alone(tmp_path, monkeypatch, capfd):
+    """What a module prints or reads while it is preloaded must not reach the answer pipe or
+    take a request: the worker takes both pipes off stdin and stdout first."""
+    (tmp_path / "noisy_preload.py").write_text(
+        "import os, sys\n"
+        "print('printed at import', flush=True)\n"
+        "os.write(1, b'written at import')\n"
+        "sys.stdin.read()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with local_workers.Workers(1, preload=("noisy_preload",)) as workers:
+        assert workers.run(eval, ["6 * 7", "'noisy_preload' in __import__('sys').modules"], "test", log,
+                           "tasks", repr) == [42, True]
+    err = capfd.readouterr().err
+    assert "printed at import" in err and "written at import" in err
+
+
 def test_a_failed_task_raises_its_own_exception_and_stops_the_others_at_once():
     others = _children(os.getpid())  # a Spark JVM an earlier test of this process started
     started = time.monotonic()

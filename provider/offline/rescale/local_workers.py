@@ -148,13 +148,19 @@ def _give(worker: _Worker, fn: Callable, tasks: Sequence[Any], queue: list[int])
     return True
 
 
-def _serve(parent: int) -> None:
+def _take_pipes() -> tuple[Connection, Connection]:
+    """The request and answer pipes, taken off stdin and stdout: from then on what anything
+    else prints goes to stderr, and nothing else reads the requests."""
     requests = Connection(os.dup(0), writable=False)
     answers = Connection(os.dup(1), readable=False)
-    os.dup2(2, 1)  # what anything else prints must not reach the answers,
-    devnull = os.open(os.devnull, os.O_RDONLY)  # nor may anything else read the requests
+    os.dup2(2, 1)
+    devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
+    return requests, answers
+
+
+def _serve(parent: int, requests: Connection, answers: Connection) -> None:
     while True:
         try:
             fn, task = requests.recv()
@@ -190,10 +196,11 @@ def _main() -> None:
     """A worker: ``sys.argv`` is [-c, the driver's pid, its log level, modules to preload...]."""
     parent, level = int(sys.argv[1]), int(sys.argv[2])
     _die_with(parent)
+    requests, answers = _take_pipes()  # before a preloaded module can print or read
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for module in sys.argv[3:]:
         try:
             importlib.import_module(module)
-        except Exception:  # noqa: BLE001 -- only a head start: a task that needs it fails on its own
+        except (Exception, SystemExit):  # noqa: BLE001 -- only a head start: a task that needs it fails on its own
             pass
-    _serve(parent)
+    _serve(parent, requests, answers)
