@@ -25,8 +25,9 @@ For each provider (keyedstate, and Spark's RocksDB provider with changelog check
    the run's last 10 batches (their median: *median before*), the files below ``state/`` (size,
    mtime, inode) and the state's snapshot bytes (keyedstate's ``ks-files/``, Spark RocksDB's
    ``SSTs/`` and ``*.zip``) are recorded, and the stopped checkpoint is copied aside for step 4.
-2. **rescale** (timed; first, up to 90 s, until a CPU probe runs within 1.3x of the run's first
-   one, since this machine kind's host slows it now and then with no steal time shown): wall clock around ``keyedstate.rescale(checkpoint, to, spark=spark)`` or
+2. **rescale** (timed; first, up to 90 s, until a CPU probe runs within 1.3x of the fastest one
+   of the invocation, since this machine kind's host slows it now and then with no steal time
+   shown): wall clock around ``keyedstate.rescale(checkpoint, to, spark=spark)`` or
    ``spark._streamingCheckpointManager.repartition(checkpoint, to)`` alone. The session (JVM,
    executors) is already up, so JVM start is excluded for both; PySpark worker start-up (which
    keyedstate's Spark tasks need and Spark's do not) is included unless ``--warm-workers``, as is
@@ -365,6 +366,12 @@ def run_child(provider: str, keys: int, from_n: int, to_n: int, batches: int, ba
             shutil.copytree(checkpoint, plain)
         _write_json(out, result)
 
+        # Before the timed rescale (and the warm-up, whose workers Spark stops after a minute idle):
+        # wait until the machine runs near the invocation's fastest CPU probe.
+        reference = min(filter(None, (cpu_reference, result["env"]["cpu_probe_s"])))
+        result["cpu_probe_reference_s"] = reference
+        result["cpu_probe_before_rescale_s"], result["waited_for_cpu_s"] = _await_speed(
+            reference, min(90.0, max(0.0, deadline - time.monotonic() - 600)))
         if warm_workers:
             # Start the PySpark workers keyedstate's tasks run in (Spark's repartition needs none),
             # so that the timed call excludes their start like it excludes the JVM's.
@@ -373,10 +380,7 @@ def run_child(provider: str, keys: int, from_n: int, to_n: int, batches: int, ba
             spark.sparkContext.parallelize(range(n), n).map(lambda x: x).collect()
             result["python_workers_warmup_s"] = round(time.monotonic() - t, 3)
 
-        # 2. rescale (timed), once the machine runs at the speed it had when this run began
-        reference = min(filter(None, (cpu_reference, result["env"]["cpu_probe_s"])))
-        result["cpu_probe_reference_s"] = reference
-        result["cpu_probe_before_rescale_s"], result["waited_for_cpu_s"] = _await_speed(reference)
+        # 2. rescale (timed)
         capture = _LogCapture()
         ks_log = logging.getLogger("keyedstate")  # keyedstate.offline.rescaling (keyedstate.rescale before 932aed2)
         ks_log.addHandler(capture)
@@ -518,8 +522,8 @@ def run_child(provider: str, keys: int, from_n: int, to_n: int, batches: int, ba
 
 
 SLOW_PROBE = 1.3
-"""A CPU probe this much slower than the run's first one: the machine is slowed (on this machine
-kind, by its host: no steal time shows), so the timed rescale waits (:func:`_await_speed`)."""
+"""A CPU probe this much slower than the invocation's fastest: the machine is slowed (on this
+machine kind, by its host: no steal time shows), so the timed rescale waits (:func:`_await_speed`)."""
 
 
 def _await_speed(reference: float, limit_s: float = 90.0) -> tuple[float, float]:
@@ -612,11 +616,13 @@ def run_provider(provider: str, args, work_dir: Path = WORK_DIR) -> dict:
     cmd += ["--after", str(args.after)] + ([] if args.plain_restart else ["--no-plain-restart"])
     busy_before = wait_until_idle(args.wait_idle)
     # The fastest probe of the invocation so far (the first provider takes five, a second apart):
-    # each provider's rescale is timed near it.
+    # each provider's rescale is timed near it. A pure-Python loop's speed depends on the
+    # interpreter, so a child of another Python takes its own probe as the reference.
     for _ in range(1 if args.cpu_reference else 5):
         args.cpu_reference = min(filter(None, (args.cpu_reference, cpu_probe_s())))
         time.sleep(1)
-    cmd += ["--cpu-reference", str(args.cpu_reference)]
+    if python == sys.executable:
+        cmd += ["--cpu-reference", str(args.cpu_reference)]
     print(f"rescale {provider}: {args.keys:,} keys, {args.batches} batches of {args.batch_rows:,} rows, "
           f"{args.from_n} -> {args.to_n} partitions (log {log_path})", flush=True)
     code, killed = run_subprocess(cmd, child_env(python, run_dir), log_path, args.timeout + 60)
