@@ -154,9 +154,7 @@ def replayed_logs(rebuilt: Any) -> tuple | None:
     :func:`replayed_heir` cannot cut them by heir (a base with a replay of its own, a changelog
     written from empty: the snapshot's files are then not the base of every key)."""
     manifest = rebuilt.manifest
-    # Logs not kept by the rebuild (``keep_logs``) cannot be cut either.
-    if (manifest is None or manifest.replay is not None or not rebuilt.logs
-            or len(rebuilt.logs) != rebuilt.changelogs_applied):
+    if manifest is None or manifest.replay is not None or not rebuilt.logs:
         return None
     return None if any(log_.meta.get(changelog.FROM_EMPTY) is True for log_ in rebuilt.logs) else rebuilt.logs
 
