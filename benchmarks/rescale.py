@@ -456,14 +456,7 @@ def run_child(provider: str, keys: int, from_n: int, to_n: int, batches: int, ba
         resume["next_median_batch_ms"] = _median(resume["next_batch_ms"])
         resume["next_batches"] = [_brief(b) for b in resumed[1:]]
         result["resume"] = resume
-        result["verify"] = check = _verify(first, seen.get(first["batchId"], {}), keys, to_n,
-                                           min(batch_rows, keys), len(resumed), 1 + after)
-        for b in resumed[1:]:
-            got = seen.get(b["batchId"], {})
-            if got.get("rows") != min(batch_rows, keys) or got.get("wrong") or b["numRowsTotal"] != keys:
-                check["problems"].append(f"batch {b['batchId']}: {got.get('rows')} output rows, "
-                                         f"{got.get('wrong')} wrong counts, numRowsTotal {b['numRowsTotal']}")
-        check["ok"] = not check["problems"]
+        result["verify"] = check = _verify_run(resumed, seen, keys, to_n, min(batch_rows, keys), after)
         result["status"] = "ok" if check["ok"] else "verify_failed"
         _write_json(out, result)
 
@@ -482,14 +475,7 @@ def run_child(provider: str, keys: int, from_n: int, to_n: int, batches: int, ba
                     _query(spark, keys, input_dir, plain, f"rescale_{provider}_plain", verify_sink_into(seen_plain)),
                     deadline - time.monotonic())
                 first_plain = restarted[0]
-                pcheck = _verify(first_plain, seen_plain.get(first_plain["batchId"], {}), keys, from_n,
-                                 min(batch_rows, keys), len(restarted), 1 + after)
-                for b in restarted[1:]:
-                    got = seen_plain.get(b["batchId"], {})
-                    if got.get("rows") != min(batch_rows, keys) or got.get("wrong") or b["numRowsTotal"] != keys:
-                        pcheck["problems"].append(f"batch {b['batchId']}: {got.get('rows')} output rows, "
-                                                  f"{got.get('wrong')} wrong counts, numRowsTotal {b['numRowsTotal']}")
-                pcheck["ok"] = not pcheck["problems"]
+                pcheck = _verify_run(restarted, seen_plain, keys, from_n, min(batch_rows, keys), after)
                 next_ms = [b["batch_ms"] for b in restarted[1:]]
                 result["plain_restart"] = {
                     "start_to_first_batch_s": round(first_plain["start_epoch"] + first_plain["batch_ms"] / 1000
@@ -544,6 +530,20 @@ def _settle(seconds: float = 3.0) -> None:
     time.sleep(seconds)
 
 
+def _verify_run(batches: list[dict], seen: dict, keys: int, n: int, expected_rows: int, after: int) -> dict:
+    """:func:`_verify` of a restarted query's first batch and its count (1 + ``after``), and
+    each later batch's output (``expected_rows`` rows, every count right) and numRowsTotal."""
+    first = batches[0]
+    check = _verify(first, seen.get(first["batchId"], {}), keys, n, expected_rows, len(batches), 1 + after)
+    for b in batches[1:]:
+        got = seen.get(b["batchId"], {})
+        if got.get("rows") != expected_rows or got.get("wrong") or b["numRowsTotal"] != keys:
+            check["problems"].append(f"batch {b['batchId']}: {got.get('rows')} output rows, "
+                                     f"{got.get('wrong')} wrong counts, numRowsTotal {b['numRowsTotal']}")
+    check["ok"] = not check["problems"]
+    return check
+
+
 def _verify(batch: dict, seen: dict, keys: int, to_n: int, expected_rows: int, n_batches: int,
             expected_batches: int = 1) -> dict:
     ops = batch["stateOperators"]
@@ -555,7 +555,7 @@ def _verify(batch: dict, seen: dict, keys: int, to_n: int, expected_rows: int, n
     }
     problems = []
     if n_batches != expected_batches:
-        problems.append(f"the resumed query ran {n_batches} batches, expected {expected_batches}")
+        problems.append(f"the restarted query ran {n_batches} batches, expected {expected_batches}")
     if any(n != to_n for n in check["numShufflePartitions"]):
         problems.append(f"numShufflePartitions {check['numShufflePartitions']}, expected {to_n}")
     if any(n != to_n for n in check["numStateStoreInstances"]):
