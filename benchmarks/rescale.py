@@ -514,8 +514,9 @@ machine kind, by its host: no steal time shows), so the timed rescale waits (:fu
 
 def _await_speed(reference: float, limit_s: float = 90.0) -> tuple[float, float]:
     """Probe the CPU (``workloads.cpu_probe_s``) until it is within :data:`SLOW_PROBE` of
-    ``reference`` (the fastest probe of the invocation so far) or ``limit_s`` passed: every provider's rescale is
-    then timed at the machine's usual speed. Returns (the last probe, seconds waited)."""
+    ``reference`` (the fastest probe of the invocation so far) or ``limit_s`` passed: every
+    provider's rescale is then timed at the machine's usual speed. Returns (the last probe,
+    seconds waited)."""
     started = time.monotonic()
     probe = cpu_probe_s()
     while probe > SLOW_PROBE * reference and time.monotonic() - started < limit_s:
@@ -748,17 +749,16 @@ def _after_figures(r: dict) -> dict[str, Any]:
     """Issue 49's figures of one provider run: first batch after the rescale against a plain
     restart, batches after against before, bytes the rescale wrote against the snapshots."""
     res, plain = r.get("resume") or {}, r.get("plain_restart") or {}
+    if plain.get("status") != "ok":
+        plain = {}  # a failed or unverified plain restart gives no figure to hold the rescale against
     written, snap = r.get("rescale_written_bytes"), r.get("snapshot_bytes_before")
     return {
-        "first_s": res.get("start_to_first_batch_s"),
-        "plain_s": plain.get("start_to_first_batch_s") if plain.get("status") == "ok" else None,
-        "first_vs_plain": ratio_value(res.get("start_to_first_batch_s"),
-                                      plain.get("start_to_first_batch_s") if plain.get("status") == "ok" else None),
+        "first_s": res.get("start_to_first_batch_s"), "plain_s": plain.get("start_to_first_batch_s"),
+        "first_vs_plain": ratio_value(res.get("start_to_first_batch_s"), plain.get("start_to_first_batch_s")),
         "before_ms": r.get("before_median_batch_ms"), "next_ms": res.get("next_median_batch_ms"),
         "next_vs_before": ratio_value(res.get("next_median_batch_ms"), r.get("before_median_batch_ms")),
-        "plain_next_ms": plain.get("next_median_batch_ms") if plain.get("status") == "ok" else None,
-        "next_vs_plain_next": ratio_value(res.get("next_median_batch_ms"),
-                                          plain.get("next_median_batch_ms") if plain.get("status") == "ok" else None),
+        "plain_next_ms": plain.get("next_median_batch_ms"),
+        "next_vs_plain_next": ratio_value(res.get("next_median_batch_ms"), plain.get("next_median_batch_ms")),
         "written": written, "snapshot": snap,
         "written_share": None if written is None or not snap else written / snap,
     }

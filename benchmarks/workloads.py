@@ -512,8 +512,8 @@ def environment() -> dict[str, Any]:
 
 def cpu_probe_s(loops: int = 2_000_000) -> float:
     """Seconds a fixed pure-Python loop takes on one core (best of 3): the machine's speed at
-    that moment, so that runs of one build at different times can be told apart from a change.
-    On this machine kind it has varied by more than 1.5x within an hour, with no steal time."""
+    that moment, so that runs of one build at different times can be told apart from a change
+    (a host can slow a virtual machine without any steal time showing)."""
     best = float("inf")
     for _ in range(3):
         started = time.perf_counter()
