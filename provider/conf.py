@@ -255,6 +255,13 @@ KNOBS: tuple[Knob, ...] = (
     Knob("nativeBlockCacheBytes", "64m", parse_bytes,
          "Block cache (off-heap, shared by every store of an executor) of the native reads: "
          "decompressed RocksDB blocks the JVM read from the state server's files."),
+    Knob("nativeOverlayBytes", "16m", parse_bytes,
+         "Writes committed since the native reader last caught up with the state server, kept "
+         "in the JVM per store (counted in the near cache's memory) so that near-cache misses "
+         "read them there: the reader then catches up, and the server flushes its memtable for "
+         "it, only once they outgrow this size or a scan needs it, instead of once per version "
+         "(each flush adds a RocksDB file, and every few files a compaction). 0 = catch up at "
+         "every version read natively."),
     Knob("memoryBudget", "off", parse_budget,
          "Memory of keyedstate per executor, all included: the near cache with its per-entry "
          "overhead and its Bloom filters (50% unless nearCacheBytes is set), the native block "

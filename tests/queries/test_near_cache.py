@@ -18,11 +18,15 @@ from support.constants import HDFS_PROVIDER, KS, PFX, PROVIDER_CONF
 from support.driver import FileStream, collect_into, count_by_key, run_query, session_confs
 
 
-@pytest.mark.parametrize("native_reads", [True, False], ids=["native-reads", "round-trips"])
-def test_state_larger_than_the_cache_budget_stays_exact_and_within_budget(spark, tmp_path, native_reads):
-    """Misses are read from RocksDB's files in the JVM (default), or by round trips to Python."""
+@pytest.mark.parametrize("native_reads,overlay", [(True, "16m"), (True, "0"), (False, "16m")],
+                         ids=["native-reads", "native-reads-sync-per-version", "round-trips"])
+def test_state_larger_than_the_cache_budget_stays_exact_and_within_budget(spark, tmp_path, native_reads, overlay):
+    """Misses are read from RocksDB's files in the JVM (default), or by round trips to Python.
+    A key evicted from the cache after a write is read natively in a later version: from the
+    writes kept since the reader last caught up (nativeOverlayBytes), or after a catch-up."""
     budget = 256 * 1024
-    confs = {PROVIDER_CONF: KS, PFX + "nearCacheBytes": str(budget), PFX + "nativeReads": str(native_reads).lower()}
+    confs = {PROVIDER_CONF: KS, PFX + "nearCacheBytes": str(budget), PFX + "nativeReads": str(native_reads).lower(),
+             PFX + "nativeOverlayBytes": overlay}
     # ~2000 distinct keys of ~60 bytes: far more than the budget holds.
     batches = [[f"{'x' * 40}-{(batch * 700 + i) % 2500:05d}" for i in range(1500)] for batch in range(6)]
     progress, _ = _count_keys(spark, tmp_path, confs, batches)
@@ -34,8 +38,29 @@ def test_state_larger_than_the_cache_budget_stays_exact_and_within_budget(spark,
         assert native > 0 and bridged == 0, (native, bridged)
     else:
         assert bridged > 0 and native == 0, (native, bridged)
+    if native_reads and overlay == "0":  # a catch-up in each version read natively
+        per_batch = [[op["customMetrics"] for op in p["stateOperators"]] for p in progress]
+        read = [(sum(m["keyedstateNativeGets"] for m in b), sum(m["keyedstateNativeSyncs"] for m in b)) for b in per_batch]
+        assert all(syncs >= 1 for gets, syncs in read if gets), read
     assert sum(m["keyedstateCacheAbsent"] for m in metrics) > 0     # new keys answered by the Bloom filter
     assert max(m["keyedstateBloomBytes"] for m in metrics) > 0
+
+
+def test_native_reads_see_the_writes_of_versions_since_their_reader_caught_up(spark, tmp_path):
+    """The native reader catches up (and the server flushes) only when the writes committed
+    since, kept in the JVM, outgrow their budget: keys evicted from the near cache after a write
+    are read back exact in later versions with no catch-up, instead of one per version."""
+    confs = {PROVIDER_CONF: KS, PFX + "nearCacheBytes": str(8 << 20), "spark.sql.shuffle.partitions": "2"}
+    keys = [f"{'k' * 40}-{i:06d}" for i in range(80_000)]  # ~12 MB in the near cache: it evicts
+    batches = [keys] + [keys[(b * 10_000) % 80_000:][:10_000] + keys[(b * 10_000 - 30_000) % 80_000:][:3_000]
+                        for b in range(1, 7)]
+    progress, _ = _count_keys(spark, tmp_path, confs, batches)
+    metrics = [[op["customMetrics"] for op in p["stateOperators"]] for p in progress]
+    syncs, native = ([sum(m[name] for m in batch) for batch in metrics]
+                     for name in ("keyedstateNativeSyncs", "keyedstateNativeGets"))
+    later = range(3, len(progress))  # once the seed's writes are flushed
+    assert all(native[b] > 0 for b in later), native
+    assert sum(syncs[b] for b in later) < len(later), syncs  # without the overlay: 2 a version
 
 
 def test_batch_executed_twice_reloads_the_older_version(spark, tmp_path):

@@ -15,6 +15,8 @@ object Metrics {
     "keyedstate: writes of keys whose previous existence was unknown (the state server reads them before the commit returns)")
   val bridgeGets = StateStoreCustomSumMetric("keyedstateBridgeGets", "keyedstate: reads that crossed to Python")
   val nativeGets = StateStoreCustomSumMetric("keyedstateNativeGets", "keyedstate: near-cache misses read from RocksDB's files in the JVM")
+  val nativeSyncs = StateStoreCustomSumMetric("keyedstateNativeSyncs",
+    "keyedstate: times the native reader caught up with the state server, which flushes its RocksDB memtable for it")
   val snapshotBytes = StateStoreCustomSizeMetric("keyedstateSnapshotBytesUploaded", "keyedstate: snapshot bytes uploaded")
   val filesUploaded = StateStoreCustomSumMetric("keyedstateSnapshotFilesUploaded", "keyedstate: snapshot files uploaded")
   val filesReused = StateStoreCustomSumMetric("keyedstateSnapshotFilesReused", "keyedstate: snapshot files reused")
@@ -35,7 +37,8 @@ object Metrics {
   val ttlCleanupMs = StateStoreCustomTimingMetric("keyedstateTtlCleanupMs", "keyedstate: commit, TTL cleanup time")
 
   val all: Seq[StateStoreCustomMetric] =
-    Seq(commitLatency, loadLatency, cacheWarm, changelogBytes, writesShipped, writesUnknown, bridgeGets, nativeGets, snapshotBytes, filesUploaded,
+    Seq(commitLatency, loadLatency, cacheWarm, changelogBytes, writesShipped, writesUnknown, bridgeGets, nativeGets, nativeSyncs,
+      snapshotBytes, filesUploaded,
       filesReused, snapshotsSkipped, cacheHits, cacheAbsent, cacheEvictions, cacheBytes, bloomBytes, memoryBytes, commitEncode, commitWrite,
       commitShip, ttlExpired, ttlCleanedUp, ttlCleanupMs)
 }

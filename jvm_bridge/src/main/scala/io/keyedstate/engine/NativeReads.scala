@@ -5,24 +5,32 @@ import java.util.concurrent.atomic.AtomicLong
 import io.keyedstate.format.ScanChunk
 
 /**
- * RocksDB's files read in the JVM (a secondary instance, [[NativeReader]]). `ready` makes the
- * reader show the engine's version (one sync with the server per version) and returns it, or
- * null when native reads are off or unavailable: then `fallback` answers.
+ * RocksDB's files read in the JVM (a secondary instance, [[NativeReader]]) at the engine's
+ * version (`version`): a point read takes the writes committed since the reader's version from
+ * [[NativeSync]]'s overlay first; a scan has the reader show the version itself. When native
+ * reads are off or unavailable, `fallback` answers.
  */
-final class NativeReads(ready: () => NativeReader, fallback: CommittedReads, chunkBytes: () => Int,
-    val gets: AtomicLong) extends CommittedReads {
+private[engine] final class NativeReads(sync: NativeSync, version: () => Long, fallback: CommittedReads,
+    chunkBytes: () => Int, val gets: AtomicLong) extends CommittedReads {
   override def get(key: Bytes): Array[Byte] = {
-    val reader = ready()
-    if (reader == null) fallback.get(key) else { gets.incrementAndGet(); reader.get(key.bytes) }
+    val reader = sync.forGets(version())
+    if (reader == null) fallback.get(key) else { gets.incrementAndGet(); read(reader, key) }
   }
   override def getMany(keys: Array[Bytes]): Array[Array[Byte]] = {
-    val reader = ready()
+    val reader = sync.forGets(version())
     if (reader == null) fallback.getMany(keys)
-    else { gets.addAndGet(keys.length); keys.map(k => reader.get(k.bytes)) }
+    else { gets.addAndGet(keys.length); keys.map(read(reader, _)) }
   }
   override def scan(prefix: Array[Byte], startAfter: Array[Byte], keysOnly: Boolean): ScanChunk = {
-    val reader = ready()
+    val reader = sync.forScans(version())
     if (reader == null) fallback.scan(prefix, startAfter, keysOnly)
     else reader.scan(prefix, startAfter, chunkBytes(), keysOnly)
+  }
+
+  private def read(reader: NativeReader, key: Bytes): Array[Byte] = {
+    val written = sync.overlaidValue(key)
+    if (written == null) reader.get(key.bytes)
+    else if (written eq WriteBuffer.Tombstone) null
+    else written
   }
 }

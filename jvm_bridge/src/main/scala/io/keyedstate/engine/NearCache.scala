@@ -178,6 +178,9 @@ final class NearCache(fpp: Double) {
     charged = now
   }
 
+  /** Evicts while the shared budget is exceeded (after a commit: an overlay may have grown). */
+  def holdBudget(): Unit = if (CacheBudget.over && entries.pageCount > 0) evict()
+
   /** Drop the oldest pages until the shared budget holds; keep answering absences. */
   private def evict(): Unit = {
     goPartial()

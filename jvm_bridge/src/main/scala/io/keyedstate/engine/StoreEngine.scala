@@ -86,6 +86,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   val loadMs = new AtomicLong
   val warmMs = new AtomicLong
   val nativeGets = new AtomicLong
+  def nativeSyncs: AtomicLong = native.syncs
   // Reads of the held version the cache may still miss before the engine scans the version in
   // (see CacheWarmer); -1: the cache was warmed (or the version is not held).
   @volatile private var coldReadsLeft = -1L
@@ -114,7 +115,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     cache = new NearCache(settings.bloomFpp)
     native.reopen(settings, session.process.workDir)
     val server = new ServerReads(session, () => session.settings.scanChunkBytes, describe)
-    committedReads = new NativeReads(() => native.at(loaded), server, () => session.settings.scanChunkBytes, nativeGets)
+    committedReads = new NativeReads(native, () => loaded, server, () => session.settings.scanChunkBytes, nativeGets)
     loaded = -1
   }
 
@@ -257,6 +258,8 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       if (forceSnapshot || overdue) session.control("staging a snapshot")((api, h) => api.stageSnapshot(h))
       loaded = newVersion
       loadedId = newId
+      native.committed(v.version, newVersion, v.buffered.buffer)
+      cache.holdBudget()
       lineage = ((newVersion -> newId) :: lineage).filter(_._1 >= lastSnapshot)
       lastCommitPhases = CommitPhases((t1 - t0) / 1000000, shipped.writeMs, shipped.shipMs)
       cache.review() // what this version's reads found decides what the next one's writes cache

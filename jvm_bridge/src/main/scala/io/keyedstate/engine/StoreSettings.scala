@@ -15,6 +15,7 @@ final case class StoreSettings(json: JsonNode) {
   def bloomFpp: Double = json.get("bloomFpp").asDouble()
   def nativeReads: Boolean = json.get("nativeReads").asBoolean()
   def nativeBlockCacheBytes: Long = json.get("nativeBlockCacheBytes").asLong()
+  def nativeOverlayBytes: Long = json.get("nativeOverlayBytes").asLong()
   def memoryBounded: Boolean = json.path("memoryBudget").asLong(0L) > 0
 
   /** Whether a version that added `added` keys, leaving `keys`, was a bulk load (a first batch

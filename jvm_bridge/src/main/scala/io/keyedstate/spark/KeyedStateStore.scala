@@ -138,6 +138,7 @@ final class KeyedStateStore private[spark] (engine: StoreEngine, override val ve
       Metrics.writesUnknown -> writesUnknown,
       Metrics.bridgeGets -> math.max(0L, counters.misses - nativeGets),
       Metrics.nativeGets -> nativeGets,
+      Metrics.nativeSyncs -> engine.nativeSyncs.getAndSet(0),
       Metrics.cacheHits -> counters.hits,
       Metrics.cacheAbsent -> counters.absent,
       Metrics.cacheEvictions -> counters.evictions,
