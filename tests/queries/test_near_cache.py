@@ -162,7 +162,7 @@ def _count_keys(spark, tmp_path, confs: dict, batches: list[list[str]]) -> tuple
 def test_large_version_loads_cold_and_is_scanned_in_once_its_misses_cost_as_much(spark, tmp_path):
     """After a restart, a version with more keys than nearCacheWarmKeys is not scanned into the
     near cache: a batch that touches a few keys reads just those. A batch that touches most
-    keys scans the version in once its misses reach numKeys / 5, in the middle of the batch:
+    keys scans the version in once its misses cost what the scan would, in the middle of the batch:
     the keys it wrote before the scan must stay known, or the next batch would emit them again
     as new (dropDuplicates reads each key, then writes it if new, row by row)."""
     confs = {PROVIDER_CONF: KS, PFX + "nearCacheWarmKeys": "100", "spark.sql.shuffle.partitions": "2"}
@@ -191,9 +191,9 @@ def test_large_version_loads_cold_and_is_scanned_in_once_its_misses_cost_as_much
     assert [seen.get(b, []) for b in range(4)] == [old, [], new, newer]
     metrics = {p["batchId"]: [op["customMetrics"] for op in p["stateOperators"]] for p in progress}
     assert sum(m["keyedstateNativeGets"] for m in metrics[1]) == 10  # just its keys (a warm cache: 0)
-    # Scanned in once the misses since the load reach ~600 / 5 per partition (the sparse
-    # batch's count too), instead of 2,390 misses in all.
-    assert 200 <= sum(m["keyedstateNativeGets"] for m in metrics[2]) <= 480
+    # Scanned in once the misses since the load (the sparse batch's too) took what a scan of
+    # ~600 keys a partition takes, i.e. a small share of the batch's 2,390 misses.
+    assert 0 < sum(m["keyedstateNativeGets"] for m in metrics[2]) <= 1200
     # The cache, complete since the scan, answers for the new keys without a read.
     assert sum(m["keyedstateCacheAbsent"] for m in metrics[3]) == 100
     assert sum(m["keyedstateNativeGets"] for m in metrics[3]) == 0

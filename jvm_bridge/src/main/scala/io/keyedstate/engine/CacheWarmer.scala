@@ -2,23 +2,36 @@ package io.keyedstate.engine
 
 /**
  * Fills the near cache with the committed version by one sequential scan, so that later reads
- * are local. A point read of a
- * key the cache lacks costs about as much as scanning [[ScanKeysPerRead]] keys, so the engine
- * scans a small version in at load, and a large one only once its point reads have cost about
- * what the scan would ([[StoreEngine]]): a batch that touches a few keys of a large state (the
- * first one after a restart or a rescale) then never pays for the whole state.
+ * are local. The engine scans a small version in at load, and a large one only once its cold
+ * point reads have cost, in time measured, what the scan would ([[StoreEngine]]): a batch that
+ * touches a few keys of a large state (the first one after a restart or a rescale) then never
+ * pays for the whole state, and one that keeps reading pays at most twice the scan.
  */
 object CacheWarmer {
-  /** A native point read of a key over a key's share of a scan into the cache, as measured with
-   *  Spark's rocksdbjni by benchmarks/read_cost.py (benchmarks/RESULTS-warm.md). */
+  /** A point read through the state server (not timed: no native reader) over a key's share of
+   *  a scan into the cache, as measured with Spark's rocksdbjni by benchmarks/read_cost.py
+   *  (benchmarks/RESULTS-warm.md); native reads are timed instead. */
   val ScanKeysPerRead = 5
+
+  /** What scanning a key into the cache costs before this executor measured it (ns; with the
+   *  cache's insert, benchmarks/RESULTS-warm.md), and the least scan that measures it. */
+  val DefaultScanNanosPerKey = 1300L
+  private val MeasuredFromKeys = 10000L
+  @volatile private var scanNanos = DefaultScanNanosPerKey
+
+  /** The cost of scanning one key into the cache, as the last large warm-up measured it. */
+  def scanNanosPerKey: Long = scanNanos
+
+  private def measured(keys: Long, nanos: Long): Unit =
+    if (keys >= MeasuredFromKeys) scanNanos = math.max(1L, nanos / keys)
 
   /**
    * [[warm]] while version `writes` is open: the cache holds that version's writes too (each
    * write goes into it as it happens), so they are taken into the freshly scanned cache again.
    */
   def warmUnder(cache: NearCache, reads: CommittedReads, numKeys: Long, writes: Option[WriteBuffer]): Unit = {
-    warm(cache, reads, numKeys)
+    val started = System.nanoTime()
+    measured(warm(cache, reads, numKeys), System.nanoTime() - started)
     writes.foreach(_.foreachWrite { (key, value) =>
       if (value eq WriteBuffer.Tombstone) cache.remove(key) else cache.put(key, value)
     })
@@ -27,21 +40,24 @@ object CacheWarmer {
   /**
    * Streams the loaded version into the cache: values while the budget lasts (the cache stays
    * complete if they all fit), then keys only, into the Bloom filter the cache started when it
-   * went partial.
+   * went partial. Returns the keys scanned.
    */
-  def warm(cache: NearCache, reads: CommittedReads, numKeys: Long): Unit = {
+  def warm(cache: NearCache, reads: CommittedReads, numKeys: Long): Long = {
     cache.clear()
     cache.complete = true // provisional: every key seen so far is cached
     var after: Array[Byte] = null
     var more = true
+    var scanned = 0L
     while (more && cache.complete) {
       val chunk = reads.scan(Array.emptyByteArray, after, keysOnly = false)
       var i = 0
       while (i < chunk.keys.length) { cache.put(new Bytes(chunk.keys(i)), chunk.values(i)); i += 1 }
+      scanned += chunk.keys.length
       more = chunk.hasMore
       if (chunk.keys.nonEmpty) after = chunk.keys.last
     }
-    if (more) forKeys(reads, after)(key => cache.addToBloom(Bytes.hashOf(key)))
+    if (more) forKeys(reads, after) { key => cache.addToBloom(Bytes.hashOf(key)); scanned += 1 }
+    scanned
   }
 
   /** Rebuilds the Bloom filter over every key (it grew too large or too full): the new filter

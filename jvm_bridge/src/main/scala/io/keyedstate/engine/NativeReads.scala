@@ -12,14 +12,29 @@ import io.keyedstate.format.ScanChunk
  */
 private[engine] final class NativeReads(sync: NativeSync, version: () => Long, fallback: CommittedReads,
     chunkBytes: () => Int, val gets: AtomicLong) extends CommittedReads {
+  private val readNanos = new AtomicLong
+
+  /** Time spent in point reads of the reader (not in catching up) since last taken; 0 when
+   *  reads went to the server. */
+  def takeReadNanos(): Long = readNanos.getAndSet(0)
+
   override def get(key: Bytes): Array[Byte] = {
     val reader = sync.forGets(version())
-    if (reader == null) fallback.get(key) else { gets.incrementAndGet(); read(reader, key) }
+    if (reader == null) fallback.get(key)
+    else {
+      gets.incrementAndGet()
+      val started = System.nanoTime()
+      try read(reader, key) finally readNanos.addAndGet(System.nanoTime() - started)
+    }
   }
   override def getMany(keys: Array[Bytes]): Array[Array[Byte]] = {
     val reader = sync.forGets(version())
     if (reader == null) fallback.getMany(keys)
-    else { gets.addAndGet(keys.length); keys.map(read(reader, _)) }
+    else {
+      gets.addAndGet(keys.length)
+      val started = System.nanoTime()
+      try keys.map(read(reader, _)) finally readNanos.addAndGet(System.nanoTime() - started)
+    }
   }
   override def scan(prefix: Array[Byte], startAfter: Array[Byte], keysOnly: Boolean): ScanChunk = {
     val reader = sync.forScans(version())

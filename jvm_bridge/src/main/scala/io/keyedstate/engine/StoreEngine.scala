@@ -49,7 +49,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   private var cleanup: TtlCleanup = _
   @volatile private var keyCodec: KeyCodec = _
   private var cache: NearCache = _
-  private var committedReads: CommittedReads = _
+  private var committedReads: NativeReads = _
 
   // THE version held by the server's store, the near cache and (once synced) the native reader,
   // with its unique id (checkpoint format 2) and its lineage: (version, id) of it and each version
@@ -87,9 +87,9 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   val warmMs = new AtomicLong
   val nativeGets = new AtomicLong
   def nativeSyncs: AtomicLong = native.syncs
-  // Reads of the held version the cache may still miss before the engine scans the version in
-  // (see CacheWarmer); -1: the cache was warmed (or the version is not held).
-  @volatile private var coldReadsLeft = -1L
+  // Time (ns) the cache's misses of the held version may still cost before the engine scans the
+  // version in (see CacheWarmer); -1: the cache was warmed (or the version is not held).
+  @volatile private var coldNanosLeft = -1L
   @volatile var lastCommitPhases: CommitPhases = CommitPhases(0, 0, 0)
 
   /** Opens the store now, so that a bad conf fails the first task. */
@@ -195,7 +195,10 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       loaded = version
       loadedId = id
       if (numKeys <= session.settings.nearCacheWarmKeys) warm(None)
-      else coldReadsLeft = numKeys / CacheWarmer.ScanKeysPerRead // the cache stays empty until then
+      else { // the cache stays empty until then
+        committedReads.takeReadNanos()
+        coldNanosLeft = numKeys * CacheWarmer.scanNanosPerKey
+      }
       if (!cleanupAsked && version > 0) { cleanupAsked = true; SnapshotKick.cleanUp(this, version -> id) }
     } catch { case NonFatal(e) => invalidate(); throw e }
     loadMs.addAndGet((System.nanoTime() - started) / 1000000)
@@ -282,12 +285,14 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
 
   private def cachedReads() = new CachedReads(cache, committedReads, coldMisses)
 
-  /** Counts reads the cache missed since a load left it cold; once they have cost about what a
-   *  scan of the version costs, scans it in (mid-version if need be: see [[warm]]). */
-  private def coldMisses(n: Int): Unit = if (coldReadsLeft >= 0) {
-    coldReadsLeft -= n
+  /** Adds up what the reads the cache missed since a load left it cold cost (native reads as
+   *  timed, others by [[CacheWarmer.ScanKeysPerRead]]); once that is what a scan of the version
+   *  costs, scans it in (mid-version if need be: see [[warm]]). */
+  private def coldMisses(n: Int): Unit = if (coldNanosLeft >= 0) {
+    val timed = committedReads.takeReadNanos()
+    coldNanosLeft -= (if (timed > 0) timed else n.toLong * CacheWarmer.ScanKeysPerRead * CacheWarmer.scanNanosPerKey)
     // A scan that fails halfway leaves the cache partial but marked complete: forget it all.
-    if (coldReadsLeft < 0 && loaded >= 0) {
+    if (coldNanosLeft < 0 && loaded >= 0) {
       try warm(Option(writer.current).map(_.buffer)) catch { case NonFatal(e) => invalidate(); throw e }
     }
   }
@@ -295,7 +300,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   /** Fills the cache with the held version and, if a version is open (`writes`), its writes. */
   private def warm(writes: Option[WriteBuffer]): Unit = {
     val started = System.nanoTime()
-    coldReadsLeft = -1
+    coldNanosLeft = -1
     CacheWarmer.warmUnder(cache, committedReads, numKeys, writes)
     warmMs.addAndGet((System.nanoTime() - started) / 1000000)
   }
@@ -312,7 +317,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   def invalidate(): Unit = synchronized {
     writer.clear()
     loaded = -1
-    coldReadsLeft = -1
+    coldNanosLeft = -1
     if (cache != null) cache.clear()
     native.reset()
   }
