@@ -226,10 +226,11 @@ KNOBS: tuple[Knob, ...] = (
     Knob("nearCacheWarmKeys", "262144", _parse_int(0, 1 << 62),
          "A version loaded with at most this many keys (per partition) is scanned into the near "
          "cache at once (~1.2 us a key: 0.3 s at the default), so that the next batch reads "
-         "locally. A larger one starts cold: a miss is a point read (~5 us), and the version is "
-         "scanned in once its misses have cost about what the scan would (numKeys / 5 misses), "
-         "so a batch that touches a few keys of a large state, as after a restart or a rescale, "
-         "never pays for all of it, and one that touches most of it pays at most twice."),
+         "locally. A larger one starts cold: a miss is a point read (5-20 us), and the version "
+         "is scanned in once its misses have cost about what the scan would (timed, against the "
+         "scan's cost a key as last measured), so a batch that touches a few keys of a large "
+         "state, as after a restart or a rescale, never pays for all of it, and one that keeps "
+         "reading pays about twice at most."),
     Knob("bloomFpp", "0.01", parse_fraction,
          "False-positive rate of the per-store Bloom filter that answers 'absent' without a "
          "round trip once a store's state no longer fits the near cache (or it caches no "

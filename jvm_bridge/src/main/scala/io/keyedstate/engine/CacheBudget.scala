@@ -24,5 +24,5 @@ object CacheBudget {
   /** Native readers' overlays ([[NativeSync]]) are charged here too, and together they may take
    *  at most half of the limit, so that the caches can always evict enough to hold it. */
   def addOverlay(delta: Long): Unit = { overlays.addAndGet(delta); used.addAndGet(delta) }
-  def overlaysOver: Boolean = overlays.get > limit / 2
+  def overlaysFit(extra: Long): Boolean = overlays.get + extra <= limit / 2
 }

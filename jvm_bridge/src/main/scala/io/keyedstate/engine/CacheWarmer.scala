@@ -22,6 +22,21 @@ object CacheWarmer {
   /** The cost of scanning one key into the cache, as the last large warm-up measured it. */
   def scanNanosPerKey: Long = scanNanos
 
+  /** At most this many scanned keys' cost is charged for one timed read: beyond it, the time
+   *  was a pause (a collection, the thread descheduled), not the read. */
+  val MaxScanKeysPerRead = 64
+
+  /**
+   * What `n` cold reads cost, in ns, against a scan: native reads as timed (`timedNanos`), each
+   * between one scanned key (a read seeks, then reads a key) and [[MaxScanKeysPerRead]]; reads
+   * through the state server (not timed: 0) at [[ScanKeysPerRead]] keys each.
+   */
+  def readCost(n: Int, timedNanos: Long): Long = {
+    val key = scanNanos
+    if (timedNanos <= 0) n.toLong * ScanKeysPerRead * key
+    else math.min(math.max(timedNanos, n.toLong * key), n.toLong * MaxScanKeysPerRead * key)
+  }
+
   private def measured(keys: Long, nanos: Long): Unit =
     if (keys >= MeasuredFromKeys) scanNanos = math.max(1L, nanos / keys)
 

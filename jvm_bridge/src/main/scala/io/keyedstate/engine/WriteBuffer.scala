@@ -51,6 +51,8 @@ final class WriteBuffer(version: Long, keyGroups: Int, expected: WriteBuffer.Exp
   def lookup(key: Bytes): Array[Byte] = entries.get(key.bytes, key.hashCode)
   /** Keys written in this version. */
   def size: Int = entries.size
+  /** Memory of the last values alone (what a copy of them into another BytesMap takes, about). */
+  def entryBytes: Long = entries.memoryBytes
   def estimatedBytes: Long = entries.memoryBytes + (if (entries.size == 0) 0L else log.writer.bytesWritten)
   def recordCount: Long = if (entries.size == 0) 0L else log.writer.recordCount
   /** What the next version should expect (the last version's size is the best guess). */
