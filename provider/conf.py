@@ -60,6 +60,24 @@ def parse_bytes(raw: str) -> int:
 
 parse_bytes.allowed = "a byte size such as 64m, 1g or 1048576"  # type: ignore[attr-defined]
 
+
+def _parse_bytes_within(lo: str, hi: str) -> Callable[[str], int]:
+    """A byte size in [lo, hi], for a size the JVM holds as an ``Int`` (below 2g)."""
+    allowed = f"a byte size from {lo} to {hi}, such as 4m"
+    low, high = parse_bytes(lo), parse_bytes(hi)
+
+    def parse(raw: str) -> int:
+        try:
+            value = parse_bytes(raw)
+        except ValueError:
+            raise ValueError(allowed) from None
+        if not low <= value <= high:
+            raise ValueError(allowed)
+        return value
+
+    parse.allowed = allowed  # type: ignore[attr-defined]
+    return parse
+
 _DURATION_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
 
 
@@ -214,7 +232,7 @@ KNOBS: tuple[Knob, ...] = (
          "before it (a first batch over a backlog, a catch-up that brings new keys), is "
          "snapshotted and uploaded at once instead of at the next snapshotInterval, so that a "
          "restart does not replay it. 0 = only every snapshotInterval."),
-    Knob("scanChunkBytes", "4m", parse_bytes,
+    Knob("scanChunkBytes", "4m", _parse_bytes_within("4k", "256m"),
          "Bytes of entries shipped from the Python state server per iterator/prefix-scan chunk."),
     Knob("nearCacheBytes", "auto", parse_cache_bytes,
          "Memory of the JVM near cache, shared by every store of an executor: committed values "

@@ -27,6 +27,8 @@ def test_values_are_parsed():
     ("snapshotInterval", "0", "an integer in [1, 1000000]"),
     ("keyGroups", "-5", "an integer in [1, 1073741824]"),
     ("scanChunkBytes", "4 parsecs", "a byte size"),
+    ("scanChunkBytes", "4g", "a byte size from 4k to 256m"),  # the JVM's Int would wrap to 0
+    ("scanChunkBytes", "0", "a byte size from 4k to 256m"),
     ("bridgeTimeout", "soon", "a duration"),
 ])
 def test_malformed_values_name_key_and_allowed_values(name, raw, allowed):

@@ -50,9 +50,9 @@ def test_native_reads_see_the_writes_of_versions_since_their_reader_caught_up(sp
     """The native reader catches up (and the server flushes) only when the writes committed
     since, kept in the JVM, outgrow their budget: keys evicted from the near cache after a write
     are read back exact in later versions with no catch-up, instead of one per version."""
-    confs = {PROVIDER_CONF: KS, PFX + "nearCacheBytes": str(8 << 20), "spark.sql.shuffle.partitions": "2"}
-    keys = [f"{'k' * 40}-{i:06d}" for i in range(80_000)]  # ~12 MB in the near cache: it evicts
-    batches = [keys] + [keys[(b * 10_000) % 80_000:][:10_000] + keys[(b * 10_000 - 30_000) % 80_000:][:3_000]
+    confs = {PROVIDER_CONF: KS, PFX + "nearCacheBytes": str(4 << 20), "spark.sql.shuffle.partitions": "2"}
+    keys = [f"{'k' * 40}-{i:06d}" for i in range(40_000)]  # ~6 MB in the near cache: it evicts
+    batches = [keys] + [keys[(b * 5_000) % 40_000:][:5_000] + keys[(b * 5_000 - 15_000) % 40_000:][:1_500]
                         for b in range(1, 7)]
     progress, _ = _count_keys(spark, tmp_path, confs, batches)
     metrics = [[op["customMetrics"] for op in p["stateOperators"]] for p in progress]

@@ -67,7 +67,7 @@ final class NativeReader(secondaryDir: Path) extends AutoCloseable {
       while (!done && it.isValid) {
         val key = it.key()
         if (!Bytes.startsWith(key, prefix)) done = true
-        else if (size >= maxBytes) { more = true; done = true }
+        else if (size >= maxBytes && size > 0) { more = true; done = true } // a chunk is never empty
         else {
           val value = if (keysOnly) Array.emptyByteArray else it.value()
           keys += key

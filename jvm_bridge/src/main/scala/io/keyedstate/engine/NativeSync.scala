@@ -96,7 +96,14 @@ private[engine] final class NativeSync(lock: AnyRef, session: ServerSession, des
       }
       syncs.incrementAndGet()
       try {
-        reader.follow(dir)
+        // A catch-up that fails (the primary removed a file the secondary's view still named)
+        // is retried once as a fresh open, before reads go to the server for good.
+        try reader.follow(dir) catch {
+          case NonFatal(e) =>
+            log.info(s"keyedstate: native reader of $describe could not catch up; reopening it", e)
+            reader.reset()
+            reader.follow(dir)
+        }
         overlayLock.synchronized { dropOverlay(); shows = version; overlaid = version }
         reader
       } catch {
