@@ -47,7 +47,7 @@ private[engine] final class NativeSync(lock: AnyRef, session: ServerSession, des
     dropOverlay()
   }
 
-  /** The native reader, for point reads of `version` together with [[overlaid]]; null when
+  /** The native reader, for point reads of `version` together with [[overlaidValue]]; null when
    *  reads go to the server. */
   def forGets(version: Long): NativeReader = {
     val reader = native
