@@ -13,6 +13,7 @@ import contextlib
 import logging
 import shutil
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, MutableMapping
@@ -31,6 +32,14 @@ log = logging.getLogger(__name__)
 
 COMPACT_AFTER_DELETES = 1000
 """Deletes since the last compaction (and >= 1/4 of the keys) that make a snapshot compact first."""
+
+RECLAIM_MIN_DEAD_ENTRIES = 10_000
+"""Entries beyond the keys (hidden by a rescale's range deletes, superseded or deleted) that a
+restored store's files must hold, and at least half as many as its keys, to be reclaimed."""
+
+_RECLAIMS = threading.BoundedSemaphore(1)
+"""One reclaim at a time in this process: a rescale's heirs all restore in the same batch, and
+their compactions together must not take every core from the batches that follow."""
 
 
 def local_failure(exc: BaseException, where: Path) -> str:
@@ -76,6 +85,8 @@ class VersionedStore:
         self._unflushed = (0, 0)  # puts, and changelog bytes, written since the last flush
         self._deletes_since_compaction = 0
         self._compactions_held = False  # automatic compactions off since a restore, see restore
+        self._reclaim_at: int | None = None  # the version whose commit starts the reclaim
+        self._reclaim: Reclaim | None = None
         self._ttl = TtlScanner()  # incremental TTL cleanup, for the JVM's next changelog
         workdir.mkdir(parents=True, exist_ok=True)
 
@@ -116,6 +127,11 @@ class VersionedStore:
             # resume at its first flush (:meth:`_resume_compactions`).
             self._db = rocksdb.open_db(self._db_dir, pool=self._pool, compactions=not snapshot_dir)
             self._compactions_held = bool(snapshot_dir)
+            # A heir's files hold its parent's hidden key groups too: compact them away once its
+            # first batch is over (the commit of the version after it), before its reads need
+            # them and off every task, rather than at its first flush (which may be the near
+            # cache's scan-in, which would then read them all).
+            self._reclaim_at = version + 2 if snapshot_dir and _worth_reclaiming(self._db, num_keys) else None
             self.version, self.num_keys, self.lineage = version, num_keys, lineage
             self.key_group_counts = counts
             self._ttl.reset()
@@ -242,6 +258,8 @@ class VersionedStore:
                 raise
             self.version = log_.version
             self.num_keys += total
+            if self._reclaim_at is not None and self.version >= self._reclaim_at:
+                self._start_reclaim(db)
             if self._dirty:  # (under a memoryBudget every chunk is flushed already)
                 unflushed_puts, size = self._unflushed
                 self._unflushed = (unflushed_puts + puts, size + log_.size)
@@ -327,9 +345,32 @@ class VersionedStore:
             self._staged.drop_all()
             shutil.rmtree(self.workdir, ignore_errors=True)
 
+    def _start_reclaim(self, db: Rdict) -> None:
+        self._reclaim_at = None
+        self._resume_compactions()
+        self._reclaim = Reclaim(self.name, db)
+
+    def wait_reclaimed(self, timeout: float | None = None) -> bool:
+        """Whether no reclaim runs (one started is done) within ``timeout`` seconds."""
+        reclaim = self._reclaim
+        return reclaim is None or reclaim.wait(timeout)
+
     def _close_db(self) -> None:
+        """Close the database, to be replaced (a restore) or removed (a close): its memtable,
+        which a changelog in the checkpoint holds anyway, is not kept."""
+        self._reclaim_at = None
+        cancelled = False
+        if self._reclaim is not None:
+            cancelled = self._reclaim.stop()  # before the close: the compaction holds the database
+            self._reclaim = None
         if self._db is not None:
-            self._db.close()
+            try:
+                self._db.close()
+            except Exception:
+                # Its background work cancelled, RocksDB refuses the close's flush ("Shutdown in
+                # progress"); the database is closed all the same.
+                if not cancelled:
+                    raise
             self._db = None
         self._dirty = False
         self._unflushed = (0, 0)
@@ -365,6 +406,57 @@ class VersionedStore:
         if self._compactions_held and self._db is not None:
             self._db.set_options({"disable_auto_compactions": "false"})
             self._compactions_held = False
+
+
+def _worth_reclaiming(db: Rdict, num_keys: int) -> bool:
+    """Whether the restored files hold many more entries than keys (RocksDB's count of each
+    file's entries: exact for a snapshot's files, which hold no merge operands)."""
+    dead = sum(f["num_entries"] for f in db.live_files()) - num_keys
+    return dead >= max(RECLAIM_MIN_DEAD_ENTRIES, num_keys // 2)
+
+
+class Reclaim:
+    """A full compaction of a restored store's database in a thread of its own, one in the
+    process at a time (``_RECLAIMS``): the entries that its keys do not account for are dropped
+    without any task, the write-behind applier included, waiting for it."""
+
+    def __init__(self, name: str, db: Rdict) -> None:
+        self._name, self._db = name, db
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"keyedstate-reclaim-{name}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not _RECLAIMS.acquire(timeout=0.2):
+            if self._stopped.is_set():
+                return
+        try:
+            if self._stopped.is_set():
+                return
+            started = time.monotonic()
+            self._db.compact_range(None, None)  # releases the GIL
+            log.info("%s: reclaimed the restored files' dead entries in %.2f s", self._name,
+                     time.monotonic() - started)
+        except Exception as exc:  # a stop cancels it; the automatic compactions do it later
+            if not self._stopped.is_set():
+                log.warning("%s: reclaiming the restored files' dead entries failed: %s", self._name, exc)
+        finally:
+            _RECLAIMS.release()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def stop(self) -> bool:
+        """Cancel a running compaction and wait for the thread, so that the database may close;
+        whether the database's background work was cancelled."""
+        self._stopped.set()
+        if not self._thread.is_alive():
+            return False
+        with contextlib.suppress(Exception):
+            self._db.cancel_all_background(True)
+        self._thread.join()
+        return True
 
 
 def _decoded(data: Shipped, source: str) -> changelog.Changelog:

@@ -1,4 +1,5 @@
 """VersionedStore on real RocksDB: versions, exact key counts, scans, snapshots, restore."""
+import shutil
 import zlib
 from pathlib import Path
 
@@ -620,5 +621,80 @@ def test_a_restored_store_without_writes_compacts_from_its_first_snapshot(tmp_pa
         assert db.property_int_value("rocksdb.num-files-at-level0") == 0
         assert sum(f["num_entries"] for f in db.live_files()) == len(owned)  # hidden groups gone
         assert heir.get_many(owned[:50]) == [b"v%d" % i for i in range(12_000) if (1 + 2 * (i % 8)) % 4 == 1][:50]
+    finally:
+        heir.close()
+
+
+def _heir_of_three_l0_files(tmp_path: Path, keys_per_file: int = 4000) -> tuple[Path, list[bytes], list[bytes]]:
+    """Heir 1 of 4 (key groups 1, 5, 9, 13) split by files from partition 1 of 2; its owned and
+    hidden keys."""
+    from keyedstate.formats import rocksdb
+    from keyedstate.offline.rescale.clip import clipped_heir
+
+    parent = rocksdb.open_db(tmp_path / "parent", compactions=False)
+    names = range(3 * keys_per_file)
+    for part in range(3):
+        for i in names[part * keys_per_file:(part + 1) * keys_per_file]:
+            parent[key(1 + 2 * (i % 8), b"k%06d" % i)] = b"v%d" % i
+        parent.flush()
+    heir_dir = clipped_heir(parent, tmp_path / "clip", 1, 4, 16)
+    parent.close()
+    owned = [key(1 + 2 * (i % 8), b"k%06d" % i) for i in names if (1 + 2 * (i % 8)) % 4 == 1]
+    hidden = [key(1 + 2 * (i % 8), b"k%06d" % i) for i in names if (1 + 2 * (i % 8)) % 4 == 3]
+    return heir_dir, owned, hidden
+
+
+def test_a_heir_reclaims_its_parents_hidden_entries_once_its_first_batch_is_over(tmp_path):
+    """Half of a heir's entries are its parent's hidden key groups. The commit of its second
+    version after the restore (its first batch is over by then) compacts them away in a thread
+    of its own, with no flush needed; reads see the heir's keys alone throughout."""
+    heir_dir, owned, hidden = _heir_of_three_l0_files(tmp_path, keys_per_file=8000)
+    heir = VersionedStore("heir", tmp_path / "heir", key_groups=16, snapshot_interval=100)
+    try:
+        heir.restore(5, str(heir_dir), "lineage", len(owned))
+        db = heir._require_db()
+        heir.apply(cl.encode(6, 16, []), "v6")  # the first batch's commit: nothing yet
+        assert heir._reclaim is None and sum(f["num_entries"] for f in db.live_files()) > 2 * len(owned)
+        heir.apply(cl.encode(7, 16, [(cl.OP_PUT, owned[0], b"new")]), "v7")
+        assert heir.wait_reclaimed(60)
+        assert heir._dirty  # the reclaim needed no flush of the heir's own writes
+        assert sum(f["num_entries"] for f in db.live_files()) == len(owned)  # the hidden ones are gone
+        assert heir.get(owned[0]) == b"new" and heir.get_many(hidden[:50]) == [None] * 50
+        assert heir.num_keys == len(owned)
+    finally:
+        heir.close()
+
+
+def test_a_store_whose_files_hold_its_keys_alone_reclaims_nothing(tmp_path, store):
+    """A plain restore (snapshot files of the store's own keys) starts no reclaim."""
+    store.apply(cl.encode(1, 16, [(cl.OP_PUT, key(g, b"k%d" % g), b"v") for g in range(16)]), "v1")
+    store.apply(cl.encode(2, 16, []), "v2")  # interval 2: a snapshot is staged
+    staged = store.staged_snapshots()[0]
+    plain = VersionedStore("plain", tmp_path / "plain", key_groups=16, snapshot_interval=2)
+    try:
+        shutil.copytree(staged["dir"], tmp_path / "download")
+        plain.restore(2, str(tmp_path / "download"), "lineage-1", 16)
+        for version in (3, 4):
+            plain.apply(cl.encode(version, 16, []), f"v{version}")
+        assert plain._reclaim is None
+    finally:
+        plain.close()
+
+
+def test_a_store_closed_while_it_reclaims_stops_the_compaction_first(tmp_path):
+    """A reload or close while the reclaim compacts cancels it and waits for it, so the
+    database is never closed under a running compaction; the heir restores again whole."""
+    heir_dir, owned, _ = _heir_of_three_l0_files(tmp_path, keys_per_file=60_000)
+    shutil.copytree(heir_dir, tmp_path / "again")
+    heir = VersionedStore("heir", tmp_path / "heir", key_groups=16, snapshot_interval=100)
+    try:
+        heir.restore(5, str(heir_dir), "lineage", len(owned))
+        for version in (6, 7):
+            heir.apply(cl.encode(version, 16, []), f"v{version}")
+        reclaim = heir._reclaim
+        assert reclaim is not None
+        heir.restore(5, str(tmp_path / "again"), "lineage", len(owned))  # closes the database first
+        assert reclaim.wait(0) and heir._reclaim is None
+        assert heir.get_many(owned[:50]) == [b"v%d" % int(k[4:].decode()[1:]) for k in owned[:50]]
     finally:
         heir.close()
