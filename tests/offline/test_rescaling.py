@@ -794,6 +794,65 @@ def test_a_scale_down_after_a_split_by_files_leaves_nothing_once_retention_passe
     assert keyedstate.verify(stream.checkpoint)["ok"], keyedstate.verify(stream.checkpoint)
 
 
+@pytest.mark.parametrize("to, new_files", [(2, 1), (6, 2), (3, 4)], ids=["4to2", "4to6", "4to3"])
+def test_a_merge_by_files_builds_each_heir_on_one_parents_files(spark, tmp_path, to, new_files):
+    """4 -> 2, 6, 3 from snapshots: new partition q is old partition q mod 4's files, listed
+    where they are, plus new files: one of range deletes unless q owns all their key groups
+    (4 -> 2), and one per other old partition holding keys of q, ingested. The query goes on
+    exactly, and after 3 x minBatchesToRetain batches with maintenance the oldest retained and
+    the newest version load, and every file is listed (none left in a retired partition)."""
+    retain = 2
+    stream, out, op_dir, confs = _snapshotted_query(spark, tmp_path, retain)
+    result = keyedstate.rescale(stream.checkpoint, to, spark=spark)
+    assert "clip" in result.task_seconds, result  # every new partition was built on a base
+    version = result.batch + 1
+    for q in range(to):
+        p = q % 4
+        base = ckpt.read_manifest(op_dir / str(p) / "3.ks-snapshot", 3)
+        heir = ckpt.read_manifest(op_dir / str(q) / f"{version}.ks-snapshot", version)
+        where = "ks-files/" if q == p else f"../{p}/ks-files/"
+        base_ssts = {(f.name, f.size, where + f.path.rsplit("/", 1)[1]) for f in base.files if f.name.endswith(".sst")}
+        heir_ssts = {(f.name, f.size, f.path) for f in heir.files if f.name.endswith(".sst")}
+        assert base_ssts and base_ssts <= heir_ssts, (q, heir.files)
+        assert len(heir_ssts - base_ssts) == new_files, (q, heir.files)
+    assert result.keys == len(_expected(3))
+
+    batches = 3 * retain
+    with session_confs(spark, confs):
+        _run(spark, stream, range(3, 3 + batches), out, partitions=to)
+    assert out == _expected(3 + batches)
+    last = result.batch + batches
+    _await_every_file_listed(op_dir)
+    left = sorted(str(p.relative_to(op_dir)) for q in range(to, 4) for p in (op_dir / str(q)).rglob("*") if p.is_file())
+    assert left == [], left
+    live = [s for s in ckpt.discover_stores(op_dir)["default"] if s.partition < to]
+    assert len(live) == to and all(s.latest == last + 1 for s in live)
+    for batch in (last - retain, last):
+        assert {(k, n) for k, n, _ in _state(spark, stream.checkpoint, batchId=batch)} == set(_expected(batch).items())
+    assert keyedstate.verify(stream.checkpoint)["ok"], keyedstate.verify(stream.checkpoint)
+
+
+@pytest.mark.parametrize("to, kill_after, then", [(6, "split:", "rerun"), (2, "merge:", "rollback")])
+def test_a_merge_by_files_killed_midway_is_finished_or_rolled_back_exactly(spark, tmp_path, to, kill_after, then):
+    """The rescale CLI SIGKILLed after its splits (bases staged, not published) or its merges,
+    then rerun or rolled back and run again: the query continues exactly and the checkpoint
+    verifies."""
+    stream, out, op_dir, confs = _snapshotted_query(spark, tmp_path, 2)
+    proc = rescale_cli("--checkpoint", stream.checkpoint, "--partitions", str(to))
+    seen = kill_rescale_after(proc, kill_after)
+    assert proc.returncode == -signal.SIGKILL, seen
+    if then == "rollback":
+        keyedstate.rescale(stream.checkpoint, to, spark=spark, rollback=True)
+        assert not (Path(stream.checkpoint) / "_keyedstate_rescale").exists()
+    result = keyedstate.rescale(stream.checkpoint, to, spark=spark)
+    assert result.resumed == (then == "rerun") and "clip" in result.task_seconds, result
+    assert result.keys == len(_expected(3))
+    with session_confs(spark, confs):
+        _run(spark, stream, range(3, 5), out, partitions=to)
+    assert out == _expected(5)
+    assert keyedstate.verify(stream.checkpoint)["ok"], keyedstate.verify(stream.checkpoint)
+
+
 def test_a_split_by_files_from_a_snapshot_and_changelogs_counts_and_hides_exactly(spark, tmp_path):
     """The parent's version is snapshot 2 plus changelog 3, which updates keys of the snapshot
     and adds others: each heir holds exactly the keys of the key groups it owns, and its

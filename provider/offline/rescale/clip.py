@@ -116,21 +116,22 @@ def count_by_key_group(db: Any, partition: int, from_partitions: int, key_groups
     return counts
 
 
-def clipped_heir(parent: Any, scratch: Path, q: int, partitions: int, key_groups: int) -> Path:
+def clipped_heir(parent: Any, scratch: Path, q: int, partitions: int, key_groups: int, hide: bool = True) -> Path:
     """A RocksDB checkpoint in ``scratch`` of the parent's files (hard links) plus one file of
-    range deletes hiding what heir ``q`` does not own; returns the checkpoint's directory."""
+    range deletes hiding what heir ``q`` does not own (``hide=False``: a heir that owns every
+    key group of its parent, and no file); returns the checkpoint's directory."""
     from rocksdict import Checkpoint
 
     scratch.mkdir()
     Checkpoint(parent).create_checkpoint(str(scratch / "db"))
-    return _cut(scratch, q, partitions, key_groups)
+    return _cut(scratch, q, partitions, key_groups, hide=hide)
 
 
-def _cut(scratch: Path, q: int, partitions: int, key_groups: int, batch: Any = None) -> Path:
+def _cut(scratch: Path, q: int, partitions: int, key_groups: int, batch: Any = None, hide: bool = True) -> Path:
     """Open the parent's files in ``scratch/db`` (its compactions off, so they stay as they are),
-    write the range deletes hiding what heir ``q`` does not own, with ``batch`` (records of key
-    groups the heir owns, so the two never overlap), into one memtable flushed once; checkpoint
-    it to ``scratch/snapshot``."""
+    write the range deletes hiding what heir ``q`` does not own (unless not ``hide``), with
+    ``batch`` (records of key groups the heir owns, so the two never overlap), into one memtable
+    flushed once; checkpoint it to ``scratch/snapshot``."""
     from rocksdict import Checkpoint, WriteBatch
 
     db_dir, snapshot = scratch / "db", scratch / "snapshot"
@@ -138,10 +139,11 @@ def _cut(scratch: Path, q: int, partitions: int, key_groups: int, batch: Any = N
     try:
         if batch is None:
             batch = WriteBatch(raw_mode=True)
-        for begin, end in not_owned_ranges(q, partitions, key_groups):
+        for begin, end in not_owned_ranges(q, partitions, key_groups) if hide else ():
             batch.delete_range(begin, end)
-        db.write(batch)
-        db.flush()
+        if not batch.is_empty():
+            db.write(batch)
+            db.flush()
         Checkpoint(db).create_checkpoint(str(snapshot))
     finally:
         db.close()
@@ -186,13 +188,13 @@ def replayed_batches(logs: tuple, heirs: range, partitions: int) -> dict[int, An
 
 
 def replayed_heir(files: Any, manifest: Any, batch: Any, scratch: Path, q: int, partitions: int,
-                  key_groups: int) -> Path:
+                  key_groups: int, hide: bool = True) -> Path:
     """Heir ``q`` as its parent's base snapshot (hard links) plus one new file: the range deletes
     of :func:`clipped_heir` and ``batch``, its records of the changelogs (:func:`replayed_batches`),
     in one memtable flushed once; returns the checkpoint's directory."""
     (scratch / "db").mkdir(parents=True)
     fetch_snapshot(files.storage, files.listing, manifest, str(files.manifest_path(manifest.version)), scratch / "db")
-    return _cut(scratch, q, partitions, key_groups, batch)
+    return _cut(scratch, q, partitions, key_groups, batch, hide)
 
 
 def shared_files(manifest: Any, parent: int, heir: int) -> dict[tuple[str, int], str]:

@@ -29,7 +29,7 @@ from .plan import hash_spec, json_or_none, key_group_count, list_stores, store_k
 from .rollback import await_idle_executors, roll_back
 from .sparklogs import FORMAT_KEY, LOGGER, PARTITIONS_KEY, PROVIDER_KEY, SparkLogs
 from .staging import JOURNAL, OUTBOX, STAGING, read_journal, skipped_batches, work_dir
-from .tasks import SPLIT_IMPORTS, SplitTask, split
+from .tasks import SPLIT_IMPORTS, SplitTask, base_dir_name, split
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -130,6 +130,7 @@ class _Route:
     direct: bool
     by_files: bool
     splits: int
+    merge_by_files: bool = False  # other whole counts: each heir built on one parent's files (a merge)
 
 
 class Rescale:
@@ -291,9 +292,13 @@ class Rescale:
         direct = whole and keygroups.divides(plan.old_n, key_groups) and self.n % plan.old_n == 0
         # A direct split of partitions that all have a snapshot is a split by files: a few
         # files per heir, run in the driver's own worker processes (:mod:`.local_workers`).
-        by_files = direct and all(any(v <= plan.read_batch + 1 for v in s.snapshots)
-                                  for _, _, parts in stores for s in parts)
-        return _Route(key_groups, whole, direct, by_files, sum(len(parts) for _, _, parts in stores))
+        with_snapshots = all(any(v <= plan.read_batch + 1 for v in s.snapshots) for _, _, parts in stores for s in parts)
+        by_files = direct and with_snapshots
+        # Any other count that divides the key groups, from partitions that all have a snapshot:
+        # new partition q is built on old partition q mod old_n's files (shared, clipped unless
+        # it owns all their key groups) with its keys of the other old partitions ingested.
+        merge_by_files = whole and not direct and keygroups.divides(plan.old_n, key_groups) and with_snapshots
+        return _Route(key_groups, whole, direct, by_files, sum(len(parts) for _, _, parts in stores), merge_by_files)
 
     def _run_jobs(self, plan: _Plan, stores, route: _Route, work: Path,
                   workers: local_workers.Workers | None) -> tuple[int, dict[str, float], int]:
@@ -319,9 +324,12 @@ class Rescale:
                             str(work / str(op) / name / f"from-{s.partition}"), self.n, key_groups,
                             None if whole else hash_spec(op, name, s.path, layouts[(op, name)]), direct, old_n,
                             write_version, str(outbox / str(op)), origin,
-                            json_or_none(layouts[(op, name)]))
+                            json_or_none(layouts[(op, name)]), route.merge_by_files)
                   for op, name, parts in stores for s in parts]
         split_results = self._run_tasks(split, splits, "split", workers=workers)
+        bases = {(task.operator, task.store, int(q)): {"dir": str(Path(task.staging) / base_dir_name(int(q))),
+                                                        "shared": shared}
+                 for task, result in zip(splits, split_results) for q, shared in result.get("bases", {}).items()}
         counts: dict[tuple[int, str, int], int] = {}
         ttl: dict[tuple[int, str], dict | None] = {}
         published = {(task.operator, task.store, q) for task, result in zip(splits, split_results)
@@ -333,7 +341,7 @@ class Rescale:
                 ttl[(task.operator, task.store)] = result["ttl"]
         merges = [MergeTask(str(work / str(op) / name), q, str(ckpt.store_dir(outbox / str(op), q, name)),
                             write_version, key_groups, counts.get((op, name, q), 0), ttl.get((op, name)),
-                            origin, self.n, json_or_none(layouts[(op, name)]))
+                            origin, self.n, json_or_none(layouts[(op, name)]), bases.get((op, name, q)))
                   for op, name, _ in stores for q in range(self.n) if (op, name, q) not in published]
         if direct and merges:  # a direct split publishes each of its heirs itself
             raise RescaleError(f"internal: the split left new partitions {[t.partition for t in merges][:5]} unpublished")

@@ -7,10 +7,12 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 from ...formats import rocksdb
 from ...formats.stored import KeyLayout
 from ... import checkpoint as ckpt
+from ...checkpoint.snapshots import link_or_copy
 
 @dataclass(frozen=True)
 class MergeTask:
@@ -24,29 +26,42 @@ class MergeTask:
     origin: dict
     partitions: int
     key_layout: dict | None
+    base: dict | None = None  # a merge by files: the split's "base" (its directory, the files it shares)
 
 
 def merge(task: MergeTask) -> dict:
-    """Build one new store partition from its SST files and publish it as a snapshot."""
+    """Build one new store partition from its SST files (on its base's files, when merged by
+    files) and publish it as a snapshot."""
     # Finished splits only (from-<p>): an attempt killed midway leaves from-<p>.<id>.tmp behind,
     # with partial files. to-<q>.sst: a split finished by an older keyedstate.
     splits = [d for d in Path(task.staging).iterdir() if re.fullmatch(r"from-\d+", d.name)]
     sources = sorted(f for d in splits for f in (*d.glob(f"to-{task.partition}.sst"), *d.glob(f"to-{task.partition}-*.sst")))
+    base = None
+    if task.base is not None:
+        base = (Path(task.base["dir"]), {(name, size): path for name, size, path in task.base["shared"]})
     with tempfile.TemporaryDirectory(prefix="keyedstate-merge-", dir=task.staging) as tmp:
         # the staging copy stays until the commit, for reruns; the target is made by the driver
         stage_ingested(sources, Path(tmp) / "new", Path(task.target), task.version, task.key_groups,
-                        task.num_keys, task.ttl, task.origin, layout_or_none(task.key_layout), move=False)
+                        task.num_keys, task.ttl, task.origin, layout_or_none(task.key_layout), move=False, base=base)
     return {"partition": task.partition, "keys": task.num_keys}
 
 def stage_ingested(sources: list[Path], scratch: Path, target: Path, version: int, key_groups: int,
                     num_keys: int, ttl: dict | None, origin: dict, key_layout: KeyLayout | None,
-                    move: bool) -> None:
+                    move: bool, base: tuple[Path, Mapping[tuple[str, int], str]] | None = None) -> None:
     """Stage a new partition built from SST files (sorted, each in the bottom level when they
-    do not overlap) as snapshot ``version`` at ``target``."""
+    do not overlap) as snapshot ``version`` at ``target``. With ``base`` (a RocksDB checkpoint
+    and the files of it that the checkpoint already holds, by (name, size)), the files are
+    ingested on a copy of it (hard links, so the base stays for a rerun), and its shared files
+    are listed where they are, not written again."""
     from rocksdict import Checkpoint, IngestExternalFileOptions
 
     scratch.mkdir()
-    db = rocksdb.open_db(scratch / "db", bulk_load=False)
+    if base is not None:
+        (scratch / "db").mkdir()
+        for f in base[0].iterdir():
+            link_or_copy(f, scratch / "db" / f.name)
+    # A base keeps its files as they are: no compaction (the shared ones keep their names).
+    db = rocksdb.open_db(scratch / "db", bulk_load=False, compactions=base is None)
     try:
         if sources:
             opts = IngestExternalFileOptions()
@@ -56,7 +71,8 @@ def stage_ingested(sources: list[Path], scratch: Path, target: Path, version: in
         Checkpoint(db).create_checkpoint(str(snapshot))
     finally:
         db.close()
-    ckpt.write_snapshot(snapshot, target, version, key_groups, num_keys, ttl, rescale=origin, key_layout=key_layout)
+    ckpt.write_snapshot(snapshot, target, version, key_groups, num_keys, ttl, rescale=origin, key_layout=key_layout,
+                        shared=base[1] if base is not None else None)
     shutil.rmtree(scratch)
 
 

@@ -53,7 +53,7 @@ class HeirFiles:
         return self._files
 
 
-def write_by_key_group(db: Any, task: SplitTask, out: HeirFiles) -> dict[int, int]:
+def write_by_key_group(db: Any, task: SplitTask, out: HeirFiles, skip: set[int] = frozenset()) -> dict[int, int]:
     """Scan a rebuilt old partition once, in key order, into each key's new partition (the
     owner of its key group); returns the keys written per new partition. Keys come in runs of
     one key group, routed once per run, which keeps the loop near the scan's and the SST
@@ -63,7 +63,8 @@ def write_by_key_group(db: Any, task: SplitTask, out: HeirFiles) -> dict[int, in
     with a key too short to name its key group; so is a scan that RocksDB stops on an error (a
     corrupt file), which rocksdict's ``items()`` would end quietly. (A short key sorting inside
     a run, which only a forged file that passed the checksums can hold, goes with that run, as
-    any load of the partition keeps it.)"""
+    any load of the partition keeps it.) The keys of the new partitions in ``skip`` (built on
+    this partition's files) are checked and passed over, neither written nor counted."""
     from rocksdict import ReadOptions
 
     n, key_groups, prefix_bytes = task.partitions, task.key_groups, keygroups.PREFIX_BYTES
@@ -77,7 +78,7 @@ def write_by_key_group(db: Any, task: SplitTask, out: HeirFiles) -> dict[int, in
                 f"partition {task.partition} of {task.store_path} holds a key of key group {group} "
                 f"(key prefix {prefix.hex()}), which it does not own among {key_groups} key groups "
                 f"and {task.from_partitions} partitions: corrupt or misplaced")
-        return group % n, out.writer(group % n), keygroups.prefix(group + 1)
+        return group % n, None if group % n in skip else out.writer(group % n), keygroups.prefix(group + 1)
 
     read = ReadOptions()
     read.fill_cache(False)  # each block is read once
@@ -88,9 +89,10 @@ def write_by_key_group(db: Any, task: SplitTask, out: HeirFiles) -> dict[int, in
         if key >= bound:
             if writer is not None:
                 counts[q] = counts.get(q, 0) + seen - run
-                run = seen
+            run = seen
             q, writer, bound = writer_for(key[:prefix_bytes])
-        writer[key] = value
+        if writer is not None:
+            writer[key] = value
         seen += 1
     if writer is not None:
         counts[q] = counts.get(q, 0) + seen - run

@@ -45,6 +45,7 @@ class SplitTask:
     targets: str  # the operator's state directory, holding the new partitions
     origin: dict  # what the published snapshots record about the rescale
     key_layout: dict | None  # recorded in the published snapshots' manifests
+    by_files: bool = False  # a merge by files: this partition's files are the base of some heirs (see split_into)
 
 
 def split(task: SplitTask) -> dict:
@@ -75,16 +76,27 @@ def split_into(task: SplitTask, temp: Path) -> dict:
     if task.direct and not any(v <= task.version for v in files.snapshots):
         return replay_split(files, task, temp)
     started = time.monotonic()
-    heirs = range(task.partition, task.partitions, task.from_partitions) if task.direct else None
+    # Heirs built on this partition's files: new partitions q = partition + k * from_partitions.
+    # A direct split publishes them itself; in a merge by files they are bases, on which the
+    # merge tasks ingest the keys of their other parents (and the split writes its keys of the
+    # heirs it is not the base of, as a merge's does).
+    heirs = (range(task.partition, task.partitions, task.from_partitions) if task.direct or task.by_files
+             else None)
     # Without compactions: a split by files shares the snapshot's SSTs with the heirs, and a
     # compaction's output (the replay's flush reaching L0's trigger) would be new to each heir.
-    with ckpt.rebuild(files, task.version, workdir=temp, count_key_groups=heirs is not None,
-                      compactions=not task.direct, keep_logs=heirs is not None) as rebuilt:
+    by_files = bool(heirs)
+    with ckpt.rebuild(files, task.version, workdir=temp, count_key_groups=by_files,
+                      compactions=not by_files, keep_logs=by_files) as rebuilt:
         check_key_groups(rebuilt, task)
         ttl = rebuilt.manifest.ttl if rebuilt.manifest else None
         rebuilt_at = time.monotonic()
-        if heirs is not None and rebuilt.manifest is not None:
+        if task.by_files and rebuilt.manifest is None:
+            raise ckpt.CheckpointError(f"partition {task.partition} of {task.store_path} has no snapshot at or "
+                                       f"before version {task.version} to merge by files")
+        if by_files and rebuilt.manifest is not None:
             return split_by_files(files, rebuilt, task, temp, heirs, ttl, rebuilt_at - started)
+        if task.by_files:
+            heirs = None  # the base of none: its keys all go to SST files
         out = HeirFiles(temp, len(heirs) if heirs is not None else task.partitions)
         if task.hash_spec is None:
             counts = write_by_key_group(rebuilt.db, task, out)
@@ -125,22 +137,42 @@ def split_by_files(files: ckpt.StoreFiles, rebuilt: ckpt.RebuiltVersion, task: S
     counted_at = time.monotonic()
     logs = replayed_logs(rebuilt)
     batches = None if logs is None else replayed_batches(logs, heirs, task.partitions)
+    # A heir that owns every key group of its parent (a scale-down by a divisor) needs no clip.
+    hide = task.from_partitions % task.partitions != 0
+    result: dict = {"keys": {str(q): counts.get(q, 0) for q in heirs}, "ttl": ttl, "countedByKeys": counted_by_keys}
     for q in heirs:
         if batches is None:
-            snapshot = clipped_heir(rebuilt.db, temp / f"to-{q}", q, task.partitions, task.key_groups)
+            snapshot = clipped_heir(rebuilt.db, temp / f"to-{q}", q, task.partitions, task.key_groups, hide)
         else:
             snapshot = replayed_heir(files, rebuilt.manifest, batches.pop(q), temp / f"to-{q}", q, task.partitions,
-                                     task.key_groups)
-        ckpt.write_snapshot(snapshot, ckpt.store_dir(Path(task.targets), q, task.store), task.target_version,
-                            task.key_groups, counts.get(q, 0), ttl, rescale=task.origin,
-                            key_layout=layout_or_none(task.key_layout),
-                            shared=shared_files(rebuilt.manifest, task.partition, q),
-                            key_group_counts={g: c for g, c in by_group.items() if g % task.partitions == q})
+                                     task.key_groups, hide)
+        shared = shared_files(rebuilt.manifest, task.partition, q)
+        if task.by_files:  # the merge task ingests the other parents' keys on it, then publishes it
+            os.replace(snapshot, temp / base_dir_name(q))
+            result.setdefault("bases", {})[str(q)] = [[name, size, path] for (name, size), path in shared.items()]
+        else:
+            ckpt.write_snapshot(snapshot, ckpt.store_dir(Path(task.targets), q, task.store), task.target_version,
+                                task.key_groups, counts.get(q, 0), ttl, rescale=task.origin,
+                                key_layout=layout_or_none(task.key_layout), shared=shared,
+                                key_group_counts={g: c for g, c in by_group.items() if g % task.partitions == q})
         shutil.rmtree(temp / f"to-{q}")
-    return {"keys": {str(q): counts.get(q, 0) for q in heirs}, "ttl": ttl, "published": list(heirs),
-            "countedByKeys": counted_by_keys,
-            "seconds": {"rebuild": rebuild_seconds, "count": counted_at - started,
-                        "clip": time.monotonic() - counted_at}}
+    seconds = {"rebuild": rebuild_seconds, "count": counted_at - started, "clip": time.monotonic() - counted_at}
+    if task.by_files:  # its keys of the heirs it is not the base of, into SST files (if any)
+        written_from = time.monotonic()
+        out = HeirFiles(temp, task.partitions)
+        for q, c in write_by_key_group(rebuilt.db, task, out, skip=set(heirs)).items():
+            result["keys"][str(q)] = c
+        out.finish()
+        seconds["split"] = time.monotonic() - written_from
+    else:
+        result["published"] = list(heirs)
+    result["seconds"] = seconds
+    return result
+
+
+def base_dir_name(heir: int) -> str:
+    """The directory in a base's split output holding heir ``heir``'s base (a RocksDB checkpoint)."""
+    return f"base-{heir}"
 
 
 def replay_split(files: ckpt.StoreFiles, task: SplitTask, temp: Path) -> dict:
