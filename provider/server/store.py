@@ -128,7 +128,7 @@ class VersionedStore:
             self._db = rocksdb.open_db(self._db_dir, pool=self._pool, compactions=not snapshot_dir)
             self._compactions_held = bool(snapshot_dir)
             # A heir's files hold its parent's hidden key groups too: compact them away once its
-            # first batch is over (the commit of the version after it), before its reads need
+            # first batch is over (at the commit of its second batch), before its reads need
             # them and off every task, rather than at its first flush (which may be the near
             # cache's scan-in, which would then read them all).
             self._reclaim_at = version + 2 if snapshot_dir and _worth_reclaiming(self._db, num_keys) else None
@@ -258,8 +258,11 @@ class VersionedStore:
                 raise
             self.version = log_.version
             self.num_keys += total
-            if self._reclaim_at is not None and self.version >= self._reclaim_at:
-                self._start_reclaim(db)
+            if self._reclaim_at is not None:
+                if not stage_snapshot:  # a load's replay: counted from the version it loads
+                    self._reclaim_at = self.version + 2
+                elif self.version >= self._reclaim_at:
+                    self._start_reclaim(db)
             if self._dirty:  # (under a memoryBudget every chunk is flushed already)
                 unflushed_puts, size = self._unflushed
                 self._unflushed = (unflushed_puts + puts, size + log_.size)
@@ -347,8 +350,11 @@ class VersionedStore:
 
     def _start_reclaim(self, db: Rdict) -> None:
         self._reclaim_at = None
-        self._resume_compactions()
-        self._reclaim = Reclaim(self.name, db)
+        try:  # the version is applied: a reclaim that cannot start leaves it to the compactions
+            self._resume_compactions()
+            self._reclaim = Reclaim(self.name, db)
+        except Exception:
+            log.warning("%s: cannot start compacting the restored files' dead entries", self.name, exc_info=True)
 
     def wait_reclaimed(self, timeout: float | None = None) -> bool:
         """Whether no reclaim runs (one started is done) within ``timeout`` seconds."""
@@ -356,21 +362,12 @@ class VersionedStore:
         return reclaim is None or reclaim.wait(timeout)
 
     def _close_db(self) -> None:
-        """Close the database, to be replaced (a restore) or removed (a close): its memtable,
-        which a changelog in the checkpoint holds anyway, is not kept."""
         self._reclaim_at = None
-        cancelled = False
         if self._reclaim is not None:
-            cancelled = self._reclaim.stop()  # before the close: the compaction holds the database
+            self._reclaim.stop()  # before the close: the compaction holds the database
             self._reclaim = None
         if self._db is not None:
-            try:
-                self._db.close()
-            except Exception:
-                # Its background work cancelled, RocksDB refuses the close's flush ("Shutdown in
-                # progress"); the database is closed all the same.
-                if not cancelled:
-                    raise
+            self._db.close()
             self._db = None
         self._dirty = False
         self._unflushed = (0, 0)
@@ -434,12 +431,13 @@ class Reclaim:
             if self._stopped.is_set():
                 return
             started = time.monotonic()
-            self._db.compact_range(None, None)  # releases the GIL
-            log.info("%s: reclaimed the restored files' dead entries in %.2f s", self._name,
+            # Releases the GIL. rocksdict reports no error of it: one (a full disk) stops RocksDB's
+            # background work, and the store's next write fails with RocksDB's message.
+            self._db.compact_range(None, None)
+            log.info("%s: compacted the restored files' dead entries away in %.2f s", self._name,
                      time.monotonic() - started)
-        except Exception as exc:  # a stop cancels it; the automatic compactions do it later
-            if not self._stopped.is_set():
-                log.warning("%s: reclaiming the restored files' dead entries failed: %s", self._name, exc)
+        except Exception:
+            log.warning("%s: compacting the restored files' dead entries failed", self._name, exc_info=True)
         finally:
             _RECLAIMS.release()
 
@@ -447,16 +445,12 @@ class Reclaim:
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
-    def stop(self) -> bool:
-        """Cancel a running compaction and wait for the thread, so that the database may close;
-        whether the database's background work was cancelled."""
+    def stop(self) -> None:
+        """Give up a reclaim still waiting for its turn, else wait for its compaction to end, so
+        that the database may close. (RocksDB's only way to cancel one, CancelAllBackgroundWork,
+        first flushes the memtable holding the GIL, stalling every store of the server.)"""
         self._stopped.set()
-        if not self._thread.is_alive():
-            return False
-        with contextlib.suppress(Exception):
-            self._db.cancel_all_background(True)
         self._thread.join()
-        return True
 
 
 def _decoded(data: Shipped, source: str) -> changelog.Changelog:

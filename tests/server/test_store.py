@@ -682,8 +682,8 @@ def test_a_store_whose_files_hold_its_keys_alone_reclaims_nothing(tmp_path, stor
 
 
 def test_a_store_closed_while_it_reclaims_stops_the_compaction_first(tmp_path):
-    """A reload or close while the reclaim compacts cancels it and waits for it, so the
-    database is never closed under a running compaction; the heir restores again whole."""
+    """A reload or close while the reclaim compacts waits for it, so the database is never
+    closed under a running compaction; the heir restores again whole."""
     heir_dir, owned, _ = _heir_of_three_l0_files(tmp_path, keys_per_file=60_000)
     shutil.copytree(heir_dir, tmp_path / "again")
     heir = VersionedStore("heir", tmp_path / "heir", key_groups=16, snapshot_interval=100)

@@ -63,8 +63,9 @@ def write_by_key_group(db: Any, task: SplitTask, out: HeirFiles, skip: set[int] 
     with a key too short to name its key group; so is a scan that RocksDB stops on an error (a
     corrupt file), which rocksdict's ``items()`` would end quietly. (A short key sorting inside
     a run, which only a forged file that passed the checksums can hold, goes with that run, as
-    any load of the partition keeps it.) The keys of the new partitions in ``skip`` (built on
-    this partition's files) are checked and passed over, neither written nor counted."""
+    any load of the partition keeps it.) The key groups of the new partitions in ``skip`` (built
+    on this partition's files) are passed over with a seek to the next key group, their keys
+    neither read nor counted."""
     from rocksdict import ReadOptions
 
     n, key_groups, prefix_bytes = task.partitions, task.key_groups, keygroups.PREFIX_BYTES
@@ -84,25 +85,32 @@ def write_by_key_group(db: Any, task: SplitTask, out: HeirFiles, skip: set[int] 
     read.fill_cache(False)  # each block is read once
     # Keys come sorted (RocksDB's bytewise order is Python's), so a run ends at the first key at
     # or past the next key group's prefix: one comparison a key.
-    q, writer, bound, run, seen, key = -1, None, b"", 0, 0, None
-    for key, value in db.items(read_opt=read):
-        if key >= bound:
-            if writer is not None:
-                counts[q] = counts.get(q, 0) + seen - run
-            run = seen
-            q, writer, bound = writer_for(key[:prefix_bytes])
-        if writer is not None:
+    q, writer, bound, run, seen, key, start = -1, None, b"", 0, 0, None, None
+    while True:  # one pass from ``start``, until the first key group to pass over
+        passed_over = None
+        for key, value in db.items(from_key=start, read_opt=read):
+            if key >= bound:
+                if writer is not None:
+                    counts[q] = counts.get(q, 0) + seen - run
+                run = seen
+                q, writer, bound = writer_for(key[:prefix_bytes])
+                if writer is None:
+                    passed_over = bound
+                    break
             writer[key] = value
-        seen += 1
+            seen += 1
+        if passed_over is None:
+            break
+        start, key = passed_over, None
     if writer is not None:
         counts[q] = counts.get(q, 0) + seen - run
-    _check_scanned(db, key, task)
+    _check_scanned(db, key, task, start)
     return counts
 
 
-def _check_scanned(db: Any, last: bytes | None, task: SplitTask) -> None:
+def _check_scanned(db: Any, last: bytes | None, task: SplitTask, start: bytes | None = None) -> None:
     try:
-        rocksdb.check_scan_end(db, last)
+        rocksdb.check_scan_end(db, last, start)
     except rocksdb.ScanError as exc:
         raise ckpt.CheckpointError(f"version {task.version} of partition {task.partition} ({task.store_path}) "
                                    f"cannot be read whole, a corrupt file: {exc}") from exc

@@ -90,13 +90,12 @@ def split_into(task: SplitTask, temp: Path) -> dict:
         check_key_groups(rebuilt, task)
         ttl = rebuilt.manifest.ttl if rebuilt.manifest else None
         rebuilt_at = time.monotonic()
-        if task.by_files and rebuilt.manifest is None:
-            raise ckpt.CheckpointError(f"partition {task.partition} of {task.store_path} has no snapshot at or "
-                                       f"before version {task.version} to merge by files")
         if by_files and rebuilt.manifest is not None:
             return split_by_files(files, rebuilt, task, temp, heirs, ttl, rebuilt_at - started)
         if task.by_files:
-            heirs = None  # the base of none: its keys all go to SST files
+            # The base of none, or without a usable snapshot (another run's, unreadable): its keys
+            # all go to SST files, and its heirs' merges build them from those alone.
+            heirs = None
         out = HeirFiles(temp, len(heirs) if heirs is not None else task.partitions)
         if task.hash_spec is None:
             counts = write_by_key_group(rebuilt.db, task, out)
@@ -157,14 +156,16 @@ def split_by_files(files: ckpt.StoreFiles, rebuilt: ckpt.RebuiltVersion, task: S
                                 key_group_counts={g: c for g, c in by_group.items() if g % task.partitions == q})
         shutil.rmtree(temp / f"to-{q}")
     seconds = {"rebuild": rebuild_seconds, "count": counted_at - started, "clip": time.monotonic() - counted_at}
-    if task.by_files:  # its keys of the heirs it is not the base of, into SST files (if any)
+    if task.by_files and task.from_partitions % task.partitions == 0:
+        pass  # a scale-down by a divisor: every key of this partition is its one heir's
+    elif task.by_files:  # its keys of the heirs it is not the base of, into SST files
         written_from = time.monotonic()
         out = HeirFiles(temp, task.partitions)
         for q, c in write_by_key_group(rebuilt.db, task, out, skip=set(heirs)).items():
             result["keys"][str(q)] = c
         out.finish()
         seconds["split"] = time.monotonic() - written_from
-    else:
+    if not task.by_files:
         result["published"] = list(heirs)
     result["seconds"] = seconds
     return result
