@@ -45,7 +45,7 @@ class SplitTask:
     targets: str  # the operator's state directory, holding the new partitions
     origin: dict  # what the published snapshots record about the rescale
     key_layout: dict | None  # recorded in the published snapshots' manifests
-    by_files: bool = False  # a merge by files: this partition's files are the base of some heirs (see split_into)
+    merge_by_files: bool = False  # this partition's files are the base of some heirs (see split_into)
 
 
 def split(task: SplitTask) -> dict:
@@ -80,7 +80,7 @@ def split_into(task: SplitTask, temp: Path) -> dict:
     # A direct split publishes them itself; in a merge by files they are bases, on which the
     # merge tasks ingest the keys of their other parents (and the split writes its keys of the
     # heirs it is not the base of, as a merge's does).
-    heirs = (range(task.partition, task.partitions, task.from_partitions) if task.direct or task.by_files
+    heirs = (range(task.partition, task.partitions, task.from_partitions) if task.direct or task.merge_by_files
              else None)
     # Without compactions: a split by files shares the snapshot's SSTs with the heirs, and a
     # compaction's output (the replay's flush reaching L0's trigger) would be new to each heir.
@@ -92,7 +92,7 @@ def split_into(task: SplitTask, temp: Path) -> dict:
         rebuilt_at = time.monotonic()
         if by_files and rebuilt.manifest is not None:
             return split_by_files(files, rebuilt, task, temp, heirs, ttl, rebuilt_at - started)
-        if task.by_files:
+        if task.merge_by_files:
             # The base of none, or without a usable snapshot (another run's, unreadable): its keys
             # all go to SST files, and its heirs' merges build them from those alone.
             heirs = None
@@ -146,7 +146,7 @@ def split_by_files(files: ckpt.StoreFiles, rebuilt: ckpt.RebuiltVersion, task: S
             snapshot = replayed_heir(files, rebuilt.manifest, batches.pop(q), temp / f"to-{q}", q, task.partitions,
                                      task.key_groups, hide)
         shared = shared_files(rebuilt.manifest, task.partition, q)
-        if task.by_files:  # the merge task ingests the other parents' keys on it, then publishes it
+        if task.merge_by_files:  # the merge task ingests the other parents' keys on it, then publishes it
             os.replace(snapshot, temp / base_dir_name(q))
             result.setdefault("bases", {})[str(q)] = [[name, size, path] for (name, size), path in shared.items()]
         else:
@@ -156,16 +156,15 @@ def split_by_files(files: ckpt.StoreFiles, rebuilt: ckpt.RebuiltVersion, task: S
                                 key_group_counts={g: c for g, c in by_group.items() if g % task.partitions == q})
         shutil.rmtree(temp / f"to-{q}")
     seconds = {"rebuild": rebuild_seconds, "count": counted_at - started, "clip": time.monotonic() - counted_at}
-    if task.by_files and task.from_partitions % task.partitions == 0:
-        pass  # a scale-down by a divisor: every key of this partition is its one heir's
-    elif task.by_files:  # its keys of the heirs it is not the base of, into SST files
+    # Its keys of the heirs it is not the base of, into SST files (none where it needs no clip).
+    if task.merge_by_files and hide:
         written_from = time.monotonic()
         out = HeirFiles(temp, task.partitions)
         for q, c in write_by_key_group(rebuilt.db, task, out, skip=set(heirs)).items():
             result["keys"][str(q)] = c
         out.finish()
         seconds["split"] = time.monotonic() - written_from
-    if not task.by_files:
+    if not task.merge_by_files:
         result["published"] = list(heirs)
     result["seconds"] = seconds
     return result
