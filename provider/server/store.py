@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import shutil
 import threading
 import time
@@ -34,8 +35,8 @@ COMPACT_AFTER_DELETES = 1000
 """Deletes since the last compaction (and >= 1/4 of the keys) that make a snapshot compact first."""
 
 RECLAIM_MIN_DEAD_ENTRIES = 10_000
-"""Entries beyond the keys (hidden by a rescale's range deletes, superseded or deleted) that a
-restored store's files must hold, and at least half as many as its keys, to be reclaimed."""
+"""Entries beyond the keys that a restored store's files, hiding some behind range deletes (a
+rescale's heir), must hold, and at least half as many as its keys, to be reclaimed."""
 
 _RECLAIMS = threading.BoundedSemaphore(1)
 """One reclaim at a time in this process: a rescale's heirs all restore in the same batch, and
@@ -406,8 +407,13 @@ class VersionedStore:
 
 
 def _worth_reclaiming(db: Rdict, num_keys: int) -> bool:
-    """Whether the restored files hold many more entries than keys (RocksDB's count of each
-    file's entries: exact for a snapshot's files, which hold no merge operands)."""
+    """Whether the restored files hide entries behind range deletes (a rescale's heir, an
+    offline writer's version written from empty) and hold many more entries than keys. Entries
+    a store superseded itself are left to RocksDB's own compactions."""
+    properties = db.property_value("rocksdb.aggregated-table-properties") or ""
+    found = re.search(r"# range deletions=(\d+)", properties)
+    if found is None or int(found.group(1)) == 0:
+        return False
     dead = sum(f["num_entries"] for f in db.live_files()) - num_keys
     return dead >= max(RECLAIM_MIN_DEAD_ENTRIES, num_keys // 2)
 
