@@ -22,6 +22,7 @@ import keyedstate
 from keyedstate import checkpoint as ckpt
 from keyedstate.formats import key_group_counts, keygroups, layout
 from keyedstate.offline import remote, rescaling
+from keyedstate.offline.rescale.routing import write_skipping
 from keyedstate.offline.storage import HadoopStorage, LocalStorage
 from keyedstate.checkpoint import Checkpoint
 from support.constants import HDFS_PROVIDER, PROVIDER_CONF
@@ -584,6 +585,17 @@ def test_a_direct_split_writes_each_heir_in_bounded_files_and_refuses_a_foreign_
     finally:
         db.close()
     assert set(files) == {1, 3} and all(len(paths) > 3 for paths in files.values())
+    # the same pass with heir 1's key groups passed over (it is built on this partition's
+    # files): heir 3's keys alone, and every key group met, skipped or not
+    (tmp_path / "work-skip").mkdir()
+    db = ckpt.open_copy(tmp_path / "db", read_only=True)
+    try:
+        skipping = rescaling._HeirFiles(tmp_path / "work-skip", 1)
+        written, held = write_skipping(db, task, skipping, skip={1})
+        assert set(skipping.finish()) == {3}
+    finally:
+        db.close()
+    assert written == {3: counts[3]} and held == sorted(groups)
     assert all(p.stat().st_size < 2 * (8 << 10) for paths in files.values() for p in paths[:-1])
     for q in (1, 3):
         expected = {k: v for k, v in data.items() if keygroups.key_group_of_stored_key(k) % 4 == q}
@@ -607,6 +619,9 @@ def test_a_direct_split_writes_each_heir_in_bounded_files_and_refuses_a_foreign_
             with pytest.raises(ckpt.CheckpointError, match=r"partition 1 of .*old holds a key of key group 2 "):
                 rescaling._write_by_key_group(db, _split_task(tmp_path, 1, 2, n),
                                               rescaling._HeirFiles(tmp_path / f"work-{n}", 2))
+            with pytest.raises(ckpt.CheckpointError, match=r"partition 1 of .*old holds a key of key group 2 "):
+                write_skipping(db, _split_task(tmp_path, 1, 2, n), rescaling._HeirFiles(tmp_path / f"work-{n}", 2),
+                               skip={1})
         finally:
             db.close()
 
@@ -630,6 +645,9 @@ def test_a_split_refuses_a_partition_rocksdb_cannot_read_whole(tmp_path):
             (tmp_path / f"work-{n}").mkdir()
             with pytest.raises(ckpt.CheckpointError, match=r"partition 1 .* cannot be read whole, a corrupt file: .*Corruption"):
                 rescaling._write_by_key_group(db, _split_task(tmp_path, 1, 2, n), rescaling._HeirFiles(tmp_path / f"work-{n}", 2))
+            with pytest.raises(ckpt.CheckpointError, match=r"partition 1 .* cannot be read whole, a corrupt file: .*Corruption"):
+                write_skipping(db, _split_task(tmp_path, 1, 2, n), rescaling._HeirFiles(tmp_path / f"work-{n}", 2),
+                               skip={1})
     finally:
         db.close()
 
@@ -879,31 +897,37 @@ def _snapshot_and_a_changelog(spark, tmp_path: Path) -> tuple[FileStream, dict, 
     return stream, out, op_dir
 
 
-def _assert_heirs_hold_and_count_their_key_groups(op_dir: Path, version: int, partitions: int, keys: int) -> None:
+def _assert_heirs_hold_and_count_their_key_groups(op_dir: Path, version: int, partitions: int, keys: int,
+                                                  recorded: bool = True) -> None:
     """Each heir's version holds only its key groups' keys, its manifest's numKeys is their
-    count, and its snapshot's key-group counts are them, key group by key group."""
+    count, and (``recorded``: a split's heirs, not a merge's) its snapshot's key-group counts
+    are them, key group by key group."""
     seen = 0
     for q in range(partitions):
         files = ckpt.list_store(op_dir / str(q), q)
         manifest = ckpt.read_manifest(files.manifest_path(version), version)
         with ckpt.rebuild(files, version, count_key_groups=True) as rebuilt:
             groups = [keygroups.key_group_of_stored_key(k) for k in rebuilt.db.keys()]
-            recorded = rebuilt.key_group_counts
+            counts = rebuilt.key_group_counts
         assert {g % partitions for g in groups} <= {q}, (q, sorted({g % partitions for g in groups}))
         assert manifest.num_keys == len(groups), q
-        assert key_group_counts.NAME in {f.name for f in manifest.files}, q
-        assert recorded == Counter(groups), q
+        if recorded:
+            assert key_group_counts.NAME in {f.name for f in manifest.files}, q
+            assert counts == Counter(groups), q
         seen += len(groups)
     assert seen == keys
 
 
-def test_a_split_by_files_counts_the_keys_of_parents_without_usable_key_group_counts(spark, tmp_path):
+@pytest.mark.parametrize("to", [8, 6], ids=["4to8", "4to6"])
+def test_a_split_by_files_counts_the_keys_of_parents_without_usable_key_group_counts(spark, tmp_path, to):
     """Parents 0 and 1: snapshots without key-group counts (as an older build wrote them).
     Parents 2 and 3: counts that are well formed, sum to numKeys and name only the parent's key
     groups, but not the key groups its files hold keys of (a key moved to an empty key group of
     another heir), which would make two heirs' numKeys wrong; the split finds them out with a
-    seek per key group held. Each is counted by one pass over its keys instead: the heirs'
-    counts are exact, their snapshots carry counts from then on, and the query goes on."""
+    seek per key group held (4 -> 8), or in the pass that writes the keys of the heirs a parent
+    is not the base of (4 -> 6, a merge by files). Each is counted by one pass over its keys
+    instead: the heirs' counts are exact, a split's heirs carry counts from then on, and the
+    query goes on."""
     stream, out, op_dir = _snapshot_and_a_changelog(spark, tmp_path)
     stores = ckpt.discover_stores(op_dir)["default"]
     for p, files in enumerate(stores):
@@ -917,7 +941,7 @@ def test_a_split_by_files_counts_the_keys_of_parents_without_usable_key_group_co
             key_groups, counts = key_group_counts.decode(counts_path.read_bytes(), str(counts_path))
             first = min(counts)
             empty = next(g for g in range(first + len(stores), key_groups, len(stores))
-                         if g not in counts and g % 8 != first % 8)
+                         if g not in counts and g % to != first % to)
             counts[first] -= 1
             counts[empty] += 1
             data = key_group_counts.encode(counts, key_groups)  # the same total: a load keeps it
@@ -925,10 +949,11 @@ def test_a_split_by_files_counts_the_keys_of_parents_without_usable_key_group_co
             tampered.write_bytes(data)
             entry["path"], entry["size"] = f"{layout.FILES_DIR}/{tampered.name}", len(data)
         path.write_bytes(json.dumps(node, separators=(",", ":")).encode())
-    result = keyedstate.rescale(stream.checkpoint, 8, spark=spark)
-    assert result.counted_by_keys == len(stores), result
-    _assert_heirs_hold_and_count_their_key_groups(op_dir, result.batch + 1, 8, len(_expected(3)))
-    _run(spark, stream, range(3, 5), out, partitions=8)
+    result = keyedstate.rescale(stream.checkpoint, to, spark=spark)
+    assert result.counted_by_keys == len(stores) and "clip" in result.task_seconds, result
+    _assert_heirs_hold_and_count_their_key_groups(op_dir, result.batch + 1, to, len(_expected(3)),
+                                                  recorded=to % 4 == 0)
+    _run(spark, stream, range(3, 5), out, partitions=to)
     assert out == _expected(5)
 
 

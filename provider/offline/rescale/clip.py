@@ -15,7 +15,7 @@ from __future__ import annotations
 import shutil
 from collections import Counter
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ...formats import changelog, keygroups, layout, rocksdb
 from ... import checkpoint as ckpt
@@ -54,27 +54,38 @@ def counts_disagree(db: Any, counts: Mapping[int, int]) -> str | None:
     How many keys each held key group has is taken on trust (FORMATS.md, "Key-group counts")."""
     from rocksdict import ReadOptions
 
-    expected = sorted(g for g, c in counts.items() if c > 0)
+    held: list[int] = []
     read = ReadOptions()
     read.fill_cache(False)
     it = db.iter(read)
     it.seek_to_first()
-    found = 0
     while it.valid():
         key = it.key()
         if len(key) < keygroups.PREFIX_BYTES:
             return f"it holds key {key.hex()}, too short to name a key group"
         g = keygroups.key_group_of_stored_key(key)
-        if found >= len(expected) or expected[found] != g:
-            return f"key group {g} holds keys, the counts say {counts.get(g, 0)}"
-        found += 1
+        if g not in counts:  # a key group no count names: no need to look further
+            break
+        held.append(g)
         it.seek(keygroups.prefix(g + 1))  # g is one the counts name, so below keyGroups
     try:
         it.status()
     except Exception as exc:
         raise ckpt.CheckpointError(f"cannot read the keys: a corrupt file: {exc}") from exc
-    if found < len(expected):
-        return f"key group {expected[found]} holds no key, the counts say {counts[expected[found]]}"
+    if it.valid():
+        held.append(keygroups.key_group_of_stored_key(it.key()))
+    return held_disagree(held, counts)
+
+
+def held_disagree(held: Sequence[int], counts: Mapping[int, int]) -> str | None:
+    """Why ``counts`` do not name exactly the key groups ``held`` (in key order: those a pass
+    over the files met) as the ones with keys; None when they do."""
+    expected = sorted(g for g, c in counts.items() if c > 0)
+    for i, g in enumerate(held):
+        if i >= len(expected) or expected[i] != g:
+            return f"key group {g} holds keys, the counts say {counts.get(g, 0)}"
+    if len(held) < len(expected):
+        return f"key group {expected[len(held)]} holds no key, the counts say {counts[expected[len(held)]]}"
     return None
 
 

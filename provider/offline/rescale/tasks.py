@@ -9,17 +9,19 @@ import os
 import shutil
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ...formats import changelog, key_group_counts
 from ...formats.layout import CHANGELOG_SUFFIX
 from ... import checkpoint as ckpt
 from ..routing import route_by_key_group
-from .clip import (clipped_heir, count_by_key_group, counts_disagree, owned_counts, replayed_batches,
-                   replayed_heir, replayed_logs, shared_files)
+from .clip import (clipped_heir, count_by_key_group, counts_disagree, held_disagree, owned_counts,
+                   replayed_batches, replayed_heir, replayed_logs, shared_files)
 from .merge import layout_or_none, stage_ingested
-from .routing import HeirFiles, write_by_hash, write_by_key_group
+from .routing import HeirFiles, write_by_hash, write_by_key_group, write_skipping
 
 log = logging.getLogger(__name__)
 
@@ -118,56 +120,87 @@ def split_by_files(files: ckpt.StoreFiles, rebuilt: ckpt.RebuiltVersion, task: S
                    heirs: range, ttl: dict | None, rebuild_seconds: float) -> dict:
     """Stage each heir as its parent's files, shared in the checkpoint, clipped to the key
     groups it owns (:mod:`.clip`); only the range deletes are written, with the changelogs
-    replayed on the snapshot cut to the heir's key groups (else the rebuild's own files)."""
+    replayed on the snapshot cut to the heir's key groups (else the rebuild's own files). In a
+    merge by files the parent's keys of the new partitions it is not the base of go to SST files
+    too, in a pass that also checks the key-group counts (else checked by a seek per key group)."""
     started = time.monotonic()
-    counted_by_keys = rebuilt.key_group_counts is None
-    if not counted_by_keys:
-        by_group = owned_counts(rebuilt.key_group_counts, task.partition, task.from_partitions, task.key_groups,
-                                task.store_path)
-        why = counts_disagree(rebuilt.db, by_group)
-        if why is not None:  # counts that are not the files' would give the heirs wrong numKeys
-            log.warning("keyedstate: partition %d of %s: its key-group counts are not its files' (%s); "
-                        "counting its keys", task.partition, task.store_path, why)
-            counted_by_keys = True
-    if counted_by_keys:  # a snapshot without usable counts (older, or an offline writer's): one pass over the keys
-        by_group = count_by_key_group(rebuilt.db, task.partition, task.from_partitions, task.key_groups,
-                                      task.store_path)
-    counts = key_group_counts.by_partition(by_group, task.partitions)
+    # A heir that owns every key group of its parent (a scale-down by a divisor) needs no clip.
+    hide = task.from_partitions % task.partitions != 0
+    writes = task.merge_by_files and hide
+    by_group = None if rebuilt.key_group_counts is None else \
+        owned_counts(rebuilt.key_group_counts, task.partition, task.from_partitions, task.key_groups, task.store_path)
+    if not writes:  # the counts are checked now, with a seek per key group held
+        if by_group is not None:
+            by_group = _checked(by_group, counts_disagree(rebuilt.db, by_group), task)
+        counted_by_keys = by_group is None
+        if by_group is None:  # a snapshot without usable counts (older, an offline writer's): count its keys
+            by_group = _counted(rebuilt.db, task)
     counted_at = time.monotonic()
     logs = replayed_logs(rebuilt)
     batches = None if logs is None else replayed_batches(logs, heirs, task.partitions)
-    # A heir that owns every key group of its parent (a scale-down by a divisor) needs no clip.
-    hide = task.from_partitions % task.partitions != 0
-    result: dict = {"keys": {str(q): counts.get(q, 0) for q in heirs}, "ttl": ttl, "countedByKeys": counted_by_keys}
     for q in heirs:
         if batches is None:
             snapshot = clipped_heir(rebuilt.db, temp / f"to-{q}", q, task.partitions, task.key_groups, hide)
         else:
             snapshot = replayed_heir(files, rebuilt.manifest, batches.pop(q), temp / f"to-{q}", q, task.partitions,
                                      task.key_groups, hide)
-        shared = shared_files(rebuilt.manifest, task.partition, q)
         if task.merge_by_files:  # the merge task ingests the other parents' keys on it, then publishes it
             os.replace(snapshot, temp / base_dir_name(q))
-            result.setdefault("bases", {})[str(q)] = [[name, size, path] for (name, size), path in shared.items()]
         else:
             ckpt.write_snapshot(snapshot, ckpt.store_dir(Path(task.targets), q, task.store), task.target_version,
-                                task.key_groups, counts.get(q, 0), ttl, rescale=task.origin,
-                                key_layout=layout_or_none(task.key_layout), shared=shared,
+                                task.key_groups, sum(c for g, c in by_group.items() if g % task.partitions == q), ttl,
+                                rescale=task.origin, key_layout=layout_or_none(task.key_layout),
+                                shared=shared_files(rebuilt.manifest, task.partition, q),
                                 key_group_counts={g: c for g, c in by_group.items() if g % task.partitions == q})
         shutil.rmtree(temp / f"to-{q}")
     seconds = {"rebuild": rebuild_seconds, "count": counted_at - started, "clip": time.monotonic() - counted_at}
-    # Its keys of the heirs it is not the base of, into SST files (none where it needs no clip).
-    if task.merge_by_files and hide:
+    written: dict[int, int] = {}
+    if writes:  # its keys of the heirs it is not the base of, into SST files
         written_from = time.monotonic()
         out = HeirFiles(temp, task.partitions)
-        for q, c in write_by_key_group(rebuilt.db, task, out, skip=set(heirs)).items():
-            result["keys"][str(q)] = c
+        written, held = write_skipping(rebuilt.db, task, out, skip=set(heirs))
         out.finish()
         seconds["split"] = time.monotonic() - written_from
-    if not task.merge_by_files:
+        if by_group is not None:
+            by_group = _checked(by_group, held_disagree(held, by_group) or _written_disagree(written, by_group, task),
+                                task)
+        counted_by_keys = by_group is None
+        if by_group is None:
+            by_group = _counted(rebuilt.db, task)
+    counts = key_group_counts.by_partition(by_group, task.partitions)
+    result: dict = {"keys": {str(q): counts.get(q, 0) for q in heirs}, "ttl": ttl, "countedByKeys": counted_by_keys,
+                    "seconds": seconds}
+    result["keys"].update({str(q): c for q, c in written.items()})
+    if task.merge_by_files:
+        result["bases"] = {str(q): [[name, size, path] for (name, size), path in
+                                    shared_files(rebuilt.manifest, task.partition, q).items()] for q in heirs}
+    else:
         result["published"] = list(heirs)
-    result["seconds"] = seconds
     return result
+
+
+def _counted(db: Any, task: SplitTask) -> Counter:
+    """The parent's keys counted by key group, in one pass (each key checked to be the parent's)."""
+    return count_by_key_group(db, task.partition, task.from_partitions, task.key_groups, task.store_path)
+
+
+def _checked(by_group: Counter, why: str | None, task: SplitTask) -> Counter | None:
+    """``by_group`` if its check found nothing wrong (``why`` None); else None: counts that are
+    not the files' would give the heirs wrong numKeys, so the keys are counted instead."""
+    if why is None:
+        return by_group
+    log.warning("keyedstate: partition %d of %s: its key-group counts are not its files' (%s); counting its keys",
+                task.partition, task.store_path, why)
+    return None
+
+
+def _written_disagree(written: dict[int, int], by_group: Counter, task: SplitTask) -> str | None:
+    """Why the keys written for each new partition are not what the counts give it (None: they are)."""
+    expected = key_group_counts.by_partition(by_group, task.partitions)
+    for q, c in sorted(written.items()):
+        if expected.get(q, 0) != c:
+            return f"{c} keys of new partition {q} were written, the counts say {expected.get(q, 0)}"
+    return None
 
 
 def base_dir_name(heir: int) -> str:
