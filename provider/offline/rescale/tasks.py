@@ -84,11 +84,12 @@ def split_into(task: SplitTask, temp: Path) -> dict:
     # heirs it is not the base of, as a merge's does).
     heirs = (range(task.partition, task.partitions, task.from_partitions) if task.direct or task.merge_by_files
              else None)
-    # Without compactions: a split by files shares the snapshot's SSTs with the heirs, and a
-    # compaction's output (the replay's flush reaching L0's trigger) would be new to each heir.
+    # Without compactions: the rebuilt version is read once (a compaction, once the replay's
+    # flush reaches L0's trigger, would rewrite it all beside that read), and a split by files
+    # shares the snapshot's SSTs with the heirs, to which a compaction's output would be new.
     by_files = bool(heirs)
     with ckpt.rebuild(files, task.version, workdir=temp, count_key_groups=by_files,
-                      compactions=not by_files, keep_logs=by_files) as rebuilt:
+                      compactions=False, keep_logs=by_files) as rebuilt:
         check_key_groups(rebuilt, task)
         ttl = rebuilt.manifest.ttl if rebuilt.manifest else None
         rebuilt_at = time.monotonic()
