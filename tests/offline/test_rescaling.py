@@ -626,6 +626,32 @@ def test_a_direct_split_writes_each_heir_in_bounded_files_and_refuses_a_foreign_
             db.close()
 
 
+def test_a_skipping_split_refuses_a_key_naming_no_key_group_and_passes_an_empty_partition(tmp_path):
+    """write_skipping reads the first key of every run, skipped or not: a key too short to name
+    a key group, or naming one past keyGroups, is refused where it starts a run; an empty
+    partition writes nothing and meets no key group."""
+    from keyedstate.formats import rocksdb
+
+    task = _split_task(tmp_path, 1, 2, 4)
+    cases = {"empty": (None, None), "short": (b"\x00\x01", r"key group -1 \(key prefix 0001\)"),
+             "beyond": (keygroups.prefix(KEY_GROUPS + 1) + b"k", rf"key group {KEY_GROUPS + 1} ")}
+    for name, (key, refused) in cases.items():
+        db = rocksdb.open_db(tmp_path / name)
+        try:
+            if key is not None:
+                db[keygroups.prefix(1) + b"k"] = b"v"  # a run of skipped key group 1 before it
+                db[key] = b"v"
+            (tmp_path / f"work-{name}").mkdir()
+            out = rescaling._HeirFiles(tmp_path / f"work-{name}", 2)
+            if refused is None:
+                assert write_skipping(db, task, out, skip={1}) == ({}, [])
+            else:
+                with pytest.raises(ckpt.CheckpointError, match=refused):
+                    write_skipping(db, task, out, skip={1})
+        finally:
+            db.close()
+
+
 def test_a_split_refuses_a_partition_rocksdb_cannot_read_whole(tmp_path):
     """rocksdict's scan ends quietly where RocksDB meets a corrupt block: without a check the
     split published the keys before it as the whole partition (found by the helper attack: a
@@ -925,9 +951,10 @@ def test_a_split_by_files_counts_the_keys_of_parents_without_usable_key_group_co
     groups, but not the key groups its files hold keys of (a key moved to an empty key group of
     another heir), which would make two heirs' numKeys wrong; the split finds them out with a
     seek per key group held (4 -> 8), or in the pass that writes the keys of the heirs a parent
-    is not the base of (4 -> 6, a merge by files). Each is counted by one pass over its keys
-    instead: the heirs' counts are exact, a split's heirs carry counts from then on, and the
-    query goes on."""
+    is not the base of (4 -> 6, a merge by files), which also finds parent 3's counts, moved
+    between two key groups it holds, out by the keys it wrote. Each is counted by one pass over
+    its keys instead: the heirs' counts are exact, a split's heirs carry counts from then on,
+    and the query goes on."""
     stream, out, op_dir = _snapshot_and_a_changelog(spark, tmp_path)
     stores = ckpt.discover_stores(op_dir)["default"]
     for p, files in enumerate(stores):
@@ -939,11 +966,15 @@ def test_a_split_by_files_counts_the_keys_of_parents_without_usable_key_group_co
         else:
             counts_path = path.parent / entry["path"]
             key_groups, counts = key_group_counts.decode(counts_path.read_bytes(), str(counts_path))
-            first = min(counts)
-            empty = next(g for g in range(first + len(stores), key_groups, len(stores))
-                         if g not in counts and g % to != first % to)
+            if p == 3 and to % 4:  # held key groups only: the keys written for a heir give it away
+                first = min(g for g, c in counts.items() if c > 1)
+                moved = next(g for g in sorted(counts) if counts[g] > 0 and g % to != first % to)
+            else:
+                first = min(counts)
+                moved = next(g for g in range(first + len(stores), key_groups, len(stores))
+                             if g not in counts and g % to != first % to)
             counts[first] -= 1
-            counts[empty] += 1
+            counts[moved] += 1
             data = key_group_counts.encode(counts, key_groups)  # the same total: a load keeps it
             tampered = counts_path.parent / f"tampered-{p}-{key_group_counts.NAME}"
             tampered.write_bytes(data)

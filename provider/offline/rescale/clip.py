@@ -7,8 +7,10 @@ to a new key-group range; where the parent's version is its snapshot plus change
 also holds the changelogs' records of the heir's key groups (:func:`replayed_heir`). No key of the
 snapshot is counted or rewritten when the snapshot carries its key-group counts (FORMATS.md,
 "Key-group counts"): each heir's exact count is the sum of its key groups', once a seek per key
-group held has shown the counts name exactly those. Without them, or with counts that fail that
-check, one pass over the parent's keys counts them, and checks that every key is the parent's.
+group held (:func:`counts_disagree`), or the pass of a merge by files that writes the parent's
+keys of its other new partitions (:func:`held_disagree`), has shown the counts name exactly those.
+Without them, or with counts that fail that check, one pass over the parent's keys counts them,
+and checks that every key is the parent's.
 """
 from __future__ import annotations
 

@@ -167,7 +167,9 @@ def split_by_files(files: ckpt.StoreFiles, rebuilt: ckpt.RebuiltVersion, task: S
                                 task)
         counted_by_keys = by_group is None
         if by_group is None:
+            recount_from = time.monotonic()
             by_group = _counted(rebuilt.db, task)
+            seconds["count"] += time.monotonic() - recount_from
     counts = key_group_counts.by_partition(by_group, task.partitions)
     result: dict = {"keys": {str(q): counts.get(q, 0) for q in heirs}, "ttl": ttl, "countedByKeys": counted_by_keys,
                     "seconds": seconds}
