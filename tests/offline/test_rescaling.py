@@ -616,14 +616,19 @@ def test_a_direct_split_writes_each_heir_in_bounded_files_and_refuses_a_foreign_
         (tmp_path / f"work-{n}").mkdir()
         db = ckpt.open_copy(foreign, read_only=True)
         try:
-            with pytest.raises(ckpt.CheckpointError, match=r"partition 1 of .*old holds a key of key group 2 "):
-                rescaling._write_by_key_group(db, _split_task(tmp_path, 1, 2, n),
-                                              rescaling._HeirFiles(tmp_path / f"work-{n}", 2))
-            with pytest.raises(ckpt.CheckpointError, match=r"partition 1 of .*old holds a key of key group 2 "):
-                write_skipping(db, _split_task(tmp_path, 1, 2, n), rescaling._HeirFiles(tmp_path / f"work-{n}", 2),
-                               skip={1})
+            for write in _both_passes(db, tmp_path, n):
+                with pytest.raises(ckpt.CheckpointError, match=r"partition 1 of .*old holds a key of key group 2 "):
+                    write()
         finally:
             db.close()
+
+
+def _both_passes(db, tmp_path: Path, n: int):
+    """A split's two passes over old partition 1 of 2 rescaled to ``n``, each to be called: every
+    key (write_by_key_group), and new partition 1's key groups skipped (write_skipping)."""
+    task = _split_task(tmp_path, 1, 2, n)
+    yield lambda: rescaling._write_by_key_group(db, task, rescaling._HeirFiles(tmp_path / f"work-{n}", 2))
+    yield lambda: write_skipping(db, task, rescaling._HeirFiles(tmp_path / f"work-{n}", 2), skip={1})
 
 
 def test_a_skipping_split_refuses_a_key_naming_no_key_group_and_passes_an_empty_partition(tmp_path):
@@ -669,11 +674,9 @@ def test_a_split_refuses_a_partition_rocksdb_cannot_read_whole(tmp_path):
         assert 0 < sum(1 for _ in db.items()) < 80_000  # what the split used to take for the whole
         for n in (4, 3):
             (tmp_path / f"work-{n}").mkdir()
-            with pytest.raises(ckpt.CheckpointError, match=r"partition 1 .* cannot be read whole, a corrupt file: .*Corruption"):
-                rescaling._write_by_key_group(db, _split_task(tmp_path, 1, 2, n), rescaling._HeirFiles(tmp_path / f"work-{n}", 2))
-            with pytest.raises(ckpt.CheckpointError, match=r"partition 1 .* cannot be read whole, a corrupt file: .*Corruption"):
-                write_skipping(db, _split_task(tmp_path, 1, 2, n), rescaling._HeirFiles(tmp_path / f"work-{n}", 2),
-                               skip={1})
+            for write in _both_passes(db, tmp_path, n):
+                with pytest.raises(ckpt.CheckpointError, match=r"partition 1 .* cannot be read whole, a corrupt file: .*Corruption"):
+                    write()
     finally:
         db.close()
 
