@@ -30,8 +30,8 @@ from support.driver import FileStream, assert_same_output, collect_into, run_que
 from support.offline import kill_rescale_after, rescale_cli, to_objtest
 from support.rescale_query import (
     await_every_file_listed as _await_every_file_listed, await_snapshots as _await_snapshots,
-    batch_rows as _batch_rows, count_by_key as _agg, expected as _expected, run as _run,
-    snapshotted_query as _snapshotted_query)
+    batch_rows as _batch_rows, count_by_key as _agg, expected as _expected, files_of_partitions as _files_of,
+    partition_listings, run as _run, snapshotted_query as _snapshotted_query)
 from support.scenarios import SCENARIOS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
@@ -829,11 +829,11 @@ def test_a_scale_down_after_a_split_by_files_leaves_nothing_once_retention_passe
     assert keyedstate.verify(stream.checkpoint)["ok"], keyedstate.verify(stream.checkpoint)
 
     with session_confs(spark, confs):
-        _run(spark, stream, range(5, 5 + 3 * retain), out)
+        _run(spark, stream, range(5, 5 + 3 * retain), out, until=lambda: not _files_of(op_dir, range(4, 8)))
     assert out == _expected(5 + 3 * retain)
     _await_every_file_listed(op_dir)
-    left = sorted(str(p.relative_to(op_dir)) for q in range(4, 8) for p in (op_dir / str(q)).rglob("*") if p.is_file())
-    assert left == [], left
+    left = _files_of(op_dir, range(4, 8))
+    assert left == [], (left, partition_listings(op_dir))
     markers = sorted(str(p.relative_to(op_dir)) for p in op_dir.glob("*/ks-*") if p.is_file())
     assert markers == [], markers
     last = down.batch + 3 * retain
@@ -866,12 +866,12 @@ def test_a_merge_by_files_builds_each_heir_on_one_parents_files(spark, tmp_path,
 
     batches = 3 * retain
     with session_confs(spark, confs):
-        _run(spark, stream, range(3, 3 + batches), out, partitions=to)
+        _run(spark, stream, range(3, 3 + batches), out, partitions=to, until=lambda: not _files_of(op_dir, range(to, 4)))
     assert out == _expected(3 + batches)
     last = result.batch + batches
     _await_every_file_listed(op_dir)
-    left = sorted(str(p.relative_to(op_dir)) for q in range(to, 4) for p in (op_dir / str(q)).rglob("*") if p.is_file())
-    assert left == [], left
+    left = _files_of(op_dir, range(to, 4))
+    assert left == [], (left, partition_listings(op_dir))
     live = [s for s in ckpt.discover_stores(op_dir)["default"] if s.partition < to]
     assert len(live) == to and all(s.latest == last + 1 for s in live)
     for batch in (last - retain, last):

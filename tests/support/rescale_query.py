@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Callable
 
 import keyedstate
 from keyedstate import checkpoint as ckpt
@@ -29,13 +30,20 @@ def expected(batches: int) -> dict:
     return counts
 
 
-def run(spark, stream: FileStream, batches: range, out: dict, partitions: int = 4) -> None:
+def run(spark, stream: FileStream, batches: range, out: dict, partitions: int = 4,
+        until: Callable[[], bool] | None = None) -> None:
+    """Runs ``batches``; with ``until``, keeps the query (and so its maintenance) running after
+    them until ``until()`` holds or 60 s pass: cleanup runs only in the maintenance of a running
+    query, so a query stopped right after its last batch may not have had its last cleanup."""
     with session_confs(spark, {PROVIDER_CONF: keyedstate.PROVIDER_CLASS,
                                "spark.sql.shuffle.partitions": str(partitions)}):
         query = stream.start(count_by_key, lambda df, _: out.update({r.k: r.n for r in df.collect()}))
         try:
             for b in batches:
                 stream.step(query, batch_rows(b))
+            deadline = time.monotonic() + 60
+            while until is not None and not until() and time.monotonic() < deadline:
+                time.sleep(0.5)
         finally:
             query.stop()
 
@@ -63,6 +71,16 @@ def unlisted_snapshot_files(op_dir: Path) -> list[Path]:
 
     return [f for d in op_dir.iterdir() if (d / "ks-files").is_dir() for f in (d / "ks-files").iterdir()
             if checksummed(f) not in listed]
+
+
+def files_of_partitions(op_dir: Path, partitions: range) -> list[str]:
+    """Every file under the operator's ``partitions``, relative to ``op_dir``."""
+    return sorted(str(p.relative_to(op_dir)) for q in partitions for p in (op_dir / str(q)).rglob("*") if p.is_file())
+
+
+def partition_listings(op_dir: Path) -> dict[str, list[str]]:
+    """Each partition's own files (not its ``ks-files/``): what a failed cleanup check shows."""
+    return {d.name: sorted(p.name for p in d.iterdir() if p.is_file()) for d in sorted(op_dir.iterdir()) if d.is_dir()}
 
 
 def await_every_file_listed(op_dir: Path) -> None:
