@@ -12,7 +12,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ...formats import changelog, key_group_counts
 from ...formats.layout import CHANGELOG_SUFFIX
@@ -131,11 +131,8 @@ def split_by_files(files: ckpt.StoreFiles, rebuilt: ckpt.RebuiltVersion, task: S
     by_group = None if rebuilt.key_group_counts is None else \
         owned_counts(rebuilt.key_group_counts, task.partition, task.from_partitions, task.key_groups, task.store_path)
     if not writes:  # the counts are checked now, with a seek per key group held
-        if by_group is not None:
-            by_group = _checked(by_group, counts_disagree(rebuilt.db, by_group), task)
-        counted_by_keys = by_group is None
-        if by_group is None:  # a snapshot without usable counts (older, an offline writer's): count its keys
-            by_group = _counted(rebuilt.db, task)
+        by_group, counted_by_keys = _usable(by_group, lambda c: counts_disagree(rebuilt.db, c), rebuilt.db, task)
+        heir_keys = key_group_counts.by_partition(by_group, task.partitions)
     counted_at = time.monotonic()
     logs = replayed_logs(rebuilt)
     batches = None if logs is None else replayed_batches(logs, heirs, task.partitions)
@@ -149,7 +146,7 @@ def split_by_files(files: ckpt.StoreFiles, rebuilt: ckpt.RebuiltVersion, task: S
             os.replace(snapshot, temp / base_dir_name(q))
         else:
             ckpt.write_snapshot(snapshot, ckpt.store_dir(Path(task.targets), q, task.store), task.target_version,
-                                task.key_groups, sum(c for g, c in by_group.items() if g % task.partitions == q), ttl,
+                                task.key_groups, heir_keys.get(q, 0), ttl,
                                 rescale=task.origin, key_layout=layout_or_none(task.key_layout),
                                 shared=shared_files(rebuilt.manifest, task.partition, q),
                                 key_group_counts={g: c for g, c in by_group.items() if g % task.partitions == q})
@@ -162,17 +159,13 @@ def split_by_files(files: ckpt.StoreFiles, rebuilt: ckpt.RebuiltVersion, task: S
         written, held = write_skipping(rebuilt.db, task, out, skip=set(heirs))
         out.finish()
         seconds["split"] = time.monotonic() - written_from
-        if by_group is not None:
-            by_group = _checked(by_group, held_disagree(held, by_group) or _written_disagree(written, by_group, task),
-                                task)
-        counted_by_keys = by_group is None
-        if by_group is None:
-            recount_from = time.monotonic()
-            by_group = _counted(rebuilt.db, task)
-            seconds["count"] += time.monotonic() - recount_from
-    counts = key_group_counts.by_partition(by_group, task.partitions)
-    result: dict = {"keys": {str(q): counts.get(q, 0) for q in heirs}, "ttl": ttl, "countedByKeys": counted_by_keys,
-                    "seconds": seconds}
+        checked_from = time.monotonic()
+        by_group, counted_by_keys = _usable(
+            by_group, lambda c: held_disagree(held, c) or _written_disagree(written, c, task), rebuilt.db, task)
+        seconds["count"] += time.monotonic() - checked_from
+        heir_keys = key_group_counts.by_partition(by_group, task.partitions)
+    result: dict = {"keys": {str(q): heir_keys.get(q, 0) for q in heirs}, "ttl": ttl,
+                    "countedByKeys": counted_by_keys, "seconds": seconds}
     result["keys"].update({str(q): c for q, c in written.items()})
     if task.merge_by_files:
         result["bases"] = {str(q): [[name, size, path] for (name, size), path in
@@ -187,14 +180,19 @@ def _counted(db: Any, task: SplitTask) -> Counter:
     return count_by_key_group(db, task.partition, task.from_partitions, task.key_groups, task.store_path)
 
 
-def _checked(by_group: Counter, why: str | None, task: SplitTask) -> Counter | None:
-    """``by_group`` if its check found nothing wrong (``why`` None); else None: counts that are
-    not the files' would give the heirs wrong numKeys, so the keys are counted instead."""
-    if why is None:
-        return by_group
-    log.warning("keyedstate: partition %d of %s: its key-group counts are not its files' (%s); counting its keys",
-                task.partition, task.store_path, why)
-    return None
+def _usable(by_group: Counter | None, disagree: Callable[[Counter], str | None], db: Any,
+            task: SplitTask) -> tuple[Counter, bool]:
+    """The parent's key-group counts and whether they were counted by keys: ``by_group`` if
+    ``disagree`` finds nothing wrong with it; else (none, an older snapshot's, an offline
+    writer's, or counts that are not the files', which would give the heirs wrong numKeys) the
+    keys counted."""
+    if by_group is not None:
+        why = disagree(by_group)
+        if why is None:
+            return by_group, False
+        log.warning("keyedstate: partition %d of %s: its key-group counts are not its files' (%s); counting its keys",
+                    task.partition, task.store_path, why)
+    return _counted(db, task), True
 
 
 def _written_disagree(written: dict[int, int], by_group: Counter, task: SplitTask) -> str | None:

@@ -24,7 +24,10 @@ object RetiredPartitions {
       since > base || files.paths.partition.contains(q) || {
         try {
           val done = retire(files.sibling(q), since, horizon, delete, Set(q))
-          if (done) files.paths.retiredMarkers(l.modified.keys, q, since).foreach(delete)
+          if (done) {
+            files.paths.retiredMarkers(l.modified.keys, q, since).foreach(delete)
+            log.info(s"keyedstate: cleanup of ${files.dir} retired partition $q, which a scale-down at version $since retired")
+          }
           done
         } catch {
           // Any error (a storage error, an unreadable manifest, a name a Path refuses) keeps q for
@@ -44,7 +47,11 @@ object RetiredPartitions {
    *  past `since`, which no scale-down writes, is deleted unfollowed. */
   private def retire(q: CheckpointFiles, since: Long, horizon: Long, delete: Path => Unit, seen: Set[Int]): Boolean = {
     val l = q.listing()
-    if ((l.changelogFiles ++ l.snapshotFiles).exists(_._1 >= since)) return true
+    if ((l.changelogFiles ++ l.snapshotFiles).exists(_._1 >= since)) {
+      log.info(s"keyedstate: ${q.dir} holds versions at or past $since, when a scale-down retired it: it is live again, " +
+        "and keeps its files")
+      return true
+    }
     // Followed only at or below `since` (q was live when a later scale-down wrote one; a live
     // partition holds versions past it, so the check above keeps it whatever a marker names).
     val older = q.paths.retired(l.modified.keys).distinct.map { case (p, v) =>

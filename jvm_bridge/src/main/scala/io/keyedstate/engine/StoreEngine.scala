@@ -56,6 +56,9 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   // before it down to the newest snapshot, newest first.
   @volatile private var loaded = -1L
   @volatile private var loadedId: Option[String] = None
+  // The newest version loaded or durably committed, kept while `loaded` is -1 (a load or commit
+  // in progress, an invalidation): cleanup counts back from it, so a round is never lost to a commit.
+  @volatile private var head: (Long, Option[String]) = (-1L, None)
   @volatile private var lineage: List[(Long, Option[String])] = Nil
   /** Checkpoint format 2: every version has a unique id. Set by `checkpointFormatVersion=2`, or
    *  by the first id Spark gives ([[idOf]]). */
@@ -194,6 +197,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       }
       loaded = version
       loadedId = id
+      head = version -> id
       if (numKeys <= session.settings.nearCacheWarmKeys) warm(None)
       else { // the cache stays empty until then
         committedReads.takeReadNanos()
@@ -261,6 +265,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       if (forceSnapshot || overdue) session.control("staging a snapshot")((api, h) => api.stageSnapshot(h))
       loaded = newVersion
       loadedId = newId
+      head = newVersion -> newId
       native.committed(v.version, newVersion, v.buffered.buffer, cacheMisses = !cache.complete)
       cache.holdBudget()
       lineage = ((newVersion -> newId) :: lineage).filter(_._1 >= lastSnapshot)
@@ -341,9 +346,10 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     if (!uniqueIds) Right(None) else lineage.find(_._1 == version).map(e => Right(e._2)).getOrElse(Left(()))
 
   /** Deletes what no retained version needs (maintenance thread, [[StoreMaintenance.cleanUp]]),
-   *  counting back from `asOf` (a version loaded earlier), else from the version held now. */
+   *  counting back from `asOf` (a version loaded earlier), else from the newest version loaded or
+   *  committed (`head`). */
   def cleanupFiles(asOf: Option[(Long, Option[String])] = None): Unit =
-    maintenance.cleanUp(() => asOf.getOrElse(loaded -> loadedId), () => lastSnapshot, byLineage = uniqueIds)
+    maintenance.cleanUp(() => asOf.getOrElse(head), () => lastSnapshot, byLineage = uniqueIds)
 
   def close(): Unit = synchronized {
     if (closed) return

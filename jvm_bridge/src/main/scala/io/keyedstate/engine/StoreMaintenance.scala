@@ -48,9 +48,15 @@ private[engine] final class StoreMaintenance(session: ServerSession, uploader: S
    */
   def cleanUp(head: () => (Long, Option[String]), newestSnapshot: () => Long, byLineage: Boolean): Unit =
     mutex.synchronized {
-      if (closed() || !fence.isActive) return
+      if (closed() || !fence.isActive) {
+        log.debug(s"keyedstate: no cleanup of $describe: closed, or not the active instance of its store")
+        return
+      }
       val from = head()
-      if (from._1 <= 0) return // nothing committed held: the newest file listed may be an uncommitted attempt
+      if (from._1 <= 0) { // nothing loaded nor committed: the newest file listed may be an uncommitted attempt
+        log.debug(s"keyedstate: no cleanup of $describe before a version is loaded")
+        return
+      }
       retriedLater("cleanup") {
         val deleted = fileCleanup.run(minVersionsToRetain, from._1, from._2, newestSnapshot(), byLineage = byLineage)
         if (deleted > 0) log.info(s"keyedstate: cleanup deleted $deleted files of $describe")
