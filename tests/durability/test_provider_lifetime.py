@@ -621,6 +621,34 @@ def test_cleanup_after_a_tasks_commit_keeps_the_version_spark_committed_last(spa
         close_runs(spark, run)
 
 
+def test_a_cleanup_while_the_engine_holds_no_version_counts_from_the_last_one_it_held(spark, tmp_path):
+    """Spark's cleanup pool calls in at any moment, also while a commit or a load is in flight or
+    after a failed one, when the engine holds no version: such a round returned without doing
+    anything, and on short batches most of a partition's rounds could fall there. It counts
+    back from the newest version loaded or committed instead, and deletes what that retains no more."""
+    location = str(tmp_path / "checkpoint" / "state")
+    store_dir = tmp_path / "checkpoint" / "state" / "0" / "0"
+    history, ids = {0: {}}, {}
+    run = Run(spark, location, "1", history, ids)
+    try:
+        for version in range(6):  # versions 1..6, each snapshot uploaded; nothing cleaned up yet
+            run.commit(version)
+            run.snapshot()
+        assert (store_dir / "1.ks-changelog").is_file() and (store_dir / "1.ks-snapshot").is_file()
+        with pytest.raises(Exception, match="99"):
+            run.layer.store(99)  # a failed load: the engine holds no version now
+        run.cleanup()
+        names = {p.name for p in store_dir.iterdir()}
+        base = 6 - RETAIN  # the newest snapshot at or below the oldest version retained
+        assert not {f"{v}.ks-changelog" for v in range(1, base + 1)} & names, sorted(names)
+        assert not {f"{v}.ks-snapshot" for v in range(1, base)} & names, sorted(names)
+        assert {f"{base}.ks-snapshot", *(f"{v}.ks-changelog" for v in range(base + 1, 7))} <= names, sorted(names)
+        assert contents(run.layer, 6, None) == history[6]  # and the engine loads again
+    finally:
+        close_runs(spark, run)
+    assert_every_retained_version_loads(spark, location, "1", history, ids)
+
+
 def test_a_symbolic_link_in_the_checkpoint_is_never_listed_read_or_deleted_through(spark, tmp_path):
     """A local peer who can write the checkpoint replaces a partition's ks-files/ with a link to
     a directory of theirs or another user's: a running query's cleanup deleted every file there

@@ -31,7 +31,7 @@ from support.offline import kill_rescale_after, rescale_cli, to_objtest
 from support.rescale_query import (
     await_every_file_listed as _await_every_file_listed, await_snapshots as _await_snapshots,
     batch_rows as _batch_rows, count_by_key as _agg, expected as _expected, files_of_partitions as _files_of,
-    partition_listings, run as _run, snapshotted_query as _snapshotted_query)
+    marker_files as _markers, partition_listings, run as _run, snapshotted_query as _snapshotted_query)
 from support.scenarios import SCENARIOS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
@@ -829,13 +829,13 @@ def test_a_scale_down_after_a_split_by_files_leaves_nothing_once_retention_passe
     assert keyedstate.verify(stream.checkpoint)["ok"], keyedstate.verify(stream.checkpoint)
 
     with session_confs(spark, confs):
-        _run(spark, stream, range(5, 5 + 3 * retain), out, until=lambda: not _files_of(op_dir, range(4, 8)))
+        _run(spark, stream, range(5, 5 + 3 * retain), out,
+             until=lambda: not _files_of(op_dir, range(4, 8)) and not _markers(op_dir))
     assert out == _expected(5 + 3 * retain)
     _await_every_file_listed(op_dir)
     left = _files_of(op_dir, range(4, 8))
     assert left == [], (left, partition_listings(op_dir))
-    markers = sorted(str(p.relative_to(op_dir)) for p in op_dir.glob("*/ks-*") if p.is_file())
-    assert markers == [], markers
+    assert _markers(op_dir) == [], _markers(op_dir)
     last = down.batch + 3 * retain
     assert {(k, n) for k, n, _ in _state(spark, stream.checkpoint, batchId=last)} == set(_expected(5 + 3 * retain).items())
     assert keyedstate.verify(stream.checkpoint)["ok"], keyedstate.verify(stream.checkpoint)
@@ -866,7 +866,8 @@ def test_a_merge_by_files_builds_each_heir_on_one_parents_files(spark, tmp_path,
 
     batches = 3 * retain
     with session_confs(spark, confs):
-        _run(spark, stream, range(3, 3 + batches), out, partitions=to, until=lambda: not _files_of(op_dir, range(to, 4)))
+        _run(spark, stream, range(3, 3 + batches), out, partitions=to,
+             until=lambda: not _files_of(op_dir, range(to, 4)) and not _markers(op_dir, "ks-retired-*"))
     assert out == _expected(3 + batches)
     last = result.batch + batches
     _await_every_file_listed(op_dir)

@@ -33,7 +33,7 @@ def expected(batches: int) -> dict:
 def run(spark, stream: FileStream, batches: range, out: dict, partitions: int = 4,
         until: Callable[[], bool] | None = None) -> None:
     """Runs ``batches``; with ``until``, keeps the query (and so its maintenance) running after
-    them until ``until()`` holds or 60 s pass: cleanup runs only in the maintenance of a running
+    them until ``until()`` holds or 30 s pass: cleanup runs only in the maintenance of a running
     query, so a query stopped right after its last batch may not have had its last cleanup."""
     with session_confs(spark, {PROVIDER_CONF: keyedstate.PROVIDER_CLASS,
                                "spark.sql.shuffle.partitions": str(partitions)}):
@@ -41,7 +41,7 @@ def run(spark, stream: FileStream, batches: range, out: dict, partitions: int = 
         try:
             for b in batches:
                 stream.step(query, batch_rows(b))
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + 30
             while until is not None and not until() and time.monotonic() < deadline:
                 time.sleep(0.5)
         finally:
@@ -76,6 +76,11 @@ def unlisted_snapshot_files(op_dir: Path) -> list[Path]:
 def files_of_partitions(op_dir: Path, partitions: range) -> list[str]:
     """Every file under the operator's ``partitions``, relative to ``op_dir``."""
     return sorted(str(p.relative_to(op_dir)) for q in partitions for p in (op_dir / str(q)).rglob("*") if p.is_file())
+
+
+def marker_files(op_dir: Path, pattern: str = "ks-*") -> list[str]:
+    """The markers (``ks-borrower-*``, ``ks-retired-*``: ``pattern``) the operator's partitions hold."""
+    return sorted(str(p.relative_to(op_dir)) for p in op_dir.glob(f"*/{pattern}") if p.is_file())
 
 
 def partition_listings(op_dir: Path) -> dict[str, list[str]]:

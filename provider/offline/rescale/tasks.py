@@ -130,6 +130,7 @@ def split_by_files(files: ckpt.StoreFiles, rebuilt: ckpt.RebuiltVersion, task: S
     writes = task.merge_by_files and hide
     by_group = None if rebuilt.key_group_counts is None else \
         owned_counts(rebuilt.key_group_counts, task.partition, task.from_partitions, task.key_groups, task.store_path)
+    heir_keys: dict[int, int] = {}  # each heir's keys, once the counts are settled
     if not writes:  # the counts are checked now, with a seek per key group held
         by_group, counted_by_keys = _usable(by_group, lambda c: counts_disagree(rebuilt.db, c), rebuilt.db, task)
         heir_keys = key_group_counts.by_partition(by_group, task.partitions)

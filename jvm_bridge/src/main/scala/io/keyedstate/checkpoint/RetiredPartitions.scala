@@ -24,10 +24,7 @@ object RetiredPartitions {
       since > base || files.paths.partition.contains(q) || {
         try {
           val done = retire(files.sibling(q), since, horizon, delete, Set(q))
-          if (done) {
-            files.paths.retiredMarkers(l.modified.keys, q, since).foreach(delete)
-            log.info(s"keyedstate: cleanup of ${files.dir} retired partition $q, which a scale-down at version $since retired")
-          }
+          if (done) files.paths.retiredMarkers(l.modified.keys, q, since).foreach(delete)
           done
         } catch {
           // Any error (a storage error, an unreadable manifest, a name a Path refuses) keeps q for
@@ -48,8 +45,8 @@ object RetiredPartitions {
   private def retire(q: CheckpointFiles, since: Long, horizon: Long, delete: Path => Unit, seen: Set[Int]): Boolean = {
     val l = q.listing()
     if ((l.changelogFiles ++ l.snapshotFiles).exists(_._1 >= since)) {
-      log.info(s"keyedstate: ${q.dir} holds versions at or past $since, when a scale-down retired it: it is live again, " +
-        "and keeps its files")
+      log.info(s"keyedstate: ${q.dir}, which a scale-down at version $since retired, holds versions at or past it: " +
+        "it is live again, and keeps its files")
       return true
     }
     // Followed only at or below `since` (q was live when a later scale-down wrote one; a live
@@ -69,9 +66,11 @@ object RetiredPartitions {
       if (!lent.contains(CheckpointFiles.checksummed(rel)) && modified < horizon) delete(q.snapshotFile(rel))
     }
     val after = q.listing()
-    older && undecided.isEmpty && after.changelogFiles.isEmpty && after.snapshotFiles.isEmpty &&
+    val emptied = older && undecided.isEmpty && after.changelogFiles.isEmpty && after.snapshotFiles.isEmpty &&
       !after.modified.keys.exists(n => CheckpointCleanup.tempFile(n) || CheckpointLayout.BorrowerMarker.matches(n) ||
         CheckpointLayout.RetiredMarker.matches(n)) &&
       q.snapshotFiles().isEmpty
+    if (emptied) log.info(s"keyedstate: cleanup emptied ${q.dir}, which a scale-down at version $since retired")
+    emptied
   }
 }
