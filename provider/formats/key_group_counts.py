@@ -40,6 +40,16 @@ class CorruptKeyGroupCountsError(ValueError):
 
 def encode(counts: Mapping[int, int], key_groups: int) -> bytes:
     """The file's bytes for ``counts`` (key group -> keys; zero counts are left out)."""
+    entries = _encoded_entries(counts, key_groups)
+    if entries is None:  # counts the vectorised path does not take: the loop names what is wrong
+        entries, total, n = _encoded_entries_slowly(counts, key_groups)
+    else:
+        entries, total, n = entries
+    body = _HEAD.pack(MAGIC, FORMAT_VERSION, key_groups, total, n) + entries
+    return body + _CRC.pack(zlib.crc32(body))
+
+
+def _encoded_entries_slowly(counts: Mapping[int, int], key_groups: int) -> tuple[bytes, int, int]:
     entries = sorted((g, c) for g, c in counts.items() if c)
     out = bytearray()
     previous = 0
@@ -49,8 +59,44 @@ def encode(counts: Mapping[int, int], key_groups: int) -> bytes:
         _put_varint(out, g - previous)
         _put_varint(out, c)
         previous = g
-    body = _HEAD.pack(MAGIC, FORMAT_VERSION, key_groups, sum(c for _, c in entries), len(entries)) + bytes(out)
-    return body + _CRC.pack(zlib.crc32(body))
+    return bytes(out), sum(c for _, c in entries), len(entries)
+
+
+def _encoded_entries(counts: Mapping[int, int], key_groups: int) -> tuple[bytes, int, int] | None:
+    """(entries' bytes, total, entries) as :func:`_encoded_entries_slowly` gives them, with numpy
+    (tens of thousands of key groups a snapshot); None for counts it does not take whole."""
+    import numpy as np
+
+    try:
+        groups = np.fromiter(counts.keys(), np.int64, len(counts))
+        keys = np.fromiter(counts.values(), np.int64, len(counts))
+    except (OverflowError, TypeError, ValueError):
+        return None
+    held = keys != 0
+    groups, keys = groups[held], keys[held]
+    if len(groups) and (groups.min() < 0 or groups.max() >= key_groups or keys.min() < 0):
+        return None
+    order = np.argsort(groups, kind="stable")
+    groups, keys = groups[order], keys[order]
+    values = np.empty(2 * len(groups), np.uint64)
+    values[0::2] = np.diff(groups, prepend=0)
+    values[1::2] = keys
+    return _varints(values), sum(keys.tolist()), len(groups)
+
+
+def _varints(values: "numpy.ndarray") -> bytes:
+    """Unsigned LEB128 of each of ``values`` (uint64, below 2^63), concatenated."""
+    import numpy as np
+
+    lengths = np.ones(len(values), np.int64)
+    for k in range(1, 9):
+        lengths += (values >> np.uint64(7 * k)) > 0
+    width = int(lengths.max()) if len(values) else 1
+    shifts = (7 * np.arange(width)).astype(np.uint64)
+    digits = ((values[:, None] >> shifts[None, :]) & np.uint64(0x7F)).astype(np.uint8)
+    column = np.arange(width)[None, :]
+    digits[column < lengths[:, None] - 1] |= 0x80
+    return digits[column < lengths[:, None]].tobytes()
 
 
 def decode(data: bytes, source: str) -> tuple[int, Counter]:
@@ -65,6 +111,13 @@ def decode(data: bytes, source: str) -> tuple[int, Counter]:
         raise CorruptKeyGroupCountsError(f"{source} has key-group counts format {version}; this build reads {FORMAT_VERSION}")
     if zlib.crc32(body) != crc:
         raise CorruptKeyGroupCountsError(f"{source}: checksum mismatch, corrupt")
+    counts = _decoded_entries(body, _HEAD.size, entries, key_groups, total)
+    if counts is None:  # entries the vectorised path does not take: the loop names what is wrong
+        counts = _decoded_entries_slowly(body, entries, key_groups, total, source)
+    return key_groups, counts
+
+
+def _decoded_entries_slowly(body: memoryview, entries: int, key_groups: int, total: int, source: str) -> Counter:
     counts: Counter = Counter()
     pos, group, seen = _HEAD.size, -1, 0
     try:
@@ -86,7 +139,40 @@ def decode(data: bytes, source: str) -> tuple[int, Counter]:
         raise CorruptKeyGroupCountsError(f"{source}: {len(body) - pos} bytes after the last entry, corrupt")
     if seen != total:
         raise CorruptKeyGroupCountsError(f"{source}: counts sum to {seen}, the header says {total}, corrupt")
-    return key_groups, counts
+    return counts
+
+
+def _decoded_entries(body: memoryview, pos: int, entries: int, key_groups: int, total: int) -> Counter | None:
+    """The entries from ``pos`` to the end of ``body``, decoded with numpy when they hold to the
+    spec; None otherwise (and for varints of 10 bytes or more), for the byte-by-byte reader."""
+    import numpy as np
+
+    data = np.frombuffer(body, np.uint8, offset=pos)
+    n = 2 * entries
+    if n == 0:
+        return Counter() if len(data) == 0 and total == 0 else None
+    ends = np.flatnonzero(data < 0x80)  # each varint's last byte
+    if len(ends) < n or ends[n - 1] + 1 != len(data):
+        return None
+    ends = ends[:n]
+    starts = np.empty(n, np.int64)
+    starts[0] = 0
+    starts[1:] = ends[:-1] + 1
+    lengths = ends - starts + 1
+    if lengths.max() > 9:
+        return None
+    digit = np.arange(len(data)) - np.repeat(starts, lengths)
+    values = np.bitwise_or.reduceat((data & 0x7F).astype(np.uint64) << (7 * digit).astype(np.uint64), starts)
+    deltas, keys = values[0::2], values[1::2]
+    if (values > _MAX_COUNT).any() or (keys < 1).any() or (deltas[1:] < 1).any() or (deltas >= key_groups).any():
+        return None
+    groups = np.cumsum(deltas)  # each delta below keyGroups (< 2^32), so no overflow
+    if groups[-1] >= key_groups:
+        return None
+    keys_list = keys.tolist()
+    if sum(keys_list) != total:
+        return None
+    return Counter(dict(zip(groups.tolist(), keys_list)))
 
 
 def write_beside(directory: Path, counts: Mapping[int, int], key_groups: int, num_keys: int, describe: str) -> None:

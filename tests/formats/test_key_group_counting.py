@@ -121,3 +121,68 @@ def test_a_changelog_that_is_not_whole_leaves_the_db_untouched(db, monkeypatch, 
     assert held(db) == before
     if with_counts:
         assert counts == Counter(by_group(before))
+
+
+def _entries_of(counts: dict[int, int], key_groups: int) -> bytes:
+    from keyedstate.formats import key_group_counts as kgc
+
+    return kgc._encoded_entries_slowly(counts, key_groups)[0]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_vectorised_codec_gives_the_byte_loops_bytes_and_counts(seed):
+    """Counts of every varint width (1-9 bytes) and key groups up to 2^32 - 1: encode's bytes
+    are the byte loop's, and decode gives back the counts."""
+    import random
+
+    from keyedstate.formats import key_group_counts as kgc
+
+    rng = random.Random(seed)
+    key_groups = rng.choice([8, 201_600, 2**32 - 1])
+    counts = {rng.randrange(key_groups): rng.choice([1, 127, 128, 2**14, 2**21 + 5, 2**35])
+              for _ in range(rng.randrange(1, 3000))}
+    counts[rng.randrange(key_groups)] = 2**62 + 3  # 9 bytes; the total stays below 2^63
+    counts[rng.randrange(key_groups)] = 0  # left out
+    data = kgc.encode(counts, key_groups)
+    held = {g: c for g, c in counts.items() if c}
+    assert data[kgc._HEAD.size:-4] == _entries_of(held, key_groups)
+    assert kgc.decode(data, "mem") == (key_groups, held)
+
+
+def _file(entries: bytes, n: int, total: int, key_groups: int = 100) -> bytes:
+    from keyedstate.formats import key_group_counts as kgc
+
+    body = kgc._HEAD.pack(kgc.MAGIC, kgc.FORMAT_VERSION, key_groups, total, n) + entries
+    return body + kgc._CRC.pack(zlib.crc32(body))
+
+
+@pytest.mark.parametrize("entries,n,total,error", [
+    (bytes([3, 2, 0, 1]), 2, 3, "entry 1 has delta 0"),
+    (bytes([3, 0]), 1, 0, "entry 0 has delta 3 and count 0"),
+    (bytes([3, 2, 97, 1]), 2, 3, "key group 100 is not below 100"),
+    (bytes([3, 2, 1]), 2, 3, "entries run past the end"),
+    (bytes([3, 2, 0x81]), 1, 2, "1 bytes after the last entry"),
+    (bytes([3, 2, 1, 1, 5]), 2, 3, "1 bytes after the last entry"),
+    (bytes([3, 2, 1, 1]), 2, 4, "counts sum to 3, the header says 4"),
+    (bytes([3]) + bytes([0xFF] * 9) + bytes([0x7F]), 1, 1, "out of range"),
+    (bytes([3]) + bytes([0x80] * 10) + bytes([1]), 1, 1, "longer than 9 bytes"),
+    (bytes([]), 1, 0, "entries run past the end"),
+    (bytes([3, 2]), 0, 0, "2 bytes after the last entry"),
+])
+def test_entries_against_the_spec_are_refused_by_name(entries, n, total, error):
+    """What the vectorised decoder does not take goes to the byte loop, whose error names it."""
+    from keyedstate.formats import key_group_counts as kgc
+
+    with pytest.raises(kgc.CorruptKeyGroupCountsError, match=error):
+        kgc.decode(_file(entries, n, total), "mem")
+
+
+def test_a_ten_byte_varint_below_two_to_the_63_is_read_as_the_spec_allows_no_more():
+    """Both paths agree on the edge: a 9-byte varint is read; the byte loop also takes a 10th
+    byte of 0 (the value is still below 2^63)."""
+    from keyedstate.formats import key_group_counts as kgc
+
+    nine = bytes([0xFF] * 8 + [0x7F])  # 2^63 - 1
+    assert kgc.decode(_file(bytes([3]) + nine, 1, 2**63 - 1), "mem") == (100, {3: 2**63 - 1})
+    ten = bytes([0x81] + [0x80] * 8 + [0x00])  # 1, in 10 bytes
+    assert kgc.decode(_file(bytes([3]) + ten, 1, 1), "mem") == (100, {3: 1})
