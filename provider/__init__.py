@@ -14,19 +14,47 @@ checkpoint's files: listing, loading a version, snapshots), :mod:`.server` (the 
 """
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 from . import failures
-from .checkpoint import CheckpointError, CheckpointProblem
-from .offline.inspection import InspectError, inspect
-from .offline.lookup import get
-from .offline.migration import MigrateError, migrate
-from .offline.processor import StateProcessor, StateProcessorError, state, undo
-from .offline.rescale import RescaleError, rescale
-from .checkpoint.storage import StorageError
-from .offline.verify import verify
-from .shim import PROVIDER_CLASS
-from .shim.jar import jar_path
-from .shim.session import PROVIDER_CLASS_CONF, configure
 from .version import __version__
+
+# Each public name and the module that defines it, imported on first use (PEP 562): a state
+# server or a CLI command imports only what it runs, not every offline tool.
+_PUBLIC = {
+    "CheckpointError": ".checkpoint", "CheckpointProblem": ".checkpoint",
+    "InspectError": ".offline.inspection", "inspect": ".offline.inspection",
+    "get": ".offline.lookup",
+    "MigrateError": ".offline.migration", "migrate": ".offline.migration",
+    "StateProcessor": ".offline.processor", "StateProcessorError": ".offline.processor",
+    "state": ".offline.processor", "undo": ".offline.processor",
+    "RescaleError": ".offline.rescale", "rescale": ".offline.rescale",
+    "StorageError": ".checkpoint.storage",
+    "verify": ".offline.verify",
+    "PROVIDER_CLASS": ".shim",
+    "jar_path": ".shim.jar",
+    "PROVIDER_CLASS_CONF": ".shim.session", "configure": ".shim.session",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:  # a subpackage or module (keyedstate.conf), as an import of it would give
+        try:
+            return importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # once: later lookups do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})
+
 
 __all__ = ["PROVIDER_CLASS", "CheckpointError", "CheckpointProblem", "InspectError", "MigrateError", "RescaleError",
            "StateProcessor", "StateProcessorError", "StorageError", "configure", "get", "inspect", "jar_path", "migrate", "rescale", "state", "undo", "verify", "__version__"]

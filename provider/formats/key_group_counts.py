@@ -20,7 +20,10 @@ import struct
 import zlib
 from collections import Counter
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
+
+if TYPE_CHECKING:
+    import numpy
 
 log = logging.getLogger(__name__)
 
