@@ -55,14 +55,16 @@ def stage(db: Rdict, directory: Path, version: int, lineage: str, num_keys: int,
 
 def install(snapshot_dir: Path, db_dir: Path) -> None:
     """Make the downloaded checkpoint files in ``snapshot_dir`` the database at ``db_dir``
-    (private to the user, whatever mode the JVM's download gave them)."""
+    (private to the user, whatever mode the JVM's download gave them). A file the JVM hard-linked
+    to the checkpoint's keeps that file's mode: a chmod here would change the checkpoint's file,
+    and its bytes are no more readable through this directory (0700) than through the checkpoint."""
     if db_dir.exists():
         shutil.rmtree(db_dir)
     os.replace(snapshot_dir, db_dir)
     os.chmod(db_dir, 0o700)
     with os.scandir(db_dir) as entries:
         for entry in entries:
-            if entry.is_file(follow_symlinks=False):
+            if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_nlink == 1:
                 os.chmod(entry.path, 0o600)
 
 

@@ -246,6 +246,26 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration, defaultSto
     try copy(in, path, local) finally in.close()
   }
 
+  /**
+   * A file no one writes once it exists (a snapshot's RocksDB table file: RocksDB only reads its
+   * table files, and deletes only its own name for one) to local disk: on a local-disk checkpoint
+   * a hard link when the local directory is on its file system, else a copy ([[download]]). The
+   * file is checked as every read's is first, and the link afterwards: what it was made of must
+   * be a regular file (a symbolic link swapped in meanwhile goes to [[download]], which refuses it).
+   */
+  def downloadUnchanging(path: Path, local: java.nio.file.Path): Unit = {
+    if (localDisk) {
+      open(path).in.close()
+      val source = java.nio.file.Paths.get(fs.makeQualified(path).toUri)
+      val linked = try { Files.createLink(local, source); true } catch {
+        case _: IOException | _: UnsupportedOperationException => false // another file system, or links refused
+      }
+      if (linked && Files.isRegularFile(local, LinkOption.NOFOLLOW_LINKS)) return
+      if (linked) Files.delete(local)
+    }
+    download(path, local)
+  }
+
   private def copy(in: InputStream, path: Path, local: java.nio.file.Path): Unit = {
     val out = try Channels.newOutputStream(createPrivate(local))
       catch { case e: IOException => throw LocalDisk.failed(local, e) }
