@@ -70,6 +70,8 @@ def _encoded_entries(counts: Mapping[int, int], key_groups: int) -> tuple[bytes,
     (tens of thousands of key groups a snapshot); None for counts it does not take whole."""
     import numpy as np
 
+    if not all(type(g) is int for g in counts) or not all(type(c) is int for c in counts.values()):
+        return None  # np.fromiter would truncate a float
     try:
         groups = np.fromiter(counts.keys(), np.int64, len(counts))
         keys = np.fromiter(counts.values(), np.int64, len(counts))

@@ -186,3 +186,11 @@ def test_a_ten_byte_varint_below_two_to_the_63_is_read_as_the_spec_allows_no_mor
     assert kgc.decode(_file(bytes([3]) + nine, 1, 2**63 - 1), "mem") == (100, {3: 2**63 - 1})
     ten = bytes([0x81] + [0x80] * 8 + [0x00])  # 1, in 10 bytes
     assert kgc.decode(_file(bytes([3]) + ten, 1, 1), "mem") == (100, {3: 1})
+
+
+def test_counts_that_are_not_integers_are_refused_as_the_byte_loop_refuses_them():
+    from keyedstate.formats import key_group_counts as kgc
+
+    for counts in ({3: 1.5}, {3.0: 2}):
+        with pytest.raises(TypeError):
+            kgc.encode(counts, 100)

@@ -75,21 +75,6 @@ object LocalFiles {
     FileChannel.open(file, Set[OpenOption](StandardOpenOption.CREATE, StandardOpenOption.WRITE,
       StandardOpenOption.APPEND, LinkOption.NOFOLLOW_LINKS).asJava, PrivateFile)
 
-  /** Makes an existing tree private to the user (0700 directories, 0600 files), not following links. */
-  def restrictTree(path: Path): Unit =
-    if (Files.exists(path, LinkOption.NOFOLLOW_LINKS)) {
-      try Files.walkFileTree(path, new SimpleFileVisitor[Path] {
-        override def preVisitDirectory(dir: Path, attrs: BasicFileAttributes): FileVisitResult = {
-          chmod(dir, DirMode); FileVisitResult.CONTINUE
-        }
-        override def visitFile(file: Path, attrs: BasicFileAttributes): FileVisitResult = {
-          if (attrs.isRegularFile) chmod(file, FileMode)
-          FileVisitResult.CONTINUE
-        }
-        override def visitFileFailed(file: Path, e: IOException): FileVisitResult = FileVisitResult.CONTINUE
-      }) catch { case _: NoSuchFileException => }
-    }
-
   private def chmod(path: Path, mode: java.util.Set[PosixFilePermission]): Unit =
     Files.getFileAttributeView(path, classOf[PosixFileAttributeView], LinkOption.NOFOLLOW_LINKS).setPermissions(mode)
 

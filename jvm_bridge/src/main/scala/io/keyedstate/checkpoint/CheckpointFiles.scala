@@ -250,18 +250,28 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration, defaultSto
    * A file no one writes once it exists (a snapshot's RocksDB table file: RocksDB only reads its
    * table files, and deletes only its own name for one) to local disk: on a local-disk checkpoint
    * a hard link when the local directory is on its file system, else a copy ([[download]]). The
-   * file is checked as every read's is first, and the link afterwards: what it was made of must
-   * be a regular file (a symbolic link swapped in meanwhile goes to [[download]], which refuses it).
+   * file is checked as every read's is first, and the link must be that very file (device and
+   * inode): anything swapped in meanwhile, or a symbolic link a platform's link(2) followed, goes
+   * to [[download]], which checks it again. The checkpoint's file is then the store's own: it
+   * must never be rewritten in place (keyedstate writes every checkpoint file under a new name).
    */
   def downloadUnchanging(path: Path, local: java.nio.file.Path): Unit = {
     if (localDisk) {
       open(path).in.close()
       val source = java.nio.file.Paths.get(fs.makeQualified(path).toUri)
-      val linked = try { Files.createLink(local, source); true } catch {
+      def identity(p: java.nio.file.Path) = {
+        val a = Files.readAttributes(p, classOf[BasicFileAttributes], LinkOption.NOFOLLOW_LINKS)
+        if (a.isRegularFile) Option(a.fileKey) else None
+      }
+      val linked = try {
+        val checked = identity(source)
+        Files.createLink(local, source)
+        checked.isDefined && identity(local) == checked
+      } catch {
         case _: IOException | _: UnsupportedOperationException => false // another file system, or links refused
       }
-      if (linked && Files.isRegularFile(local, LinkOption.NOFOLLOW_LINKS)) return
-      if (linked) Files.delete(local)
+      if (linked) return
+      try Files.deleteIfExists(local) catch { case e: IOException => throw LocalDisk.failed(local, e) }
     }
     download(path, local)
   }
