@@ -174,13 +174,15 @@ def _list_a_file_twice(victim: Path) -> None:
     (victim.parent / f".{victim.name}.crc").unlink(missing_ok=True)
 
 
-@pytest.mark.parametrize("corrupt", [_truncate, _list_a_file_twice], ids=["truncated", "a-file-listed-twice"])
-def test_a_corrupt_snapshot_is_skipped_for_an_older_one_and_changelogs(spark, tmp_path, corrupt):
-    """Spark's auto snapshot repair: the load warns, counts it, and rebuilds the version exactly."""
+SNAPSHOT_EVERY_VERSION = {PROVIDER_CONF: KS, PFX + "snapshotInterval": "1"}
+
+
+def _snapshotted_at_3(spark, tmp_path) -> tuple[FileStream, dict, list[Path]]:
+    """Three batches of 20 keys (k0..k21) with a snapshot every version; returns the stream, the
+    query's output, and its two partitions once both hold the snapshot of version 3."""
     stream = FileStream(spark, tmp_path, "k STRING")
-    confs = {PROVIDER_CONF: KS, PFX + "snapshotInterval": "1"}
     out: dict = {}
-    with session_confs(spark, confs):
+    with session_confs(spark, SNAPSHOT_EVERY_VERSION):
         query = stream.start(count_by_key, collect_into(out))
         try:
             for batch in range(3):
@@ -189,9 +191,16 @@ def test_a_corrupt_snapshot_is_skipped_for_an_older_one_and_changelogs(spark, tm
             query.stop()
     parts = [stream.partition_dir(partition=p) for p in (0, 1)]
     wait_for(lambda: all(3 in versions(part, ".ks-snapshot") for part in parts), what="snapshots of version 3")
+    return stream, out, parts
+
+
+@pytest.mark.parametrize("corrupt", [_truncate, _list_a_file_twice], ids=["truncated", "a-file-listed-twice"])
+def test_a_corrupt_snapshot_is_skipped_for_an_older_one_and_changelogs(spark, tmp_path, corrupt):
+    """Spark's auto snapshot repair: the load warns, counts it, and rebuilds the version exactly."""
+    stream, out, parts = _snapshotted_at_3(spark, tmp_path)
     for part in parts:
         corrupt(part / "3.ks-snapshot")
-    with session_confs(spark, confs):
+    with session_confs(spark, SNAPSHOT_EVERY_VERSION):
         query = stream.start(count_by_key, collect_into(out))
         try:
             stream.step(query, [{"k": "k5"}, {"k": "new"}])
@@ -210,18 +219,7 @@ def test_a_restore_from_a_local_checkpoint_links_the_snapshots_table_files(spark
     local_parent = spark._jvm.java.lang.System.getProperty("java.io.tmpdir")  # the state's, without localDir
     if os.stat(local_parent).st_dev != os.stat(tmp_path).st_dev:
         pytest.skip(f"the checkpoint ({tmp_path}) and the local state ({local_parent}) are on two file systems")
-    stream = FileStream(spark, tmp_path, "k STRING")
-    confs = {PROVIDER_CONF: KS, PFX + "snapshotInterval": "1"}
-    out: dict = {}
-    with session_confs(spark, confs):
-        query = stream.start(count_by_key, collect_into(out))
-        try:
-            for batch in range(3):
-                stream.step(query, [{"k": f"k{i}"} for i in range(batch, batch + 20)])
-        finally:
-            query.stop()
-    parts = [stream.partition_dir(partition=p) for p in (0, 1)]
-    wait_for(lambda: all(3 in versions(part, ".ks-snapshot") for part in parts), what="snapshots of version 3")
+    stream, out, parts = _snapshotted_at_3(spark, tmp_path)
     tables = [part / f["path"] for part in parts for f in manifest(part, 3)["files"] if f["name"].endswith(".sst")]
     assert tables, "the snapshots of version 3 list no table file"
     modes = {t: t.stat().st_mode for t in tables}
@@ -238,7 +236,7 @@ def test_a_restore_from_a_local_checkpoint_links_the_snapshots_table_files(spark
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    with session_confs(spark, confs):
+    with session_confs(spark, SNAPSHOT_EVERY_VERSION):
         query = stream.start(count_by_key, collect_into(out))
         try:
             stream.step(query, [{"k": "k5"}, {"k": "new"}])
