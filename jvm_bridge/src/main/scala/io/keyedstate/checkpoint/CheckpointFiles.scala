@@ -249,24 +249,22 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration, defaultSto
   /**
    * A file no one writes once it exists (a snapshot's RocksDB table file: RocksDB only reads its
    * table files, and deletes only its own name for one) to local disk: on a local-disk checkpoint
-   * a hard link when the local directory is on its file system, else a copy ([[download]]). The
-   * file is checked as every read's is first, and the link must be that very file (device and
-   * inode): anything swapped in meanwhile, or a symbolic link a platform's link(2) followed, goes
-   * to [[download]], which checks it again. The checkpoint's file is then the store's own: it
-   * must never be rewritten in place (keyedstate writes every checkpoint file under a new name).
+   * a hard link when the local directory is on its file system, else a copy ([[download]]). Only
+   * a regular file (not followed if a link) is linked, and the link must be that very file (device
+   * and inode): anything else, or anything swapped in meanwhile, goes to [[download]], whose open
+   * refuses it by name. The checkpoint's file is then the store's own: it must never be rewritten
+   * in place (keyedstate writes every checkpoint file under a new name).
    */
   def downloadUnchanging(path: Path, local: java.nio.file.Path): Unit = {
     if (localDisk) {
-      open(path).in.close()
       val source = java.nio.file.Paths.get(fs.makeQualified(path).toUri)
       def identity(p: java.nio.file.Path) = {
         val a = Files.readAttributes(p, classOf[BasicFileAttributes], LinkOption.NOFOLLOW_LINKS)
         if (a.isRegularFile) Option(a.fileKey) else None
       }
-      val linked = try {
-        val checked = identity(source)
+      val linked = try identity(source).exists { checked =>
         Files.createLink(local, source)
-        checked.isDefined && identity(local) == checked
+        identity(local).contains(checked)
       } catch {
         case _: IOException | _: UnsupportedOperationException => false // another file system, or links refused
       }
