@@ -11,7 +11,7 @@ import com.fasterxml.jackson.databind.ObjectMapper
 import org.slf4j.LoggerFactory
 
 import io.keyedstate.checkpoint.{CheckpointFileException, CheckpointFiles}
-import io.keyedstate.format.{KeyLayout, SnapshotFile, SnapshotManifest}
+import io.keyedstate.format.{CheckpointLayout, KeyLayout, SnapshotFile, SnapshotManifest}
 
 /**
  * Uploads the snapshots the state server staged (RocksDB checkpoints of committed versions) to
@@ -72,7 +72,7 @@ final class SnapshotUploader(files: CheckpointFiles, describe: String, runId: Op
           val size = f.get("size").asLong()
           // Reuse an SST uploaded before only while it is still there: cleanup, or an overlapping
           // run's, may have deleted it since.
-          val reusable = (if (sameLineage && name.endsWith(".sst")) known.get((name, size)) else None)
+          val reusable = (if (sameLineage && CheckpointLayout.isTableFile(name)) known.get((name, size)) else None)
             .filter(path => files.holds(SnapshotFile(name, path, size)))
           val path = reusable.getOrElse {
             val (rel, target) = files.newSnapshotFilePath(name)
@@ -101,7 +101,7 @@ final class SnapshotUploader(files: CheckpointFiles, describe: String, runId: Op
           throw new Replaced(version)
         }
         lock.synchronized {
-          if (snapLineage == lineage) uploaded ++= entries.filter(_.name.endsWith(".sst")).map(f => (f.name, f.size) -> f.path)
+          if (snapLineage == lineage) uploaded ++= entries.filter(f => CheckpointLayout.isTableFile(f.name)).map(f => (f.name, f.size) -> f.path)
         }
         newest = Some(version)
         log.info(s"keyedstate: uploaded snapshot of version $version of $describe " +

@@ -214,7 +214,7 @@ final class VersionLoader(files: CheckpointFiles, uploader: SnapshotUploader, de
     val path = try files.resolve(f.path) catch {
       case e: CheckpointFileException => throw new SnapshotUnusable(s"$manifest lists ${f.path}: ${e.getMessage}")
     }
-    try if (f.name.endsWith(".sst")) files.downloadUnchanging(path, local) else files.download(path, local) catch {
+    try if (CheckpointLayout.isTableFile(f.name)) files.downloadUnchanging(path, local) else files.download(path, local) catch {
       case e: CheckpointFileException => throw new SnapshotUnusable(s"$manifest lists $path: ${e.getMessage}")
     }
     val size = Files.size(local)

@@ -30,6 +30,10 @@ object CheckpointLayout {
     ("""(?:\d{1,20}\.(?:sst|log|blob)|(?:MANIFEST|OPTIONS)-\d{1,20}|CURRENT|IDENTITY|rocksdict-config\.json""" +
       """|replay-\d{1,20}\.ks-changelog|ks-key-group-counts)""").r
 
+  /** A RocksDB table file among a snapshot's: immutable once written (RocksDB only reads it and
+   *  deletes its own name for it), so an upload may reuse it and a local restore may link it. */
+  def isTableFile(name: String): Boolean = name.endsWith(".sst")
+
   /** Where a manifest may say a snapshot file lives: directly inside `ks-files/` of its own store
    *  partition, or (`../<p>/ks-files/<name>`) of partition `<p>` of the same operator and store,
    *  whose files a rescale shares with the partitions it split the state into. */
