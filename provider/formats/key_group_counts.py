@@ -164,12 +164,12 @@ def _decoded_entries(body: memoryview, pos: int, entries: int, key_groups: int, 
     starts[0] = 0
     starts[1:] = ends[:-1] + 1
     lengths = ends - starts + 1
-    if lengths.max() > 9:
+    if lengths.max() > 9:  # at most 9 bytes: each value is below 2^63, as the spec bounds it
         return None
     digit = np.arange(len(data)) - np.repeat(starts, lengths)
     values = np.bitwise_or.reduceat((data & 0x7F).astype(np.uint64) << (7 * digit).astype(np.uint64), starts)
     deltas, keys = values[0::2], values[1::2]
-    if (values > _MAX_COUNT).any() or (keys < 1).any() or (deltas[1:] < 1).any() or (deltas >= key_groups).any():
+    if (keys < 1).any() or (deltas[1:] < 1).any() or (deltas >= key_groups).any():
         return None
     groups = np.cumsum(deltas)  # each delta below keyGroups (< 2^32), so no overflow
     if groups[-1] >= key_groups:
