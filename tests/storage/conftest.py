@@ -132,25 +132,34 @@ class ScenarioRun:
 @pytest.fixture(scope="session")
 def scenario_runs(storage_session, storage_root, candidate_provider, tmp_path_factory) -> Callable:
     """``get(scenario, storage)``: the scenario of support/scenarios.py run on that storage, once
-    per test run (the operator and offline tests share the runs)."""
+    per test run (the operator and offline tests share the runs). Its reference, Spark's default
+    provider, runs once per scenario with its checkpoint on local disk: what is tested on the
+    storage is the candidate, and the reference's output depends on its input and restarts only."""
     runs: dict[tuple[str, str], ScenarioRun] = {}
+    references: dict[str, list] = {}
+
+    def reference(scenario: str) -> list:
+        if scenario not in references:
+            local = tmp_path_factory.mktemp(f"{scenario}-reference")
+            # Spark checkpoints only the global watermark: after a restart an input counts as
+            # watermark 0 until it has data (support/driver.py), so the output of a query with
+            # several inputs depends on where it restarted. Its reference restarts at the same steps.
+            several_inputs = next(s for s in SCENARIOS if s.name == scenario).multi
+            references[scenario] = storage_session.run_scenario(
+                scenario, REFERENCE_PROVIDER, str(local / "checkpoint"), local,
+                restart_every_step=several_inputs)
+        return references[scenario]
 
     def get(scenario: str, where: str) -> ScenarioRun:
         if (scenario, where) not in runs:
             root = storage_root(where, scenario)
             local = tmp_path_factory.mktemp(f"{scenario}-{where}")
-            # Spark checkpoints only the global watermark: after a restart an input counts as
-            # watermark 0 until it has data (support/driver.py), so the output of a query with
-            # several inputs depends on where it restarted. Its reference restarts at the same steps.
-            several_inputs = next(s for s in SCENARIOS if s.name == scenario).multi
-            reference = storage_session.run_scenario(scenario, REFERENCE_PROVIDER, f"{root}/reference",
-                                                     local / "reference", restart_every_step=several_inputs)
             # a snapshot every 2 versions: restarts load snapshots uploaded to the store, and the
             # changelogs after them
             candidate = storage_session.run_scenario(scenario, candidate_provider, f"{root}/candidate",
                                                      local / "candidate", restart_every_step=True,
                                                      confs={PFX + "snapshotInterval": "2"})
-            runs[(scenario, where)] = ScenarioRun(reference, candidate, f"{root}/candidate")
+            runs[(scenario, where)] = ScenarioRun(reference(scenario), candidate, f"{root}/candidate")
         return runs[(scenario, where)]
 
     return get

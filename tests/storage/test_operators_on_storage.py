@@ -1,7 +1,7 @@
 """Operator scenarios with their checkpoint on real HDFS (MiniDFSCluster, replication 2) and on S3
 through s3a (moto), the query stopped and restarted after every step: the output equals Spark's
-default provider's on the same storage, uninterrupted (restarted at the same steps for a query
-with several inputs: conftest's scenario_runs) (issue 48)."""
+default provider's, uninterrupted (restarted at the same steps for a query with several inputs;
+its checkpoint on local disk: conftest's scenario_runs) (issue 48)."""
 from __future__ import annotations
 
 import pytest
