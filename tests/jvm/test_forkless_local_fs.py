@@ -1,10 +1,15 @@
-"""The suite's local file system (ForklessLocalFileSystem, testjar.forkless_local_conf) answers
-like Hadoop's own, through FileSystem and FileContext: same modes after create, mkdirs and
-setPermission under the configured umask, same statuses for files, directories, symlinks,
-dangling symlinks and missing paths. Hadoop's own is what a fresh Configuration gives."""
+"""keyedstate's local file system (ForklessLocalFileSystem.scala), which serves its checkpoint
+files on ``file:`` when the conf leaves ``file:`` to Hadoop's own (and the suite's Spark files,
+testjar.forkless_local_conf): it answers like Hadoop's own, through FileSystem and FileContext
+(same modes after create, mkdirs and setPermission under the configured umask, same statuses for
+files, directories, symlinks, dangling symlinks and missing paths), and keyedstate's checkpoint
+writes start none of the ``chmod`` and ``readlink`` processes Hadoop's own starts without its
+native library (pyspark ships none)."""
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 
 import pytest
 from py4j.protocol import Py4JJavaError
@@ -14,15 +19,20 @@ from support import testjar
 
 @pytest.fixture
 def both(spark):
-    """(name, conf) of Hadoop's own local file system and the suite's."""
+    """(name, conf) of Hadoop's own local file system (a fresh Configuration) and keyedstate's
+    (what keyedstate makes of that conf for a ``file:`` checkpoint; of a conf that names Hadoop's
+    class itself, nothing)."""
     jvm = spark._jvm
-    if not testjar.forkless_local_conf():
-        pytest.skip(f"${testjar.PLAIN_LOCAL_FS_ENV} is set: the suite runs on Hadoop's own")
     plain = jvm.org.apache.hadoop.conf.Configuration()
-    suite = jvm.org.apache.hadoop.conf.Configuration(spark._jsc.hadoopConfiguration())
-    for conf in (plain, suite):
-        conf.set("fs.permissions.umask-mode", "027")
-    return jvm, [("hadoop", plain), ("suite", suite)]
+    plain.set("fs.permissions.umask-mode", "027")
+    forkless = jvm.io.keyedstate.checkpoint.ForklessLocalFileSystem.confFor(
+        jvm.org.apache.hadoop.fs.Path("file:///checkpoint"), plain)
+    assert forkless.get("fs.file.impl") == testjar.FORKLESS_LOCAL_CLASS
+    kept = jvm.org.apache.hadoop.conf.Configuration(plain)
+    kept.set("fs.file.impl", "org.apache.hadoop.fs.LocalFileSystem")
+    assert jvm.io.keyedstate.checkpoint.ForklessLocalFileSystem.confFor(
+        jvm.org.apache.hadoop.fs.Path("file:///checkpoint"), kept).equals(kept)
+    return jvm, [("hadoop", plain), ("forkless", forkless)]
 
 
 def _statuses(jvm, conf, root, via_context: bool) -> dict:
@@ -69,15 +79,52 @@ def _array(cls, items):
     return array
 
 
+@pytest.mark.parametrize("setgid_root", [False, True], ids=["plain-root", "setgid-root"])
 @pytest.mark.parametrize("via_context", [False, True], ids=["FileSystem", "FileContext"])
-def test_the_suites_local_file_system_answers_like_hadoops(both, tmp_path, via_context):
+def test_keyedstates_local_file_system_answers_like_hadoops(both, tmp_path, via_context, setgid_root):
+    """A setgid root (a group-shared checkpoint): the directories made in it keep the bit."""
     jvm, confs = both
     seen = {}
     for name, conf in confs:
         root = tmp_path / name
         root.mkdir()
+        if setgid_root:
+            root.chmod(0o2770)
         seen[name] = _statuses(jvm, conf, root, via_context)
-    assert seen["suite"] == seen["hadoop"]
+    assert seen["forkless"] == seen["hadoop"]
     hadoop = seen["hadoop"]
-    assert (hadoop["file"], hadoop["dir"], hadoop["changed"]) == ("0o640", "0o750", "0o604")  # umask 027 applied
+    dir_mode = "0o2750" if setgid_root else "0o750"
+    assert (hadoop["file"], hadoop["dir"], hadoop["changed"]) == ("0o640", dir_mode, "0o604")  # umask 027 applied
     assert hadoop["status missing"] == "java.io.FileNotFoundException" and hadoop["status dangling"][2]
+
+
+def test_keyedstates_checkpoint_writes_on_local_disk_start_no_processes(tmp_path):
+    """Changelogs, a snapshot file's upload and download, a listing and a delete through
+    CheckpointFiles with Hadoop's own local file system configured: no ``chmod``, ``readlink``,
+    ``stat`` or ``ls`` names the checkpoint. Spark's CheckpointFileManager writing changelogs
+    the same way does start them (the wrappers see Hadoop's processes)."""
+    from keyedstate.shim.jar import jar_path, pyspark_jars_dir
+
+    wrappers, log = tmp_path / "bin", tmp_path / "processes.log"
+    wrappers.mkdir()
+    for command in ("chmod", "readlink", "stat", "ls"):
+        real = shutil.which(command)
+        assert real, command
+        script = wrappers / command
+        script.write_text(f'#!/bin/sh\necho "{command} $*" >> "{log}"\nexec {real} "$@"\n')
+        script.chmod(0o755)
+    java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else "java"
+    classpath = os.pathsep.join([jar_path(), testjar.test_jar_path(), f"{pyspark_jars_dir()}/*"])
+    env = {**os.environ, "PATH": f"{wrappers}{os.pathsep}{os.environ['PATH']}"}
+    started = {}
+    for way in ("keyedstate", "spark"):
+        checkpoint = tmp_path / way / "state" / "0" / "0"
+        checkpoint.mkdir(parents=True)
+        done = subprocess.run([java, "-Xshare:auto", "-XX:TieredStopAtLevel=1", "-cp", classpath,
+                               "io.keyedstate.testing.LocalCheckpointWrites", way, str(checkpoint)],
+                              env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and "DONE" in done.stdout, done.stderr[-3000:]
+        lines = log.read_text().splitlines() if log.exists() else []
+        started[way] = [line for line in lines if str(tmp_path / way) in line]
+    assert started["spark"], "the wrappers saw none of Hadoop's processes: the test proves nothing"
+    assert started["keyedstate"] == [], started["keyedstate"]

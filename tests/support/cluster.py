@@ -153,7 +153,11 @@ def _builder(master: str, app_name: str, cores: int, memory_mb: int, conf: Mappi
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.driver.extraJavaOptions", jvmsession.QUICK_JVM_OPTIONS)
                .config("spark.executor.extraJavaOptions", jvmsession.QUICK_JVM_OPTIONS))
-    for key, value in {**testjar.forkless_local_conf(), **(conf or {})}.items():
+    # The test jar (objtest://) on the class paths, keyedstate's only in spark.jars, as a user's
+    # executors get it; Spark's local files through Hadoop's own file system, keyedstate's
+    # through its own (ForklessLocalFileSystem.confFor, loaded from spark.jars).
+    jar = testjar.test_jar_path()
+    for key, value in {"spark.driver.extraClassPath": jar, "spark.executor.extraClassPath": jar, **(conf or {})}.items():
         builder = builder.config(key, value)
     return builder
 

@@ -114,21 +114,23 @@ def objtest_conf(root: str | os.PathLike, settings: Mapping[str, Any] | None = N
     return conf
 
 
-FORKLESS_LOCAL_CLASS = "io.keyedstate.testing.ForklessLocalFileSystem"
+FORKLESS_LOCAL_CLASS = "io.keyedstate.checkpoint.ForklessLocalFileSystem"
 PLAIN_LOCAL_FS_ENV = "KEYEDSTATE_TEST_PLAIN_LOCAL_FS"
 
 
 def forkless_local_conf() -> dict[str, str]:
-    """Spark confs that serve ``file:`` with Hadoop's local file system minus its child processes
-    (ForklessLocalFileSystem.java: same files, bytes and modes; without Hadoop's native library,
-    as with pyspark, Hadoop forks ``readlink`` for every path a FileContext resolves and ``chmod``
-    for every file it creates, which made local-checkpoint queries 2x slower on 2 cores). Empty
-    when ``$KEYEDSTATE_TEST_PLAIN_LOCAL_FS`` is set: then tests run on Hadoop's own. The test jar
-    goes on the class paths, not in ``spark.jars``: spark-submit reads local files before
-    ``spark.jars`` is loaded."""
+    """Spark confs that serve every ``file:`` path (Spark's own files too) with keyedstate's
+    forkless local file system (ForklessLocalFileSystem.scala: Hadoop's, minus the ``readlink``
+    and ``chmod`` child processes it starts without its native library, as with pyspark; they
+    made local-checkpoint queries 2x slower on 2 cores). keyedstate uses it for its own files
+    anyway; this makes Spark's files cheap too. Empty when ``$KEYEDSTATE_TEST_PLAIN_LOCAL_FS`` is
+    set: then Spark's files go through Hadoop's own. keyedstate's jar goes on the class paths,
+    not only in ``spark.jars``: spark-submit reads local files before ``spark.jars`` is loaded."""
     if os.environ.get(PLAIN_LOCAL_FS_ENV):
         return {}
-    jar = test_jar_path()
+    from keyedstate.shim.jar import jar_path
+
+    jar = jar_path()
     return {"spark.driver.extraClassPath": jar,
             "spark.executor.extraClassPath": jar,
             "spark.hadoop.fs.file.impl": FORKLESS_LOCAL_CLASS,

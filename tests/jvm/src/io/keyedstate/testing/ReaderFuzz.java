@@ -35,7 +35,7 @@ public final class ReaderFuzz {
     Method operators = sparkMetadata.getMethod("operators", Path.class, Configuration.class);
     Configuration conf = new Configuration();
     // as in the suite's Spark session: local files without Hadoop's child processes
-    conf.set("fs.file.impl", ForklessLocalFileSystem.class.getName());
+    conf.set("fs.file.impl", "io.keyedstate.checkpoint.ForklessLocalFileSystem"); // keyedstate's jar
     org.apache.hadoop.fs.FileSystem.getLocal(conf); // started before READY, not in the first input's time
     DataInputStream in = new DataInputStream(System.in);
     PrintStream out = new PrintStream(new BufferedOutputStream(System.out), false, StandardCharsets.UTF_8);

@@ -23,7 +23,8 @@ import io.keyedstate.format.{ChangelogFormat, ChangelogMeta, CheckpointLayout, C
  * `CheckpointFileManager` (the one `spark.sql.streaming.checkpointFileManagerClass` names, or
  * Spark's default for the scheme), so that every checkpoint location Spark accepts works, object
  * stores included (Spark's `RocksDBFileManager` is the model): listing versions, reading and
- * writing changelogs and manifests, uploading and downloading snapshot files, cleanup.
+ * writing changelogs and manifests, uploading and downloading snapshot files, cleanup. Hadoop's
+ * own `file:` system is swapped for one that starts no processes ([[ForklessLocalFileSystem]]).
  *
  * A changelog or manifest appears whole under its final name (`createAtomic`; snapshot files are
  * read only once a manifest lists them, [[upload]]), and a committed file is never
@@ -34,8 +35,9 @@ import io.keyedstate.format.{ChangelogFormat, ChangelogMeta, CheckpointLayout, C
 final class CheckpointFiles(val dir: Path, hadoopConf: Configuration, defaultStore: Boolean) {
   def this(dir: Path, hadoopConf: Configuration) = this(dir, hadoopConf, true) // the store `default`
 
-  private val fm = CheckpointFileManager.create(dir, hadoopConf)
-  private lazy val fs = dir.getFileSystem(hadoopConf) // what the manager lacks: stat, plain and conditional creates
+  private val conf = ForklessLocalFileSystem.confFor(dir, hadoopConf)
+  private val fm = CheckpointFileManager.create(dir, conf)
+  private lazy val fs = dir.getFileSystem(conf) // what the manager lacks: stat, plain and conditional creates
   val filesDir = new Path(dir, CheckpointLayout.FilesDir)
 
   def changelog(version: Long, id: Option[String] = None): Path = new Path(dir, CheckpointLayout.changelogName(version, id))
@@ -432,7 +434,7 @@ final class CheckpointFiles(val dir: Path, hadoopConf: Configuration, defaultSto
   val paths = new PartitionPaths(dir, defaultStore) // this partition's and its siblings' file paths
   /** A path a manifest lists; a lender's directories are checked for links as [[listing]] checks these. */
   def resolve(relative: String): Path = { val p = paths.resolve(relative); if (p.getParent != filesDir) refuseLinks(p.getParent); p }
-  def sibling(p: Int): CheckpointFiles = new CheckpointFiles(paths.storeDirOf(p), hadoopConf, defaultStore)
+  def sibling(p: Int): CheckpointFiles = new CheckpointFiles(paths.storeDirOf(p), conf, defaultStore)
 
   /** The snapshot files directory's entries that are keyedstate's (a name a manifest can list,
    *  or Hadoop's `.<name>.crc` beside one): relative path -> (size, modification time). Any other
@@ -479,7 +481,7 @@ object CheckpointFiles {
   /** Hadoop's path capability of a store whose created file appears only at its close. */
   private val CreateInClose = "fs.option.create.in.close"
   /** The Spark conf naming a checkpoint file manager class (Spark passes it in the Hadoop conf). */
-  private val FileManagerClassConf = "spark.sql.streaming.checkpointFileManagerClass"
+  private[checkpoint] val FileManagerClassConf = "spark.sql.streaming.checkpointFileManagerClass"
 }
 
 /** A file written under its final name that appears at the close ([[CheckpointFiles.openOnce]]
