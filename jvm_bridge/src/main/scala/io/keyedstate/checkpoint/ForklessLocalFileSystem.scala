@@ -60,7 +60,8 @@ object ForklessLocalFileSystem {
   /** What `file:` is found as without `fs.file.impl`: Hadoop's, or Hive's (pyspark's Hive jars
    *  register their LocalFileSystem, which Hadoop then finds last). Another found is kept. */
   private val HadoopFileImpls = Set(classOf[LocalFileSystem].getName, "org.apache.hadoop.hive.ql.io.ProxyLocalFileSystem")
-  /** The copy made of each conf: Spark hands every store of an executor the same one. */
+  /** The copy made of each conf: Spark hands every store of a query's operator the same one, and
+   *  builds a new one per query (a conf changed after its first use is not seen again). */
   private val derived = java.util.Collections.synchronizedMap(new java.util.WeakHashMap[Configuration, Configuration]())
 
   /**
