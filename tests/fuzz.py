@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import signal
 import struct
@@ -422,13 +421,10 @@ def _failure(workdir: Path, reader: Reader, language: str, i: int, data: bytes, 
 
 
 def jvm_command() -> list[str]:
-    from keyedstate.shim.jar import jar_path, pyspark_jars_dir
-    from support.testjar import test_jar_path
+    from support.testjar import jvm_main_command
 
-    java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else "java"
-    classpath = os.pathsep.join([jar_path(), test_jar_path(), f"{pyspark_jars_dir()}/*"])
-    return [java, f"-Xmx{JVM_HEAP}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto",
-            "-cp", classpath, "io.keyedstate.testing.ReaderFuzz"]
+    return jvm_main_command("io.keyedstate.testing.ReaderFuzz", f"-Xmx{JVM_HEAP}", "-XX:+UseSerialGC",
+                            "-XX:TieredStopAtLevel=1", "-Xshare:auto")
 
 
 def run_jvm(chosen: list[Reader], workdir: Path, count: int, seconds: float, seed: int,

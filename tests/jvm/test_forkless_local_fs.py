@@ -103,8 +103,6 @@ def test_keyedstates_checkpoint_writes_on_local_disk_start_no_processes(tmp_path
     CheckpointFiles with Hadoop's own local file system configured: no ``chmod``, ``readlink``,
     ``stat`` or ``ls`` names the checkpoint. Spark's CheckpointFileManager writing changelogs
     the same way does start them (the wrappers see Hadoop's processes)."""
-    from keyedstate.shim.jar import jar_path, pyspark_jars_dir
-
     wrappers, log = tmp_path / "bin", tmp_path / "processes.log"
     wrappers.mkdir()
     for command in ("chmod", "readlink", "stat", "ls"):
@@ -113,15 +111,14 @@ def test_keyedstates_checkpoint_writes_on_local_disk_start_no_processes(tmp_path
         script = wrappers / command
         script.write_text(f'#!/bin/sh\necho "{command} $*" >> "{log}"\nexec {real} "$@"\n')
         script.chmod(0o755)
-    java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else "java"
-    classpath = os.pathsep.join([jar_path(), testjar.test_jar_path(), f"{pyspark_jars_dir()}/*"])
     env = {**os.environ, "PATH": f"{wrappers}{os.pathsep}{os.environ['PATH']}"}
     started = {}
     for way in ("keyedstate", "spark"):
         checkpoint = tmp_path / way / "state" / "0" / "0"
         checkpoint.mkdir(parents=True)
-        done = subprocess.run([java, "-Xshare:auto", "-XX:TieredStopAtLevel=1", "-cp", classpath,
-                               "io.keyedstate.testing.LocalCheckpointWrites", way, str(checkpoint)],
+        command = testjar.jvm_main_command("io.keyedstate.testing.LocalCheckpointWrites", "-Xshare:auto",
+                                           "-XX:TieredStopAtLevel=1")
+        done = subprocess.run([*command, way, str(checkpoint)],
                               env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0 and "DONE" in done.stdout, done.stderr[-3000:]
         lines = log.read_text().splitlines() if log.exists() else []

@@ -137,6 +137,16 @@ def forkless_local_conf() -> dict[str, str]:
             "spark.hadoop.fs.AbstractFileSystem.file.impl": FORKLESS_LOCAL_CLASS + "$Fs"}
 
 
+def jvm_main_command(main_class: str, *jvm_options: str) -> list[str]:
+    """A command running ``main_class`` of the test jar in a JVM of its own, with keyedstate's jar
+    and pyspark's jars on its class path (``$JAVA_HOME``'s java, else the one on PATH)."""
+    from keyedstate.shim.jar import jar_path, pyspark_jars_dir
+
+    java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else "java"
+    classpath = os.pathsep.join([jar_path(), test_jar_path(), f"{pyspark_jars_dir()}/*"])
+    return [java, *jvm_options, "-cp", classpath, main_class]
+
+
 def hadoop_fs(spark, uri: str):
     """The JVM FileSystem for ``uri`` as the driver sees it, and the Hadoop Path of ``uri``."""
     jvm = spark.sparkContext._jvm
