@@ -38,6 +38,10 @@ RECLAIM_MIN_DEAD_ENTRIES = 10_000
 """Entries beyond the keys that a restored store's files, hiding some behind range deletes (a
 rescale's heir), must hold, and at least half as many as its keys, to be reclaimed."""
 
+RECLAIM_HOLD_L0_FILES = 8
+"""L0 files at which a database whose reclaim is due, or waits for its turn, compacts anyway:
+twice RocksDB's trigger, so that its point reads check a bounded number of files."""
+
 _RECLAIMS = threading.BoundedSemaphore(1)
 """One reclaim at a time in this process: a rescale's heirs all restore in the same batch, and
 their compactions together must not take every core from the batches that follow."""
@@ -125,13 +129,14 @@ class VersionedStore:
             # A restored database opens without automatic compactions, which it would otherwise
             # start at once (a rescale's heir opens with its parent's L0 files plus one of range
             # deletes: a compaction of the whole parent inside the task that loads it). They
-            # resume at its first flush (:meth:`_resume_compactions`).
+            # resume at its first flush (:meth:`_resume_compactions`)...
             self._db = rocksdb.open_db(self._db_dir, pool=self._pool, compactions=not snapshot_dir)
             self._compactions_held = bool(snapshot_dir)
-            # A heir's files hold its parent's hidden key groups too: compact them away once its
-            # first batch is over (at the commit of its second batch), before its reads need
-            # them and off every task, rather than at its first flush (which may be the near
-            # cache's scan-in, which would then read them all).
+            # ...unless its files hold its parent's hidden key groups too (a heir): one full
+            # compaction, the reclaim, drops them once its first batch is over (at the commit of
+            # its second batch), off every task, and compactions resume after it. Resumed at the
+            # first flush, they would compact the parent's L0 files inside the first batch and the
+            # reclaim would then rewrite the result again with the flushes since.
             self._reclaim_at = version + 2 if snapshot_dir and _worth_reclaiming(self._db, num_keys) else None
             self.version, self.num_keys, self.lineage = version, num_keys, lineage
             self.key_group_counts = counts
@@ -351,11 +356,11 @@ class VersionedStore:
 
     def _start_reclaim(self, db: Rdict) -> None:
         self._reclaim_at = None
-        try:  # the version is applied: a reclaim that cannot start leaves it to the compactions
-            self._resume_compactions()
+        try:
             self._reclaim = Reclaim(self.name, db)
-        except Exception:
+        except Exception:  # the version is applied: a reclaim that cannot start leaves it to the compactions
             log.warning("%s: cannot start compacting the restored files' dead entries", self.name, exc_info=True)
+            self._resume_compactions()
 
     def wait_reclaimed(self, timeout: float | None = None) -> bool:
         """Whether no reclaim runs (one started is done) within ``timeout`` seconds."""
@@ -400,10 +405,20 @@ class VersionedStore:
         store that was not restored would next compact too (a flush adds an L0 file). A restore
         with nothing to replay (a rescale's heir, a snapshot at the version) resumes after a
         commit, on the write-behind applier or at a read of a later version; one that replays
-        changelogs resumes at the replay's flush, inside that load, as it compacted before."""
-        if self._compactions_held and self._db is not None:
-            self._db.set_options({"disable_auto_compactions": "false"})
-            self._compactions_held = False
+        changelogs resumes at the replay's flush, inside that load, as it compacted before.
+        While a reclaim is due or runs, they stay off (the reclaim resumes them when it is
+        over) until :data:`RECLAIM_HOLD_L0_FILES` L0 files wait for them."""
+        if not self._compactions_held or self._db is None:
+            return
+        if self._reclaim_pending() and \
+                (self._db.property_int_value("rocksdb.num-files-at-level0") or 0) < RECLAIM_HOLD_L0_FILES:
+            return
+        self._db.set_options({"disable_auto_compactions": "false"})
+        self._compactions_held = False
+
+    def _reclaim_pending(self) -> bool:
+        """Whether a reclaim is due (at a later commit) or has not finished."""
+        return self._reclaim_at is not None or (self._reclaim is not None and not self._reclaim.wait(0))
 
 
 def _worth_reclaiming(db: Rdict, num_keys: int) -> bool:
@@ -446,6 +461,18 @@ class Reclaim:
             log.warning("%s: compacting the restored files' dead entries failed", self._name, exc_info=True)
         finally:
             _RECLAIMS.release()
+            self._resume_compactions()
+
+    def _resume_compactions(self) -> None:
+        """RocksDB's own compactions, held for the reclaim (``VersionedStore._resume_compactions``),
+        go on after it (a no-op where the store resumed them already). Not after a stop: the
+        database is about to close."""
+        if self._stopped.is_set():
+            return
+        try:
+            self._db.set_options({"disable_auto_compactions": "false"})
+        except Exception:
+            log.warning("%s: cannot resume compactions after the reclaim", self._name, exc_info=True)
 
     def wait(self, timeout: float | None = None) -> bool:
         self._thread.join(timeout)

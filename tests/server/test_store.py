@@ -544,9 +544,9 @@ def test_a_store_without_a_memory_budget_caches_8_mib_of_blocks_as_sparks_provid
 def test_a_rescale_heir_is_restored_without_compacting_until_its_first_flush(tmp_path):
     """A heir of a split by files opens with its parent's three L0 files plus one of range
     deletes: RocksDB's L0 trigger (4). Its restore, which runs in the task that loads it,
-    starts no compaction; the first flush after it (here a read of the next version) resumes
-    them, and the compaction that follows drops the hidden key groups' entries. Reads see the
-    heir's keys alone throughout."""
+    starts no compaction; with too few hidden entries for a reclaim, the first flush after it
+    (here a read of the next version) resumes them, and the compaction that follows drops the
+    hidden key groups' entries. Reads see the heir's keys alone throughout."""
     import time
 
     from keyedstate.formats import rocksdb
@@ -662,6 +662,91 @@ def test_a_heir_reclaims_its_parents_hidden_entries_once_its_first_batch_is_over
         assert heir.get(owned[0]) == b"new" and heir.get_many(hidden[:50]) == [None] * 50
         assert heir.num_keys == len(owned)
     finally:
+        heir.close()
+
+
+def _compacting(db) -> bool:
+    """Whether RocksDB runs a compaction now ("compaction-pending" says only that L0 is at its trigger)."""
+    return bool(db.property_int_value("rocksdb.num-running-compactions"))
+
+
+def _level0_files(db) -> int:
+    return db.property_int_value("rocksdb.num-files-at-level0") or 0
+
+
+def _wait_for_level0_below(db, files: int, seconds: float = 60) -> None:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while (_level0_files(db) >= files or _compacting(db)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_a_heir_compacts_its_parents_files_once_in_the_reclaim(tmp_path):
+    """A heir whose reclaim is due keeps RocksDB's compactions off at its first flush, which
+    would otherwise compact its parent's L0 files inside its first batch, and the reclaim then
+    rewrite the result with the flushes since: its parent's entries are compacted once, by the
+    reclaim, after which compactions go on as in any store."""
+    import time
+
+    heir_dir, owned, hidden = _heir_of_three_l0_files(tmp_path, keys_per_file=8000)
+    heir = VersionedStore("heir", tmp_path / "heir", key_groups=16, snapshot_interval=100)
+    try:
+        heir.restore(5, str(heir_dir), "lineage", len(owned))
+        db = heir._require_db()
+        heir.apply(cl.encode(6, 16, [(cl.OP_PUT, owned[0], b"new")]), "v6")
+        heir.sync()  # the first flush: the heir's 4 L0 files and this one, at the trigger
+        for _ in range(5):  # no compaction starts, nor a little later
+            assert _level0_files(db) == 5 and not _compacting(db)
+            time.sleep(0.1)
+        assert sum(f["num_entries"] for f in db.live_files()) > 2 * len(owned)
+        heir.apply(cl.encode(7, 16, [(cl.OP_PUT, owned[1], b"newer")]), "v7")  # the reclaim starts
+        assert heir.wait_reclaimed(60)
+        assert sum(f["num_entries"] for f in db.live_files()) == len(owned)  # hidden ones gone, in one pass
+        assert heir.get_many([owned[0], owned[1]] + hidden[:50]) == [b"new", b"newer"] + [None] * 50
+        # Compactions are back on: L0 files that reach the trigger are compacted again.
+        for version in range(8, 13):
+            heir.apply(cl.encode(version, 16, [(cl.OP_PUT, owned[version], b"v")]), f"v{version}")
+            heir.sync()
+        _wait_for_level0_below(db, 4)
+        assert _level0_files(db) < 4
+        assert heir.num_keys == len(owned)
+    finally:
+        heir.close()
+
+
+def test_a_heir_whose_reclaim_waits_compacts_once_its_level0_fills(tmp_path):
+    """While another store's reclaim holds the process's turn, a heir's flushes add L0 files
+    with compactions off; at RECLAIM_HOLD_L0_FILES they compact anyway, so its reads never
+    check an unbounded number of files. Its reclaim still runs when its turn comes."""
+    from keyedstate.server import store as store_module
+
+    heir_dir, owned, hidden = _heir_of_three_l0_files(tmp_path, keys_per_file=8000)
+    heir = VersionedStore("heir", tmp_path / "heir", key_groups=16, snapshot_interval=100)
+    assert store_module._RECLAIMS.acquire(timeout=10)  # another store's reclaim runs
+    released = False
+    try:
+        heir.restore(5, str(heir_dir), "lineage", len(owned))
+        db = heir._require_db()
+        version = 6
+        while version < 6 + store_module.RECLAIM_HOLD_L0_FILES - 5:  # from the heir's 4 to the bound's 7
+            heir.apply(cl.encode(version, 16, [(cl.OP_PUT, owned[version], b"v")]), f"v{version}")
+            heir.sync()
+            version += 1
+        assert _level0_files(db) == store_module.RECLAIM_HOLD_L0_FILES - 1 and not _compacting(db)
+        assert heir._reclaim is not None and not heir.wait_reclaimed(0)  # due, waiting for its turn
+        heir.apply(cl.encode(version, 16, [(cl.OP_PUT, owned[version], b"v")]), f"v{version}")
+        heir.sync()  # the flush that reaches the bound: compactions resume
+        _wait_for_level0_below(db, 4)
+        assert _level0_files(db) < 4
+        store_module._RECLAIMS.release()
+        released = True
+        assert heir.wait_reclaimed(60)
+        assert sum(f["num_entries"] for f in db.live_files()) == len(owned)
+        assert heir.get_many(hidden[:50]) == [None] * 50 and heir.get(owned[6]) == b"v"
+    finally:
+        if not released:
+            store_module._RECLAIMS.release()
         heir.close()
 
 
