@@ -255,6 +255,7 @@ class VersionedStore:
                         written = True
                         db.write(batch)
                         self._dirty = True
+                        self._cap_level0()  # RocksDB flushes a full memtable by itself
                     total += delta
             except BaseException as exc:
                 self.key_group_counts = None  # part of the records may be counted: no longer known
@@ -309,7 +310,8 @@ class VersionedStore:
     def _stage_now(self) -> None:
         self._flush_if_dirty()  # the checkpoint must hold every write of the version
         # A snapshot comes after a commit, off the load: compactions resume here even without a
-        # flush (a store no batch writes to), or its snapshots would keep what it restored, unmerged.
+        # flush (a store no batch writes to), or its snapshots would keep what it restored,
+        # unmerged (a heir's reclaim, when due, merges it instead).
         self._resume_compactions()
         # After mass deletes (TTL cleanup, watermark eviction) the SSTs still hold the deleted
         # entries and their tombstones; compact first so the snapshot, and the disk, shrink.
@@ -360,7 +362,10 @@ class VersionedStore:
             self._reclaim = Reclaim(self.name, db)
         except Exception:  # the version is applied: a reclaim that cannot start leaves it to the compactions
             log.warning("%s: cannot start compacting the restored files' dead entries", self.name, exc_info=True)
-            self._resume_compactions()
+            try:
+                self._resume_compactions()
+            except Exception:  # the next flush or snapshot tries again
+                log.warning("%s: cannot resume compactions", self.name, exc_info=True)
 
     def wait_reclaimed(self, timeout: float | None = None) -> bool:
         """Whether no reclaim runs (one started is done) within ``timeout`` seconds."""
@@ -406,15 +411,25 @@ class VersionedStore:
         with nothing to replay (a rescale's heir, a snapshot at the version) resumes after a
         commit, on the write-behind applier or at a read of a later version; one that replays
         changelogs resumes at the replay's flush, inside that load, as it compacted before.
-        While a reclaim is due or runs, they stay off (the reclaim resumes them when it is
-        over) until :data:`RECLAIM_HOLD_L0_FILES` L0 files wait for them."""
+        While a reclaim is due or runs, they stay off, the reclaim resuming them when it is
+        over, unless L0 fills (:meth:`_cap_level0`)."""
         if not self._compactions_held or self._db is None:
             return
-        if self._reclaim_pending() and \
-                (self._db.property_int_value("rocksdb.num-files-at-level0") or 0) < RECLAIM_HOLD_L0_FILES:
+        if self._reclaim_pending() and self._level0_files() < RECLAIM_HOLD_L0_FILES:
             return
         self._db.set_options({"disable_auto_compactions": "false"})
         self._compactions_held = False
+
+    def _cap_level0(self) -> None:
+        """Compactions held for a reclaim resume once :data:`RECLAIM_HOLD_L0_FILES` L0 files wait
+        for them, whoever flushed them (RocksDB flushes a full memtable by itself): with
+        compactions off RocksDB never stalls writes, but its reads check every L0 file."""
+        if self._compactions_held and self._db is not None and self._reclaim_pending() \
+                and self._level0_files() >= RECLAIM_HOLD_L0_FILES:
+            self._resume_compactions()
+
+    def _level0_files(self) -> int:
+        return self._require_db().property_int_value("rocksdb.num-files-at-level0") or 0
 
     def _reclaim_pending(self) -> bool:
         """Whether a reclaim is due (at a later commit) or has not finished."""

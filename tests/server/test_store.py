@@ -703,13 +703,14 @@ def test_a_heir_compacts_its_parents_files_once_in_the_reclaim(tmp_path):
         heir.apply(cl.encode(7, 16, [(cl.OP_PUT, owned[1], b"newer")]), "v7")  # the reclaim starts
         assert heir.wait_reclaimed(60)
         assert sum(f["num_entries"] for f in db.live_files()) == len(owned)  # hidden ones gone, in one pass
-        assert heir.get_many([owned[0], owned[1]] + hidden[:50]) == [b"new", b"newer"] + [None] * 50
-        # Compactions are back on: L0 files that reach the trigger are compacted again.
-        for version in range(8, 13):
-            heir.apply(cl.encode(version, 16, [(cl.OP_PUT, owned[version], b"v")]), f"v{version}")
-            heir.sync()
+        # The reclaim turned compactions back on: L0 files that reach the trigger, flushed
+        # without the store (which would turn them on itself), are compacted again.
+        for i in range(4):
+            db.put(owned[2 + i], b"direct")
+            db.flush()
         _wait_for_level0_below(db, 4)
         assert _level0_files(db) < 4
+        assert heir.get_many([owned[0], owned[1]] + hidden[:50]) == [b"new", b"newer"] + [None] * 50
         assert heir.num_keys == len(owned)
     finally:
         heir.close()
@@ -747,6 +748,40 @@ def test_a_heir_whose_reclaim_waits_compacts_once_its_level0_fills(tmp_path):
     finally:
         if not released:
             store_module._RECLAIMS.release()
+        heir.close()
+
+
+def test_a_heir_whose_reclaim_waits_bounds_the_level0_files_rocksdb_flushes(tmp_path, monkeypatch):
+    """RocksDB flushes a full memtable by itself, between the store's own flushes: a changelog
+    of many write batches, each over a memtable, adds L0 files while compactions wait for the
+    reclaim. They resume once RECLAIM_HOLD_L0_FILES are there, here within one apply."""
+    from keyedstate.formats import rocksdb
+    from keyedstate.server import store as store_module
+
+    heir_dir, owned, _ = _heir_of_three_l0_files(tmp_path, keys_per_file=8000)
+    options = rocksdb._options
+
+    def small_memtables(bulk_load, pool=None):
+        made = options(bulk_load, pool)
+        made.set_write_buffer_size(256 << 10)
+        return made
+
+    monkeypatch.setattr(rocksdb, "_options", small_memtables)
+    monkeypatch.setattr(store_module, "APPLY_CHUNK_BYTES", 64 << 10)  # batches of 10,000 records
+    heir = VersionedStore("heir", tmp_path / "heir", key_groups=16, snapshot_interval=100)
+    assert store_module._RECLAIMS.acquire(timeout=10)  # another store's reclaim runs
+    try:
+        heir.restore(5, str(heir_dir), "lineage", len(owned))
+        db = heir._require_db()
+        # 20 write batches of 10,000 records (~0.6 MiB each): a memtable switch after each
+        added = [key(1 + 4 * (i % 4), b"n%07d" % i) for i in range(200_000)]
+        heir.apply(cl.encode(6, 16, [(cl.OP_PUT_NEW, k, b"x" * 40) for k in added]), "v6")
+        assert not heir._compactions_held and heir._reclaim_at == 7  # resumed by the cap, the reclaim still due
+        _wait_for_level0_below(db, store_module.RECLAIM_HOLD_L0_FILES)
+        assert _level0_files(db) < store_module.RECLAIM_HOLD_L0_FILES
+        assert heir.get(added[-1]) == b"x" * 40 and heir.num_keys == len(owned) + len(added)
+    finally:
+        store_module._RECLAIMS.release()
         heir.close()
 
 
