@@ -112,10 +112,12 @@ def open_db(path: Path, *, bulk_load: bool = True, pool: MemoryPool | None = Non
 
 
 def open_read_only(path: Path) -> Rdict:
-    """Open a database read-only (nothing in the directory is rewritten)."""
-    options = Options(raw_mode=True)
-    return Rdict(str(path), options=options, column_families={"default": Options(raw_mode=True)},
-                 access_type=AccessType.read_only())
+    """Open a database read-only (nothing in the directory is rewritten), with the table options
+    its files were written with: RocksDB uses a file's Bloom filter only for a reader configured
+    with the same filter policy, and without it every point read of an absent key searches a
+    data block in each file that may hold it."""
+    return Rdict(str(path), options=_options(bulk_load=False),
+                 column_families={"default": _options(bulk_load=False)}, access_type=AccessType.read_only())
 
 
 class ScanError(RuntimeError):
