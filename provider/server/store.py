@@ -424,9 +424,8 @@ class VersionedStore:
         """Compactions held for a reclaim resume once :data:`RECLAIM_HOLD_L0_FILES` L0 files wait
         for them, whoever flushed them (RocksDB flushes a full memtable by itself): with
         compactions off RocksDB never stalls writes, but its reads check every L0 file."""
-        if self._compactions_held and self._db is not None and self._reclaim_pending() \
-                and self._level0_files() >= RECLAIM_HOLD_L0_FILES:
-            self._resume_compactions()
+        if self._compactions_held and self._reclaim_pending():
+            self._resume_compactions()  # which holds them below the bound
 
     def _level0_files(self) -> int:
         return self._require_db().property_int_value("rocksdb.num-files-at-level0") or 0

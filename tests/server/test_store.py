@@ -541,6 +541,23 @@ def test_a_store_without_a_memory_budget_caches_8_mib_of_blocks_as_sparks_provid
         s.close()
 
 
+def _compacting(db) -> bool:
+    """Whether RocksDB runs a compaction now ("compaction-pending" says only that L0 is at its trigger)."""
+    return bool(db.property_int_value("rocksdb.num-running-compactions"))
+
+
+def _level0_files(db) -> int:
+    return db.property_int_value("rocksdb.num-files-at-level0") or 0
+
+
+def _wait_for_level0_below(db, files: int, seconds: float = 60) -> None:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while (_level0_files(db) >= files or _compacting(db)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def test_a_rescale_heir_is_restored_without_compacting_until_its_first_flush(tmp_path):
     """A heir of a split by files opens with its parent's three L0 files plus one of range
     deletes: RocksDB's L0 trigger (4). Its restore, which runs in the task that loads it,
@@ -567,21 +584,15 @@ def test_a_rescale_heir_is_restored_without_compacting_until_its_first_flush(tmp
     try:
         heir.restore(5, str(heir_dir), "lineage", len(owned))
         db = heir._require_db()
-
-        def compacting() -> bool:  # ("compaction-pending" says only that L0 is at its trigger)
-            return bool(db.property_int_value("rocksdb.num-running-compactions"))
-
         for _ in range(3):  # not at once, nor a little later
-            assert db.property_int_value("rocksdb.num-files-at-level0") == 4 and not compacting()
+            assert _level0_files(db) == 4 and not _compacting(db)
             time.sleep(0.1)
         assert heir.get_many(hidden[:50]) == [None] * 50 and all(heir.get_many(owned[:50]))
 
         heir.apply(cl.encode(6, 16, [(cl.OP_PUT, owned[0], b"new")]), "v6")
         heir.sync()  # a read of version 6 flushes its write: compactions resume
-        deadline = time.monotonic() + 60
-        while (db.property_int_value("rocksdb.num-files-at-level0") or compacting()) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert db.property_int_value("rocksdb.num-files-at-level0") == 0 and not compacting()
+        _wait_for_level0_below(db, 1)
+        assert _level0_files(db) == 0 and not _compacting(db)
         entries = sum(f["num_entries"] for f in db.live_files())
         assert entries == len(owned), entries  # the hidden key groups' entries are gone
         assert heir.get(owned[0]) == b"new" and heir.get_many(hidden[:50]) == [None] * 50
@@ -663,23 +674,6 @@ def test_a_heir_reclaims_its_parents_hidden_entries_once_its_first_batch_is_over
         assert heir.num_keys == len(owned)
     finally:
         heir.close()
-
-
-def _compacting(db) -> bool:
-    """Whether RocksDB runs a compaction now ("compaction-pending" says only that L0 is at its trigger)."""
-    return bool(db.property_int_value("rocksdb.num-running-compactions"))
-
-
-def _level0_files(db) -> int:
-    return db.property_int_value("rocksdb.num-files-at-level0") or 0
-
-
-def _wait_for_level0_below(db, files: int, seconds: float = 60) -> None:
-    import time
-
-    deadline = time.monotonic() + seconds
-    while (_level0_files(db) >= files or _compacting(db)) and time.monotonic() < deadline:
-        time.sleep(0.05)
 
 
 def test_a_heir_compacts_its_parents_files_once_in_the_reclaim(tmp_path):
