@@ -747,7 +747,7 @@ def test_a_split_by_files_shares_the_parents_files_and_every_retained_version_lo
     assert oldest - 1 <= last - retain, [sorted(s.loadable()) for s in stores]
     for batch in (last - retain, last):
         assert {(k, n) for k, n, _ in _state(spark, stream.checkpoint, batchId=batch)} == set(_expected(batch).items())
-    assert keyedstate.verify(stream.checkpoint)["ok"], keyedstate.verify(stream.checkpoint)
+    assert (verified := keyedstate.verify(stream.checkpoint))["ok"], verified
 
 
 def test_a_heir_split_by_files_again_marks_every_partition_it_lists_files_of(spark, tmp_path):
@@ -781,7 +781,7 @@ def test_a_heir_split_by_files_again_marks_every_partition_it_lists_files_of(spa
     _await_every_file_listed(op_dir)
     last = second.batch + batches
     assert {(k, n) for k, n, _ in _state(spark, stream.checkpoint, batchId=last)} == set(_expected(3 + batches).items())
-    assert keyedstate.verify(stream.checkpoint)["ok"], keyedstate.verify(stream.checkpoint)
+    assert (verified := keyedstate.verify(stream.checkpoint))["ok"], verified
 
 
 def test_migrating_a_checkpoint_split_by_files_away_leaves_no_keyedstate_file(spark, tmp_path):
@@ -826,7 +826,7 @@ def test_a_scale_down_after_a_split_by_files_leaves_nothing_once_retention_passe
     down = keyedstate.rescale(stream.checkpoint, 4, spark=spark)
     version = down.batch + 1
     assert sorted(p.name for p in op_dir.glob("*/ks-retired-*")) == [f"ks-retired-{q}-{version}" for q in range(4, 8)]
-    assert keyedstate.verify(stream.checkpoint)["ok"], keyedstate.verify(stream.checkpoint)
+    assert (verified := keyedstate.verify(stream.checkpoint))["ok"], verified
 
     with session_confs(spark, confs):
         _run(spark, stream, range(5, 5 + 3 * retain), out,
@@ -838,7 +838,7 @@ def test_a_scale_down_after_a_split_by_files_leaves_nothing_once_retention_passe
     assert _markers(op_dir) == [], _markers(op_dir)
     last = down.batch + 3 * retain
     assert {(k, n) for k, n, _ in _state(spark, stream.checkpoint, batchId=last)} == set(_expected(5 + 3 * retain).items())
-    assert keyedstate.verify(stream.checkpoint)["ok"], keyedstate.verify(stream.checkpoint)
+    assert (verified := keyedstate.verify(stream.checkpoint))["ok"], verified
 
 
 @pytest.mark.parametrize("to, new_files", [(2, 1), (6, 2), (3, 4)], ids=["4to2", "4to6", "4to3"])
@@ -877,7 +877,7 @@ def test_a_merge_by_files_builds_each_heir_on_one_parents_files(spark, tmp_path,
     assert len(live) == to and all(s.latest == last + 1 for s in live)
     for batch in (last - retain, last):
         assert {(k, n) for k, n, _ in _state(spark, stream.checkpoint, batchId=batch)} == set(_expected(batch).items())
-    assert keyedstate.verify(stream.checkpoint)["ok"], keyedstate.verify(stream.checkpoint)
+    assert (verified := keyedstate.verify(stream.checkpoint))["ok"], verified
 
 
 @pytest.mark.parametrize("to, kill_after, then", [(6, "split:", "rerun"), (2, "merge:", "rollback")])
@@ -898,7 +898,8 @@ def test_a_merge_by_files_killed_midway_is_finished_or_rolled_back_exactly(spark
     with session_confs(spark, confs):
         _run(spark, stream, range(3, 5), out, partitions=to)
     assert out == _expected(5)
-    assert keyedstate.verify(stream.checkpoint)["ok"], keyedstate.verify(stream.checkpoint)
+    _await_every_file_listed(op_dir)
+    assert (verified := keyedstate.verify(stream.checkpoint))["ok"], verified
 
 
 def test_a_split_by_files_from_a_snapshot_and_changelogs_counts_and_hides_exactly(spark, tmp_path):
