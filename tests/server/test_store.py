@@ -605,8 +605,6 @@ def test_a_restored_store_without_writes_compacts_from_its_first_snapshot(tmp_pa
     """A heir whose batches write nothing (a partition no key reaches) never flushes: its
     snapshots would keep the parent's L0 files, hidden key groups and all, restore after
     restore. The snapshot its commits stage resumes compactions as a flush does."""
-    import time
-
     from keyedstate.formats import rocksdb
     from keyedstate.offline.rescale.clip import clipped_heir
 
@@ -623,13 +621,11 @@ def test_a_restored_store_without_writes_compacts_from_its_first_snapshot(tmp_pa
     try:
         heir.restore(5, str(heir_dir), "lineage", len(owned))
         db = heir._require_db()
-        assert db.property_int_value("rocksdb.num-files-at-level0") == 4
+        assert _level0_files(db) == 4
         heir.apply(cl.encode(6, 16, []), "v6")  # a batch without writes: a snapshot is staged
         assert [s["version"] for s in heir.staged_snapshots()] == [6]
-        deadline = time.monotonic() + 60
-        while db.property_int_value("rocksdb.num-files-at-level0") and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert db.property_int_value("rocksdb.num-files-at-level0") == 0
+        _wait_for_level0_below(db, 1)
+        assert _level0_files(db) == 0
         assert sum(f["num_entries"] for f in db.live_files()) == len(owned)  # hidden groups gone
         assert heir.get_many(owned[:50]) == [b"v%d" % i for i in range(12_000) if (1 + 2 * (i % 8)) % 4 == 1][:50]
     finally:
