@@ -164,10 +164,11 @@ def test_large_version_loads_cold_and_is_scanned_in_once_its_misses_cost_as_much
     near cache: a batch that touches a few keys reads just those. A batch that touches most
     keys scans the version in once its misses cost what the scan would, in the middle of the batch:
     the keys it wrote before the scan must stay known, or the next batch would emit them again
-    as new (dropDuplicates reads each key, then writes it if new, row by row)."""
+    as new (dropDuplicates reads each key, then writes it if new, row by row). The sparse batch
+    reads one key a partition: too little for its cost to make the scan due at its commit."""
     confs = {PROVIDER_CONF: KS, PFX + "nearCacheWarmKeys": "100", "spark.sql.shuffle.partitions": "2"}
     old, new, newer = ([f"{p}{i:04d}" for i in range(n)] for p, n in (("k", 1200), ("n", 1200), ("m", 100)))
-    batches = [old, old[:10], [k for pair in zip(old, new) for k in pair], new + newer]
+    batches = [old, old[:2], [k for pair in zip(old, new) for k in pair], new + newer]
     stream = FileStream(spark, tmp_path, "k STRING")
     seen: dict[int, list] = {}
 
@@ -190,13 +191,51 @@ def test_large_version_loads_cold_and_is_scanned_in_once_its_misses_cost_as_much
 
     assert [seen.get(b, []) for b in range(4)] == [old, [], new, newer]
     metrics = {p["batchId"]: [op["customMetrics"] for op in p["stateOperators"]] for p in progress}
-    assert sum(m["keyedstateNativeGets"] for m in metrics[1]) == 10  # just its keys (a warm cache: 0)
+    assert sum(m["keyedstateNativeGets"] for m in metrics[1]) == 2  # just its keys (a warm cache: 0)
     # Scanned in once the misses since the load (the sparse batch's too) took what a scan of
     # ~600 keys a partition takes, i.e. a small share of the batch's 2,390 misses.
     assert 0 < sum(m["keyedstateNativeGets"] for m in metrics[2]) <= 1200
     # The cache, complete since the scan, answers for the new keys without a read.
     assert sum(m["keyedstateCacheAbsent"] for m in metrics[3]) == 100
     assert sum(m["keyedstateNativeGets"] for m in metrics[3]) == 0
+
+
+def test_a_version_whose_cold_reads_say_the_next_ones_would_cost_the_scan_is_scanned_in_at_the_next(
+        spark, tmp_path):
+    """After a restart, a batch that reads a fifteenth of a cold version's keys costs about a
+    third of a scan (a cold read costs ~10 scanned keys): too little to scan the version in
+    during it, but ten such batches would cost more than the scan. So the scan comes at the next
+    batch's first miss, not after three more batches of cold reads (CacheWarmer.scanDueAfter)."""
+    confs = {PROVIDER_CONF: KS, PFX + "nearCacheWarmKeys": "100", "spark.sql.shuffle.partitions": "2"}
+    old = [f"k{i:05d}" for i in range(6000)]
+    batches = [old, old[0::15], old[1::15] + ["n1", "n2"], old[2::15] + ["n3"]]
+    stream = FileStream(spark, tmp_path, "k STRING")
+    seen: dict[int, list] = {}
+
+    def sink(batch, batch_id):
+        seen[int(batch_id)] = sorted(row.k for row in batch.collect())
+
+    with session_confs(spark, confs):
+        first = stream.start(lambda df: df.dropDuplicates(["k"]), sink, "append")
+        try:
+            stream.step(first, [{"k": k} for k in batches[0]])
+        finally:
+            first.stop()
+        second = stream.start(lambda df: df.dropDuplicates(["k"]), sink, "append")  # loads version 1 cold
+        try:
+            for rows in batches[1:]:
+                stream.step(second, [{"k": k} for k in rows])
+            progress = second.recentProgress
+        finally:
+            second.stop()
+
+    assert [seen.get(b, []) for b in range(4)] == [old, [], ["n1", "n2"], ["n3"]]
+    metrics = {p["batchId"]: [op["customMetrics"] for op in p["stateOperators"]] for p in progress}
+    gets = [sum(m["keyedstateNativeGets"] for m in metrics[b]) for b in (1, 2, 3)]
+    assert gets[0] > 0, gets  # read cold
+    # At most each partition's first miss before its scan (none if batch 1 already scanned it in).
+    assert gets[1] <= 2 and gets[2] == 0, gets
+    assert sum(m["keyedstateCacheHits"] for m in metrics[3]) == 400, metrics[3]
 
 
 def test_keys_never_read_again_are_not_kept_and_reads_bring_admission_back(spark, tmp_path):

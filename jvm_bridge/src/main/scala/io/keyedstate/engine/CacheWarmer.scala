@@ -3,9 +3,10 @@ package io.keyedstate.engine
 /**
  * Fills the near cache with the committed version by one sequential scan, so that later reads
  * are local. The engine scans a small version in at load, and a large one only once its cold
- * point reads have cost, in time measured, what the scan would ([[StoreEngine]]): a batch that
- * touches a few keys of a large state (the first one after a restart or a rescale) then never
- * pays for the whole state, and one that keeps reading pays at most twice the scan.
+ * point reads have cost, in time measured, what the scan would, or one version's cold reads
+ * say the next [[ScanHorizonVersions]] would ([[StoreEngine]]): a batch that touches a few keys
+ * of a large state (the first one after a restart or a rescale) then never pays for the whole
+ * state, and a query that keeps reading widely is warm from its second or third version.
  */
 object CacheWarmer {
   /** A point read through the state server (not timed: no native reader) over a key's share of
@@ -36,6 +37,18 @@ object CacheWarmer {
     if (timedNanos <= 0) n.toLong * ScanKeysPerRead * key
     else math.min(math.max(timedNanos, n.toLong * key), n.toLong * MaxScanKeysPerRead * key)
   }
+
+  /** A streaming query's next versions read much as its last did: once one version's cold
+   *  reads, repeated for this many versions, cost what is left of the scan's price, the scan
+   *  comes at the next version's first miss instead of after them. A query that touches a
+   *  few keys a version never gets there; one that reads widely pays for at most this many
+   *  versions of cold reads in a scan it no longer needs (it stopped right after it). */
+  val ScanHorizonVersions = 10
+
+  /** Whether a cold version's scan is due now, its last version's cold reads having cost
+   *  `versionNanos` and `leftNanos` being what is left of the scan's price. */
+  def scanDueAfter(versionNanos: Long, leftNanos: Long): Boolean =
+    versionNanos > 0 && versionNanos >= leftNanos / ScanHorizonVersions
 
   private def measured(keys: Long, nanos: Long): Unit =
     if (keys >= MeasuredFromKeys) scanNanos = math.max(1L, nanos / keys)

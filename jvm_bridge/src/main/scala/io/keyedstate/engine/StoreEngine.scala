@@ -93,6 +93,8 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   // Time (ns) the cache's misses of the held version may still cost before the engine scans the
   // version in (see CacheWarmer); -1: the cache was warmed (or the version is not held).
   @volatile private var coldNanosLeft = -1L
+  // What the cold reads of the version open since the last load or commit cost (ns).
+  @volatile private var coldNanosThisVersion = 0L
   @volatile var lastCommitPhases: CommitPhases = CommitPhases(0, 0, 0)
 
   /** Opens the store now, so that a bad conf fails the first task. */
@@ -202,6 +204,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       else { // the cache stays empty until then
         committedReads.takeReadNanos()
         coldNanosLeft = numKeys * CacheWarmer.scanNanosPerKey
+        coldNanosThisVersion = 0
       }
       if (!cleanupAsked && version > 0) { cleanupAsked = true; SnapshotKick.cleanUp(this, version -> id) }
     } catch { case NonFatal(e) => invalidate(); throw e }
@@ -271,6 +274,8 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       lineage = ((newVersion -> newId) :: lineage).filter(_._1 >= lastSnapshot)
       lastCommitPhases = CommitPhases((t1 - t0) / 1000000, shipped.writeMs, shipped.shipMs)
       cache.review() // what this version's reads found decides what the next one's writes cache
+      if (coldNanosLeft > 0 && CacheWarmer.scanDueAfter(coldNanosThisVersion, coldNanosLeft)) coldNanosLeft = 0
+      coldNanosThisVersion = 0
       if (overdue) { uploadSnapshots(); cleanupFiles() }
       else if (forceSnapshot || newVersion % session.settings.snapshotInterval == 0 || session.settings.bulkLoad(added, numKeys)) {
         uploadAsked = newVersion
@@ -291,11 +296,13 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   private def cachedReads() = new CachedReads(cache, committedReads, coldMisses)
 
   /** Adds up what the reads the cache missed since a load left it cold cost
-   *  ([[CacheWarmer.readCost]]); once that is what a scan of the version costs, scans it in
+   *  ([[CacheWarmer.readCost]]); once that is what a scan of the version costs, or a commit
+   *  found the scan due ([[CacheWarmer.scanDueAfter]]: `coldNanosLeft` 0), scans it in
    *  (mid-version if need be: see [[warm]]). */
   private def coldMisses(n: Int): Unit = if (coldNanosLeft >= 0) {
-    val timed = committedReads.takeReadNanos()
-    coldNanosLeft -= CacheWarmer.readCost(n, timed)
+    val cost = CacheWarmer.readCost(n, committedReads.takeReadNanos())
+    coldNanosThisVersion += cost
+    coldNanosLeft -= cost
     // A scan that fails halfway leaves the cache partial but marked complete: forget it all.
     if (coldNanosLeft < 0 && loaded >= 0) {
       try warm(Option(writer.current).map(_.buffer)) catch { case NonFatal(e) => invalidate(); throw e }
