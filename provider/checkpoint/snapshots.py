@@ -54,9 +54,9 @@ def fetch_snapshot(storage: Storage, sp: StorePartition, manifest: mf.Manifest, 
     for f in manifest.files:
         path = sp.file_path(storage, f.path)
         check_size(storage, path, f.size, source)
-        # only SST/blob files are immutable; RocksDB rewrites the others when it opens the directory
+        # only table files are immutable; RocksDB rewrites the others when it opens the directory
         try:
-            storage.fetch(path, db_dir / f.name, link=f.name.endswith((".sst", ".blob")))
+            storage.fetch(path, db_dir / f.name, link=layout.is_table_file(f.name))
         except StorageError as exc:
             raise CheckpointError(f"snapshot manifest {source} lists {path}: {exc}") from None
 
@@ -95,7 +95,7 @@ def write_snapshot(db_dir: Path | None, target: Path, version: int, key_groups: 
     listed = []
     for local in sorted(p for p in db_dir.iterdir() if p.is_file()) if db_dir is not None else ():
         size = local.stat().st_size
-        rel = (shared or {}).get((local.name, size)) if local.suffix == ".sst" else None
+        rel = (shared or {}).get((local.name, size)) if layout.is_table_file(local.name) else None
         if rel is None:
             rel = f"{FILES_DIR}/{batch}-{local.name}"
             link_or_copy(local, target / rel, sync=True)
@@ -125,10 +125,10 @@ def write_atomically(path: Path, data: bytes) -> None:
 
 
 def link_or_copy(source: Path, dest: Path, sync: bool = False) -> None:
-    """Hard-link an SST file (immutable; RocksDB synced it when it wrote it); copy the rest
+    """Hard-link a table file (immutable; RocksDB synced it when it wrote it); copy the rest
     (RocksDB rewrites MANIFEST, CURRENT and OPTIONS when it opens a directory), and anything on
     another file system. ``sync``: fsync a copy before returning (for checkpoint files)."""
-    if dest.suffix == ".sst":
+    if layout.is_table_file(dest.name):
         try:
             os.link(source, dest)
             return

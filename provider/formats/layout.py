@@ -102,6 +102,13 @@ class UnsafePathError(ValueError):
     """A checkpoint file names a path outside the directories keyedstate may touch."""
 
 
+def is_table_file(name: str) -> bool:
+    """A RocksDB table file among a snapshot's: immutable once written (RocksDB only reads it and
+    deletes its own name for it), so an upload may reuse it and a local restore may link it
+    (FORMATS.md, "Table files"; the JVM's ``CheckpointLayout.isTableFile``)."""
+    return name.endswith(".sst")
+
+
 def checked_file_name(name: object, source: str) -> str:
     if not isinstance(name, str) or not FILE_NAME.fullmatch(name):
         raise UnsafePathError(f"{source} names the snapshot file {name!r}, which is not a RocksDB or "

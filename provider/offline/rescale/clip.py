@@ -211,12 +211,12 @@ def replayed_heir(files: Any, manifest: Any, batch: Any, scratch: Path, q: int, 
 
 
 def shared_files(manifest: Any, parent: int, heir: int) -> dict[tuple[str, int], str]:
-    """The parent snapshot's SST files, by (name, size), as paths a manifest of ``heir`` lists
+    """The parent snapshot's table files, by (name, size), as paths a manifest of ``heir`` lists
     them by (they stay where they are: in the parent's ``ks-files/``, or in the partition the
     parent itself shares them from)."""
     out = {}
     for f in manifest.files if manifest is not None else ():
-        if f.name.endswith(".sst"):
+        if layout.is_table_file(f.name):
             owner, name = layout.owner_of(f.path)
             out[(f.name, f.size)] = layout.path_from(parent if owner is None else owner, name, heir)
     return out
