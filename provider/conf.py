@@ -246,9 +246,11 @@ KNOBS: tuple[Knob, ...] = (
          "cache at once (~1.2 us a key: 0.3 s at the default), so that the next batch reads "
          "locally. A larger one starts cold: a miss is a point read (5-20 us), and the version "
          "is scanned in once its misses have cost about what the scan would (timed, against the "
-         "scan's cost a key as last measured), so a batch that touches a few keys of a large "
-         "state, as after a restart or a rescale, never pays for all of it, and one that keeps "
-         "reading pays about twice at most."),
+         "scan's cost a key as last measured), or at the next batch's first miss once one "
+         "batch's misses cost a tenth of what is left of the scan (ten more such batches would "
+         "cost more than the scan). So a batch that touches a few keys of a large state, as "
+         "after a restart or a rescale, never pays for all of it, and a query that keeps "
+         "reading widely is scanned in at its second or third batch."),
     Knob("bloomFpp", "0.01", parse_fraction,
          "False-positive rate of the per-store Bloom filter that answers 'absent' without a "
          "round trip once a store's state no longer fits the near cache (or it caches no "

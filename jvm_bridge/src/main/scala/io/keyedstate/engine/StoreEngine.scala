@@ -91,7 +91,8 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   val nativeGets = new AtomicLong
   def nativeSyncs: AtomicLong = native.syncs
   // Time (ns) the cache's misses of the held version may still cost before the engine scans the
-  // version in (see CacheWarmer); -1: the cache was warmed (or the version is not held).
+  // version in (see CacheWarmer); 0: the scan is due at the next miss; -1: the cache was warmed
+  // (or the version is not held).
   @volatile private var coldNanosLeft = -1L
   // What the cold reads of the version open since the last load or commit cost (ns).
   @volatile private var coldNanosThisVersion = 0L
@@ -143,7 +144,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     }
     load(version, id, loadEmpty)
     val nowMs = if (policy.enabled) clock.now(version) else 0L
-    val buffered = new BufferedVersion(version, session.settings.keyGroups, cachedReads(),
+    val buffered = new BufferedVersion(version, session.settings.keyGroups, cachedReads(version),
       () => holds(version), writer, pipeline.expected, committedEmpty = numKeys == 0)
     val nextId = if (uniqueIds) Some(UUID.randomUUID().toString) else None
     new StoreVersion(version, id, buffered, new TtlView(buffered, policy, nowMs, writable), nowMs, fromEmpty = loadEmpty,
@@ -290,22 +291,26 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   /** The committed value of `key` if this engine holds `version` (Some(null) = absent), for a
    *  sibling store's cleanup; None when it holds another version. */
   def committedValue(key: Bytes, version: Long): Option[Array[Byte]] = synchronized {
-    if (closed || loaded != version) None else Some(cachedReads().get(key))
+    if (closed || loaded != version) None else Some(cachedReads(version).get(key))
   }
 
-  private def cachedReads() = new CachedReads(cache, committedReads, coldMisses)
+  private def cachedReads(version: Long) = new CachedReads(cache, committedReads, n => coldMisses(version, n))
 
   /** Adds up what the reads the cache missed since a load left it cold cost
    *  ([[CacheWarmer.readCost]]); once that is what a scan of the version costs, or a commit
    *  found the scan due ([[CacheWarmer.scanDueAfter]]: `coldNanosLeft` 0), scans it in
-   *  (mid-version if need be: see [[warm]]). */
-  private def coldMisses(n: Int): Unit = if (coldNanosLeft >= 0) {
+   *  (mid-version if need be: see [[warm]]). Only reads of `version` while it is held, and no
+   *  other version writes, scan: a late attempt's reads are charged and never scan. */
+  private def coldMisses(version: Long, n: Int): Unit = if (coldNanosLeft >= 0) {
     val cost = CacheWarmer.readCost(n, committedReads.takeReadNanos())
     coldNanosThisVersion += cost
     coldNanosLeft -= cost
-    // A scan that fails halfway leaves the cache partial but marked complete: forget it all.
-    if (coldNanosLeft < 0 && loaded >= 0) {
-      try warm(Option(writer.current).map(_.buffer)) catch { case NonFatal(e) => invalidate(); throw e }
+    if (coldNanosLeft < 0) synchronized { // a load, commit or invalidation waits for the scan
+      val w = writer.current
+      if (coldNanosLeft < 0 && loaded == version && (w == null || w.version == version)) {
+        // A scan that fails halfway leaves the cache partial but marked complete: forget it all.
+        try warm(Option(w).map(_.buffer)) catch { case NonFatal(e) => invalidate(); throw e }
+      }
     }
   }
 
@@ -313,6 +318,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   private def warm(writes: Option[WriteBuffer]): Unit = {
     val started = System.nanoTime()
     coldNanosLeft = -1
+    coldNanosThisVersion = 0
     committedReads.prepareScan()
     CacheWarmer.warmUnder(cache, committedReads, numKeys, writes)
     warmMs.addAndGet((System.nanoTime() - started) / 1000000)
@@ -331,6 +337,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
     writer.clear()
     loaded = -1
     coldNanosLeft = -1
+    coldNanosThisVersion = 0
     if (cache != null) cache.clear()
     native.reset()
   }
