@@ -434,7 +434,7 @@ def test_a_task_killed_while_its_commit_waits_for_the_changelog_opened_ahead(spa
     without waiting the open out, and the task thread keeps its interrupt for Spark; the open,
     once done, is dropped (no temporary object, nothing published), and a retry commits."""
     location, local = objtest_location(spark, "killed-open")
-    delay_ms = 15_000
+    delay_ms = 9_000  # a kill is handled in milliseconds: half of it is a wide bound
     layer = LayerStore(spark, location, confs={PFX + "writeBehind": write_behind})
     parts = objtest_root(spark) / ".objtest" / "tmp"
     try:
@@ -517,6 +517,49 @@ def test_a_second_store_of_the_same_version_does_not_read_the_first_ones_writes(
     first.commit()
     v2 = layer.store(2)
     assert (layer.get(v2, 1), layer.get(v2, 2)) == (11, 20)
+
+
+def test_a_late_attempts_reads_neither_scan_nor_keep_the_held_version_cold(spark, tmp_path):
+    """A large version loads with a cold near cache, scanned in once its misses cost the scan.
+    Reads of a late attempt of that version, after another attempt committed the next one, say
+    nothing of the held version's reads: they must not count, nor scan the wrong version, nor
+    use the scan's price up so that the held version never scans. Reads go through the state
+    server, each charged as 5 scanned keys: the price of 400 keys is 80 of them."""
+    confs = {PFX + "nearCacheWarmKeys": "10", PFX + "nativeReads": "false"}
+    first = LayerStore(spark, tmp_path / "state", confs=confs)
+    try:
+        v0 = first.store(0)
+        for k in range(400):
+            first.put(v0, (k,), (k,))
+        assert v0.commit() == 1
+    finally:
+        first.close()
+    layer = LayerStore(spark, tmp_path / "state", confs=confs)  # loads version 1 cold
+    try:
+        late, winner = layer.store(1), layer.store(1)
+        assert layer.get(winner, 0) == 0
+        layer.put(winner, (0,), (1000,))
+        assert winner.commit() == 2
+        assert [layer.get(late, k) for k in range(1, 200)] == list(range(1, 200))  # 995 keys' price
+        v2 = layer.store(2)
+        _metric(v2, "keyedstateBridgeGets")  # what the reads before this version counted
+        assert [layer.get(v2, k) for k in range(200, 400)] == list(range(200, 400))  # none read before
+        # 79 reads use up the price left after the winner's one read; the 80th scans the version in.
+        assert _metric(v2, "keyedstateBridgeGets") == 80
+    finally:
+        layer.close()
+
+
+def _metric(store, name: str) -> int:
+    """The store's custom metric ``name``: a count is what happened since the last report."""
+    metrics = store.metrics().customMetrics()
+    return metrics.apply(next(k for k in _scala_keys(metrics) if k.name() == name))
+
+
+def _scala_keys(scala_map):
+    it = scala_map.keysIterator()
+    while it.hasNext():
+        yield it.next()
 
 
 def test_a_version_that_wrote_before_the_cache_was_reloaded_writes_no_more(layer):

@@ -90,10 +90,11 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   val warmMs = new AtomicLong
   val nativeGets = new AtomicLong
   def nativeSyncs: AtomicLong = native.syncs
-  // Time (ns) the cache's misses of the held version may still cost before the engine scans the
-  // version in (see CacheWarmer); 0: the scan is due at the next miss; -1: the cache was warmed
-  // (or the version is not held).
-  @volatile private var coldNanosLeft = -1L
+  // Whether the near cache holds none of the held version but what its reads and writes brought
+  // (a large version loaded), until the version is scanned in or forgotten (see CacheWarmer).
+  @volatile private var cold = false
+  // While cold: the time (ns) the cache's misses may still cost before the scan; <= 0: it is due.
+  @volatile private var coldNanosLeft = 0L
   // What the cold reads of the version open since the last load or commit cost (ns).
   @volatile private var coldNanosThisVersion = 0L
   @volatile var lastCommitPhases: CommitPhases = CommitPhases(0, 0, 0)
@@ -206,6 +207,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
         committedReads.takeReadNanos()
         coldNanosLeft = numKeys * CacheWarmer.scanNanosPerKey
         coldNanosThisVersion = 0
+        cold = true
       }
       if (!cleanupAsked && version > 0) { cleanupAsked = true; SnapshotKick.cleanUp(this, version -> id) }
     } catch { case NonFatal(e) => invalidate(); throw e }
@@ -275,7 +277,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
       lineage = ((newVersion -> newId) :: lineage).filter(_._1 >= lastSnapshot)
       lastCommitPhases = CommitPhases((t1 - t0) / 1000000, shipped.writeMs, shipped.shipMs)
       cache.review() // what this version's reads found decides what the next one's writes cache
-      if (coldNanosLeft > 0 && CacheWarmer.scanDueAfter(coldNanosThisVersion, coldNanosLeft)) coldNanosLeft = 0
+      if (cold && CacheWarmer.scanDueAfter(coldNanosThisVersion, coldNanosLeft)) coldNanosLeft = 0
       coldNanosThisVersion = 0
       if (overdue) { uploadSnapshots(); cleanupFiles() }
       else if (forceSnapshot || newVersion % session.settings.snapshotInterval == 0 || session.settings.bulkLoad(added, numKeys)) {
@@ -299,17 +301,17 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   /** Adds up what the reads the cache missed since a load left it cold cost
    *  ([[CacheWarmer.readCost]]); once that is what a scan of the version costs, or a commit
    *  found the scan due ([[CacheWarmer.scanDueAfter]]: `coldNanosLeft` 0), scans it in
-   *  (mid-version if need be: see [[warm]]). Only reads of `version` while it is held, and no
-   *  other version writes, scan: a late attempt's reads are charged and never scan. */
-  private def coldMisses(version: Long, n: Int): Unit = if (coldNanosLeft >= 0) {
+   *  (mid-version if need be: see [[warm]]). Only the held version's reads count and scan: a
+   *  late attempt of an older version's say nothing of the held one's. (Any writer holds it:
+   *  a version claims the cache only while it is `loaded`.) */
+  private def coldMisses(version: Long, n: Int): Unit = if (cold && loaded == version) {
     val cost = CacheWarmer.readCost(n, committedReads.takeReadNanos())
     coldNanosThisVersion += cost
     coldNanosLeft -= cost
     if (coldNanosLeft < 0) synchronized { // a load, commit or invalidation waits for the scan
-      val w = writer.current
-      if (coldNanosLeft < 0 && loaded == version && (w == null || w.version == version)) {
+      if (cold && loaded == version) {
         // A scan that fails halfway leaves the cache partial but marked complete: forget it all.
-        try warm(Option(w).map(_.buffer)) catch { case NonFatal(e) => invalidate(); throw e }
+        try warm(Option(writer.current).map(_.buffer)) catch { case NonFatal(e) => invalidate(); throw e }
       }
     }
   }
@@ -317,8 +319,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   /** Fills the cache with the held version and, if a version is open (`writes`), its writes. */
   private def warm(writes: Option[WriteBuffer]): Unit = {
     val started = System.nanoTime()
-    coldNanosLeft = -1
-    coldNanosThisVersion = 0
+    cold = false
     committedReads.prepareScan()
     CacheWarmer.warmUnder(cache, committedReads, numKeys, writes)
     warmMs.addAndGet((System.nanoTime() - started) / 1000000)
@@ -336,8 +337,7 @@ final class StoreEngine(val id: StateStoreId, keySchema: StructType, valueSchema
   def invalidate(): Unit = synchronized {
     writer.clear()
     loaded = -1
-    coldNanosLeft = -1
-    coldNanosThisVersion = 0
+    cold = false
     if (cache != null) cache.clear()
     native.reset()
   }
