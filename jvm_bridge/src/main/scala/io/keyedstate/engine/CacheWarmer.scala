@@ -40,9 +40,9 @@ object CacheWarmer {
 
   /** A streaming query's next versions read much as its last did: once one version's cold
    *  reads, repeated for this many versions, cost what is left of the scan's price, the scan
-   *  comes at the next version's first miss instead of after them. A query that touches a
-   *  few keys a version never gets there; one that reads widely pays for at most this many
-   *  versions of cold reads in a scan it no longer needs (it stopped right after it). */
+   *  comes at the next version's first miss instead of after them. So it comes this many
+   *  versions' reads early at most, and a query that stops right after it paid no more than
+   *  that for a scan it no longer needed. */
   val ScanHorizonVersions = 10
 
   /** Whether a cold version's scan is due now, its last version's cold reads having cost
