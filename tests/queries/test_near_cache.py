@@ -159,17 +159,10 @@ def _count_keys(spark, tmp_path, confs: dict, batches: list[list[str]]) -> tuple
 
 
 
-def test_large_version_loads_cold_and_is_scanned_in_once_its_misses_cost_as_much(spark, tmp_path):
-    """After a restart, a version with more keys than nearCacheWarmKeys is not scanned into the
-    near cache: a batch that touches a few keys reads just those. A batch that touches most
-    keys scans the version in once its misses cost what the scan would, in the middle of the batch:
-    the keys it wrote before the scan must stay known, or the next batch would emit them again
-    as new (dropDuplicates reads each key, then writes it if new, row by row). The sparse batch
-    reads two keys: too few for their cost to make the scan due at its commit (nearly always:
-    they would need ~40 us each), and never in the partition that reads none of them."""
-    confs = {PROVIDER_CONF: KS, PFX + "nearCacheWarmKeys": "100", "spark.sql.shuffle.partitions": "2"}
-    old, new, newer = ([f"{p}{i:04d}" for i in range(n)] for p, n in (("k", 1200), ("n", 1200), ("m", 100)))
-    batches = [old, old[:2], [k for pair in zip(old, new) for k in pair], new + newer]
+def _dedup_restarted_after_first(spark, tmp_path, confs: dict, batches: list) -> tuple[dict, list]:
+    """dropDuplicates over ``batches`` of keys, stopped after the first and restarted (the
+    restart loads version 1 as a fresh provider would): each batch's emitted keys, sorted, and
+    the restarted query's progress."""
     stream = FileStream(spark, tmp_path, "k STRING")
     seen: dict[int, list] = {}
 
@@ -186,10 +179,23 @@ def test_large_version_loads_cold_and_is_scanned_in_once_its_misses_cost_as_much
         try:
             for rows in batches[1:]:
                 stream.step(second, [{"k": k} for k in rows])
-            progress = second.recentProgress
+            return seen, second.recentProgress
         finally:
             second.stop()
 
+
+def test_large_version_loads_cold_and_is_scanned_in_once_its_misses_cost_as_much(spark, tmp_path):
+    """After a restart, a version with more keys than nearCacheWarmKeys is not scanned into the
+    near cache: a batch that touches a few keys reads just those. A batch that touches most
+    keys scans the version in once its misses cost what the scan would, in the middle of the batch:
+    the keys it wrote before the scan must stay known, or the next batch would emit them again
+    as new (dropDuplicates reads each key, then writes it if new, row by row). The sparse batch
+    reads two keys: too few for their cost to make the scan due at its commit (nearly always:
+    they would need ~40 us each), and never in the partition that reads none of them."""
+    confs = {PROVIDER_CONF: KS, PFX + "nearCacheWarmKeys": "100", "spark.sql.shuffle.partitions": "2"}
+    old, new, newer = ([f"{p}{i:04d}" for i in range(n)] for p, n in (("k", 1200), ("n", 1200), ("m", 100)))
+    batches = [old, old[:2], [k for pair in zip(old, new) for k in pair], new + newer]
+    seen, progress = _dedup_restarted_after_first(spark, tmp_path, confs, batches)
     assert [seen.get(b, []) for b in range(4)] == [old, [], new, newer]
     metrics = {p["batchId"]: [op["customMetrics"] for op in p["stateOperators"]] for p in progress}
     assert sum(m["keyedstateNativeGets"] for m in metrics[1]) == 2  # just its keys (a warm cache: 0)
@@ -212,26 +218,7 @@ def test_a_version_whose_cold_reads_say_the_next_ones_would_cost_the_scan_is_sca
              "spark.sql.shuffle.partitions": "2"}
     old = [f"k{i:05d}" for i in range(6000)]
     batches = [old, old[0::15], old[1::15] + ["n1", "n2"], old[2::15] + ["n3"]]
-    stream = FileStream(spark, tmp_path, "k STRING")
-    seen: dict[int, list] = {}
-
-    def sink(batch, batch_id):
-        seen[int(batch_id)] = sorted(row.k for row in batch.collect())
-
-    with session_confs(spark, confs):
-        first = stream.start(lambda df: df.dropDuplicates(["k"]), sink, "append")
-        try:
-            stream.step(first, [{"k": k} for k in batches[0]])
-        finally:
-            first.stop()
-        second = stream.start(lambda df: df.dropDuplicates(["k"]), sink, "append")  # loads version 1 cold
-        try:
-            for rows in batches[1:]:
-                stream.step(second, [{"k": k} for k in rows])
-            progress = second.recentProgress
-        finally:
-            second.stop()
-
+    seen, progress = _dedup_restarted_after_first(spark, tmp_path, confs, batches)
     assert [seen.get(b, []) for b in range(4)] == [old, [], ["n1", "n2"], ["n3"]]
     metrics = {p["batchId"]: [op["customMetrics"] for op in p["stateOperators"]] for p in progress}
     gets = [sum(m["keyedstateBridgeGets"] for m in metrics[b]) for b in (1, 2, 3)]
