@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import shutil
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, MutableMapping
@@ -24,6 +22,7 @@ from rocksdict import Rdict, WriteBatch
 from ..formats import changelog, key_group_counts, rocksdb
 from ..formats.frames import TtlScan
 from . import snapshots
+from .reclaim import Reclaim, worth_reclaiming
 from .ttl_scan import TtlScanner
 from .write_behind import Applier, StoreStateError, WriteBehind
 
@@ -34,18 +33,9 @@ log = logging.getLogger(__name__)
 COMPACT_AFTER_DELETES = 1000
 """Deletes since the last compaction (and >= 1/4 of the keys) that make a snapshot compact first."""
 
-RECLAIM_MIN_DEAD_ENTRIES = 10_000
-"""Entries beyond the keys that a restored store's files, hiding some behind range deletes (a
-rescale's heir), must hold, and at least half as many as its keys, to be reclaimed."""
-
 RECLAIM_HOLD_L0_FILES = 8
 """L0 files at which a database whose reclaim is due, or waits for its turn, compacts anyway:
 twice RocksDB's trigger, so that its point reads check a bounded number of files."""
-
-_RECLAIMS = threading.BoundedSemaphore(1)
-"""One reclaim at a time in this process: a rescale's heirs all restore in the same batch, and
-their compactions together must not take every core from the batches that follow."""
-
 
 def local_failure(exc: BaseException, where: Path) -> str:
     """An error of the store's own files, said as such: a full local disk must never read as a
@@ -137,7 +127,7 @@ class VersionedStore:
             # its second batch), off every task, and compactions resume after it. Resumed at the
             # first flush, they would compact the parent's L0 files inside the first batch and the
             # reclaim would then rewrite the result again with the flushes since.
-            self._reclaim_at = version + 2 if snapshot_dir and _worth_reclaiming(self._db, num_keys) else None
+            self._reclaim_at = version + 2 if snapshot_dir and worth_reclaiming(self._db, num_keys) else None
             self.version, self.num_keys, self.lineage = version, num_keys, lineage
             self.key_group_counts = counts
             self._ttl.reset()
@@ -374,11 +364,16 @@ class VersionedStore:
 
     def _close_db(self) -> None:
         self._reclaim_at = None
+        cancelled = False
         if self._reclaim is not None:
             self._reclaim.stop()  # before the close: the compaction holds the database
-            self._reclaim = None
+            cancelled, self._reclaim = self._reclaim.cancelled, None
         if self._db is not None:
-            self._db.close()
+            try:
+                self._db.close()
+            except Exception:  # a cancelled reclaim leaves RocksDB shut down: its close refuses the flush
+                if not cancelled:
+                    raise
             self._db = None
         self._dirty = False
         self._unflushed = (0, 0)
@@ -433,71 +428,6 @@ class VersionedStore:
     def _reclaim_pending(self) -> bool:
         """Whether a reclaim is due (at a later commit) or has not finished."""
         return self._reclaim_at is not None or (self._reclaim is not None and not self._reclaim.wait(0))
-
-
-def _worth_reclaiming(db: Rdict, num_keys: int) -> bool:
-    """Whether the restored files hide entries behind range deletes (a rescale's heir, an
-    offline writer's version written from empty) and hold many more entries than keys. Entries
-    a store superseded itself are left to RocksDB's own compactions."""
-    properties = db.property_value("rocksdb.aggregated-table-properties") or ""
-    found = re.search(r"# range deletions=(\d+)", properties)
-    if found is None or int(found.group(1)) == 0:
-        return False
-    dead = sum(f["num_entries"] for f in db.live_files()) - num_keys
-    return dead >= max(RECLAIM_MIN_DEAD_ENTRIES, num_keys // 2)
-
-
-class Reclaim:
-    """A full compaction of a restored store's database in a thread of its own, one in the
-    process at a time (``_RECLAIMS``): the entries that its keys do not account for are dropped
-    without any task, the write-behind applier included, waiting for it."""
-
-    def __init__(self, name: str, db: Rdict) -> None:
-        self._name, self._db = name, db
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"keyedstate-reclaim-{name}", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not _RECLAIMS.acquire(timeout=0.2):
-            if self._stopped.is_set():
-                return
-        try:
-            if self._stopped.is_set():
-                return
-            started = time.monotonic()
-            # Releases the GIL. rocksdict reports no error of it: one (a full disk) stops RocksDB's
-            # background work, and the store's next write fails with RocksDB's message.
-            self._db.compact_range(None, None)
-            log.info("%s: compacted the restored files' dead entries away in %.2f s", self._name,
-                     time.monotonic() - started)
-        except Exception:
-            log.warning("%s: compacting the restored files' dead entries failed", self._name, exc_info=True)
-        finally:
-            _RECLAIMS.release()
-            self._resume_compactions()
-
-    def _resume_compactions(self) -> None:
-        """RocksDB's own compactions, held for the reclaim (``VersionedStore._resume_compactions``),
-        go on after it (a no-op where the store resumed them already). Not after a stop: the
-        database is about to close."""
-        if self._stopped.is_set():
-            return
-        try:
-            self._db.set_options({"disable_auto_compactions": "false"})
-        except Exception:
-            log.warning("%s: cannot resume compactions after the reclaim", self._name, exc_info=True)
-
-    def wait(self, timeout: float | None = None) -> bool:
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
-
-    def stop(self) -> None:
-        """Give up a reclaim still waiting for its turn, else wait for its compaction to end, so
-        that the database may close. (RocksDB's only way to cancel one, CancelAllBackgroundWork,
-        first flushes the memtable holding the GIL, stalling every store of the server.)"""
-        self._stopped.set()
-        self._thread.join()
 
 
 def _decoded(data: Shipped, source: str) -> changelog.Changelog:

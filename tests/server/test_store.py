@@ -710,11 +710,11 @@ def test_a_heir_whose_reclaim_waits_compacts_once_its_level0_fills(tmp_path):
     """While another store's reclaim holds the process's turn, a heir's flushes add L0 files
     with compactions off; at RECLAIM_HOLD_L0_FILES they compact anyway, so its reads never
     check an unbounded number of files. Its reclaim still runs when its turn comes."""
-    from keyedstate.server import store as store_module
+    from keyedstate.server import reclaim as reclaim_module, store as store_module
 
     heir_dir, owned, hidden = _heir_of_three_l0_files(tmp_path, keys_per_file=8000)
     heir = VersionedStore("heir", tmp_path / "heir", key_groups=16, snapshot_interval=100)
-    assert store_module._RECLAIMS.acquire(timeout=10)  # another store's reclaim runs
+    assert reclaim_module._RECLAIMS.acquire(timeout=10)  # another store's reclaim runs
     released = False
     try:
         heir.restore(5, str(heir_dir), "lineage", len(owned))
@@ -730,14 +730,14 @@ def test_a_heir_whose_reclaim_waits_compacts_once_its_level0_fills(tmp_path):
         heir.sync()  # the flush that reaches the bound: compactions resume
         _wait_for_level0_below(db, 4)
         assert _level0_files(db) < 4
-        store_module._RECLAIMS.release()
+        reclaim_module._RECLAIMS.release()
         released = True
         assert heir.wait_reclaimed(60)
         assert sum(f["num_entries"] for f in db.live_files()) == len(owned)
         assert heir.get_many(hidden[:50]) == [None] * 50 and heir.get(owned[6]) == b"v"
     finally:
         if not released:
-            store_module._RECLAIMS.release()
+            reclaim_module._RECLAIMS.release()
         heir.close()
 
 
@@ -746,7 +746,7 @@ def test_a_heir_whose_reclaim_waits_bounds_the_level0_files_rocksdb_flushes(tmp_
     of many write batches, each over a memtable, adds L0 files while compactions wait for the
     reclaim. They resume once RECLAIM_HOLD_L0_FILES are there, here within one apply."""
     from keyedstate.formats import rocksdb
-    from keyedstate.server import store as store_module
+    from keyedstate.server import reclaim as reclaim_module, store as store_module
 
     heir_dir, owned, _ = _heir_of_three_l0_files(tmp_path, keys_per_file=8000)
     options = rocksdb._options
@@ -759,7 +759,7 @@ def test_a_heir_whose_reclaim_waits_bounds_the_level0_files_rocksdb_flushes(tmp_
     monkeypatch.setattr(rocksdb, "_options", small_memtables)
     monkeypatch.setattr(store_module, "APPLY_CHUNK_BYTES", 64 << 10)  # batches of 10,000 records
     heir = VersionedStore("heir", tmp_path / "heir", key_groups=16, snapshot_interval=100)
-    assert store_module._RECLAIMS.acquire(timeout=10)  # another store's reclaim runs
+    assert reclaim_module._RECLAIMS.acquire(timeout=10)  # another store's reclaim runs
     try:
         heir.restore(5, str(heir_dir), "lineage", len(owned))
         db = heir._require_db()
@@ -771,7 +771,7 @@ def test_a_heir_whose_reclaim_waits_bounds_the_level0_files_rocksdb_flushes(tmp_
         assert _level0_files(db) < store_module.RECLAIM_HOLD_L0_FILES
         assert heir.get(added[-1]) == b"x" * 40 and heir.num_keys == len(owned) + len(added)
     finally:
-        store_module._RECLAIMS.release()
+        reclaim_module._RECLAIMS.release()
         heir.close()
 
 
@@ -791,10 +791,22 @@ def test_a_store_whose_files_hold_its_keys_alone_reclaims_nothing(tmp_path, stor
         plain.close()
 
 
-def test_a_store_closed_while_it_reclaims_stops_the_compaction_first(tmp_path):
-    """A reload or close while the reclaim compacts waits for it, so the database is never
-    closed under a running compaction; the heir restores again whole."""
-    heir_dir, owned, _ = _heir_of_three_l0_files(tmp_path, keys_per_file=60_000)
+def _pool_renewed(reclaim_module) -> None:
+    """Wait until no reclaim holds the process's turn: the last one's pool renewal is over."""
+    assert reclaim_module._RECLAIMS.acquire(timeout=60)
+    reclaim_module._RECLAIMS.release()
+
+
+def test_a_store_closed_while_it_reclaims_cancels_the_compaction(tmp_path):
+    """A reload or close while the reclaim compacts cancels it (the compaction runs at the
+    lowest CPU priority, so waiting for it could take long on a busy executor): the database
+    closes at once, the heir restores again whole and reclaims once its turn comes again; no
+    thread of RocksDB's stays at that priority."""
+    import time
+
+    from keyedstate.server import compaction_priority, reclaim as reclaim_module
+
+    heir_dir, owned, _ = _heir_of_three_l0_files(tmp_path, keys_per_file=150_000)
     shutil.copytree(heir_dir, tmp_path / "again")
     heir = VersionedStore("heir", tmp_path / "heir", key_groups=16, snapshot_interval=100)
     try:
@@ -803,8 +815,21 @@ def test_a_store_closed_while_it_reclaims_stops_the_compaction_first(tmp_path):
             heir.apply(cl.encode(version, 16, []), f"v{version}")
         reclaim = heir._reclaim
         assert reclaim is not None
+        deadline = time.monotonic() + 30
+        lowered = not compaction_priority.supported()  # else: once the pool is lowered for it
+        while not (reclaim._compacting and (lowered or compaction_priority.LOWEST_NICE in
+                                            compaction_priority.bottom_threads().values())):
+            assert time.monotonic() < deadline, "the reclaim's compaction did not start at the lowest priority"
+            time.sleep(0.002)
         heir.restore(5, str(tmp_path / "again"), "lineage", len(owned))  # closes the database first
-        assert reclaim.wait(0) and heir._reclaim is None
+        assert reclaim.wait(0) and reclaim.cancelled and heir._reclaim is None
         assert heir.get_many(owned[:50]) == [b"v%d" % int(k[4:].decode()[1:]) for k in owned[:50]]
+        for version in (6, 7):
+            heir.apply(cl.encode(version, 16, []), f"v{version}")
+        assert heir.wait_reclaimed(120) and not heir._reclaim.cancelled
+        db = heir._require_db()
+        assert sum(f["num_entries"] for f in db.live_files()) == len(owned)
+        _pool_renewed(reclaim_module)
+        assert all(nice < compaction_priority.LOWEST_NICE for nice in compaction_priority.bottom_threads().values())
     finally:
         heir.close()
