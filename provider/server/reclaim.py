@@ -1,6 +1,6 @@
 """A restored store's reclaim: one full compaction that drops the entries its files hold beyond
 its keys (a rescale's heir: its parent's key groups that range deletes hide), in a thread of its
-own, one in the process at a time, at the lowest CPU priority (:mod:`.compaction_priority`), so
+own, one in the process at a time, at idle CPU priority (:mod:`.compaction_priority`), so
 that it takes the CPU the batches leave idle rather than theirs."""
 from __future__ import annotations
 

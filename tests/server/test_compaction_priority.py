@@ -1,5 +1,5 @@
 """RocksDB's bottom-priority pool lowered for one compaction, on real RocksDB threads: the
-compaction runs on a thread at the lowest CPU priority, and the pool is at normal priority after."""
+compaction runs on a thread at idle CPU priority, and the pool is at normal priority after."""
 import os
 import random
 
@@ -36,13 +36,13 @@ def _level0_database(path, files: int = 4, keys_per_file: int = 150_000):
     return db
 
 
-def test_a_compaction_in_the_lowered_pool_runs_at_the_lowest_priority_and_the_pool_is_renewed(tmp_path):
+def test_a_compaction_in_the_lowered_pool_runs_at_idle_priority_and_the_pool_is_renewed(tmp_path):
     db = _level0_database(tmp_path / "db")
     try:
         with compaction_priority.lowered_bottom_pool() as lowered:
             assert lowered
             threads = compaction_priority.bottom_threads()
-            assert threads and set(threads.values()) == {compaction_priority.LOWEST_NICE}
+            assert threads and all(threads.values())
             before = {tid: _cpu_ticks(tid) for tid in threads}
             db.compact_range(None, None)
             spent = {tid: _cpu_ticks(tid) - ticks for tid, ticks in before.items()}
@@ -51,7 +51,8 @@ def test_a_compaction_in_the_lowered_pool_runs_at_the_lowest_priority_and_the_po
         compaction_priority.renew_bottom_pool()
         renewed = compaction_priority.bottom_threads()
         assert renewed and set(renewed).isdisjoint(threads)
-        assert set(renewed.values()) == {os.getpriority(os.PRIO_PROCESS, 0)}  # this thread's: normal
+        assert not any(renewed.values())
+        assert all(os.sched_getscheduler(tid) == os.sched_getscheduler(0) for tid in renewed)  # this thread's
     finally:
         db.close()
 
