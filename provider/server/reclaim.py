@@ -1,7 +1,6 @@
 """A restored store's reclaim: one full compaction that drops the entries its files hold beyond
 its keys (a rescale's heir: its parent's key groups that range deletes hide), in a thread of its
-own, one in the process at a time, at idle CPU priority (:mod:`.compaction_priority`), so
-that it takes the CPU the batches leave idle rather than theirs."""
+own, one in the process at a time, cancelled when the store closes or reloads."""
 from __future__ import annotations
 
 import logging
@@ -11,8 +10,6 @@ import time
 
 from rocksdict import Rdict
 
-from . import compaction_priority
-
 log = logging.getLogger(__name__)
 
 RECLAIM_MIN_DEAD_ENTRIES = 10_000
@@ -21,8 +18,7 @@ rescale's heir), must hold, and at least half as many as its keys, to be reclaim
 
 _RECLAIMS = threading.BoundedSemaphore(1)
 """One reclaim at a time in this process: a rescale's heirs all restore in the same batch, and
-their compactions together must not take every core from the batches that follow. Held until
-the bottom-priority pool is renewed after it."""
+their compactions together must not take every core from the batches that follow."""
 
 
 def worth_reclaiming(db: Rdict, num_keys: int) -> bool:
@@ -55,21 +51,16 @@ class Reclaim:
         while not _RECLAIMS.acquire(timeout=0.2):
             if self._stopped.is_set():
                 return
-        renew = False
         try:
             with self._state:
                 if self._stopped.is_set():
                     return
                 self._compacting = True
-            with compaction_priority.lowered_bottom_pool() as renew:
-                self._compact()
+            self._compact()
         finally:
             with self._state:
                 self._compacting = False
-            if renew:  # unbounded (a lowered thread ends after the compaction it runs): off this thread
-                threading.Thread(target=_renew_then_release, name="keyedstate-reclaim-pool", daemon=True).start()
-            else:
-                _RECLAIMS.release()
+            _RECLAIMS.release()
             self._resume_compactions()
 
     def _compact(self) -> None:
@@ -104,7 +95,7 @@ class Reclaim:
 
     def stop(self) -> None:
         """Give up a reclaim still waiting for its turn, or cancel its compaction, so that the
-        database may close at once. A cancel flushes the memtable first (the flush releases the
+        database may close at once (a reload inside a task never waits for a whole compaction). A cancel flushes the memtable first (the flush releases the
         GIL; RocksDB's cancel would flush holding it) and shuts down the database's background
         work, after which only its close is left (:attr:`cancelled`); the files stay as they
         were, the compaction's partial output being RocksDB's to delete."""
@@ -120,11 +111,3 @@ class Reclaim:
                 log.warning("%s: cannot cancel the reclaim; waiting for it", self._name, exc_info=True)
         self._thread.join()
 
-
-def _renew_then_release() -> None:
-    try:
-        compaction_priority.renew_bottom_pool()
-    except Exception:
-        log.warning("cannot renew RocksDB's bottom-priority pool after a reclaim", exc_info=True)
-    finally:
-        _RECLAIMS.release()

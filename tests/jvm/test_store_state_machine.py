@@ -11,7 +11,7 @@ import pytest
 from support import testjar
 from support.constants import PFX
 from support.durability import RUN_ID_KEY, arm, deactivate, disarm, objtest_location, objtest_root, report_active
-from support.jvm import LayerStore
+from support.jvm import LayerStore, custom_metric
 from support.processes import wait_until
 
 
@@ -542,24 +542,12 @@ def test_a_late_attempts_reads_neither_scan_nor_keep_the_held_version_cold(spark
         assert winner.commit() == 2
         assert [layer.get(late, k) for k in range(1, 200)] == list(range(1, 200))  # 995 keys' price
         v2 = layer.store(2)
-        _metric(v2, "keyedstateBridgeGets")  # what the reads before this version counted
+        custom_metric(v2, "keyedstateBridgeGets")  # what the reads before this version counted
         assert [layer.get(v2, k) for k in range(200, 400)] == list(range(200, 400))  # none read before
         # 79 reads use up the price left after the winner's one read; the 80th scans the version in.
-        assert _metric(v2, "keyedstateBridgeGets") == 80
+        assert custom_metric(v2, "keyedstateBridgeGets") == 80
     finally:
         layer.close()
-
-
-def _metric(store, name: str) -> int:
-    """The store's custom metric ``name``: a count is what happened since the last report."""
-    metrics = store.metrics().customMetrics()
-    return metrics.apply(next(k for k in _scala_keys(metrics) if k.name() == name))
-
-
-def _scala_keys(scala_map):
-    it = scala_map.keysIterator()
-    while it.hasNext():
-        yield it.next()
 
 
 def test_a_version_that_wrote_before_the_cache_was_reloaded_writes_no_more(layer):

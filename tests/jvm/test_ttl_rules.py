@@ -7,7 +7,7 @@ import pytest
 from keyedstate.formats import stored
 
 from support.constants import PFX
-from support.jvm import LayerStore
+from support.jvm import LayerStore, custom_metric
 
 HOUR_MS = 3_600_000
 
@@ -43,7 +43,7 @@ def test_an_entry_expires_once_its_ttl_passes(ttl_store, ttl_clock):
     s = layer.store(2)
     assert (layer.get(s, 1), layer.get(s, 2)) == (None, 21)
     assert sum(1 for _ in iter_rows(s)) == 1  # scans hide it too
-    assert s.metrics().customMetrics().apply(metric(s, "keyedstateTtlExpired")) >= 1
+    assert custom_metric(s, "keyedstateTtlExpired") >= 1
 
 
 def test_return_expired_until_cleanup(ttl_store, ttl_clock):
@@ -76,15 +76,5 @@ def test_values_carry_their_write_time(jvm, ttl_store, ttl_clock, tmp_path):
 
 def iter_rows(store):
     it = store.iterator("default")
-    while it.hasNext():
-        yield it.next()
-
-
-def metric(store, name: str):
-    return next(k for k in scala_keys(store.metrics().customMetrics()) if k.name() == name)
-
-
-def scala_keys(scala_map):
-    it = scala_map.keysIterator()
     while it.hasNext():
         yield it.next()

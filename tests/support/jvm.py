@@ -32,6 +32,13 @@ def scala_iter(iterator) -> list:
     return out
 
 
+def custom_metric(store, name: str) -> int:
+    """A StateStore's custom metric ``name`` from its ``metrics()``: a count is what happened
+    since the store's last report."""
+    metrics = store.metrics().customMetrics()
+    return metrics.apply(next(k for k in scala_iter(metrics.keysIterator()) if k.name() == name))
+
+
 def struct(jvm, ddl: str):
     return jvm.org.apache.spark.sql.types.StructType.fromDDL(ddl)
 
