@@ -95,15 +95,20 @@ class Reclaim:
 
     def stop(self) -> None:
         """Give up a reclaim still waiting for its turn, or cancel its compaction, so that the
-        database may close at once (a reload inside a task never waits for a whole compaction). A cancel flushes the memtable first (the flush releases the
-        GIL; RocksDB's cancel would flush holding it) and shuts down the database's background
-        work, after which only its close is left (:attr:`cancelled`); the files stay as they
-        were, the compaction's partial output being RocksDB's to delete."""
+        database may close at once (a reload inside a task never waits for a whole compaction).
+        A cancel flushes the memtable first (the flush releases the GIL; RocksDB's cancel would
+        flush holding it) and shuts down the database's background work, after which only its
+        close is left (:attr:`cancelled`); the files stay as they were, the compaction's partial
+        output being RocksDB's to delete."""
         with self._state:
             self._stopped.set()
             compacting = self._compacting
         if compacting:
             try:
+                # Automatic compactions off first: with them on, a flush waits while L0 is at RocksDB's
+                # stall trigger (the reclaim holds the compactions that would lower it), and the cancel's
+                # own flush would wait so holding the GIL. The database closes next anyway.
+                self._db.set_options({"disable_auto_compactions": "true"})
                 self._db.flush()
                 self._db.cancel_all_background(False)
                 self.cancelled = True

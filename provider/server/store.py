@@ -368,16 +368,27 @@ class VersionedStore:
         if self._reclaim is not None:
             self._reclaim.stop()  # before the close: the compaction holds the database
             cancelled, self._reclaim = self._reclaim.cancelled, None
-        if self._db is not None:
-            try:
-                self._db.close()
-            except Exception:  # a cancelled reclaim leaves RocksDB shut down: its close refuses the flush
-                if not cancelled:
-                    raise
-            self._db = None
-        self._dirty = False
-        self._unflushed = (0, 0)
-        self.version = -1
+        db, self._db = self._db, None
+        try:
+            if db is not None:
+                self._close(db, cancelled)
+        finally:
+            if self._db is None:  # closed: the store holds no version (else still open, see _close)
+                self._dirty = False
+                self._unflushed = (0, 0)
+                self.version = -1
+
+    def _close(self, db: Rdict, cancelled: bool) -> None:
+        try:
+            db.close()
+        except RuntimeError:  # rocksdict: another thread is inside a call on it, so nothing was closed
+            self._db = db
+            raise
+        except Exception as exc:  # rocksdict closed it all the same, its closing flush having failed
+            if not (cancelled and str(exc).startswith("Shutdown in progress")):
+                raise
+            # A cancelled reclaim shut RocksDB's background work down; the memtable was flushed.
+            log.debug("%s: closed after its reclaim was cancelled", self.name)
 
     def info(self) -> dict:
         with self._settled():

@@ -820,3 +820,54 @@ def test_a_store_closed_while_it_reclaims_cancels_the_compaction(tmp_path):
         assert sum(f["num_entries"] for f in db.live_files()) == len(owned)
     finally:
         heir.close()
+
+
+def test_a_reclaim_is_cancelled_at_once_with_level0_at_rocksdbs_stall_trigger(tmp_path):
+    """While the reclaim compacts, no other compaction of its database runs, so flushes pile up
+    in L0; at RocksDB's slowdown trigger (20 files) a flush with automatic compactions on waits
+    for a compaction, and the cancel's own flush would wait holding the GIL. A stop turns them
+    off first: the compaction is cancelled before its end, its dead entries still there."""
+    import time
+
+    from keyedstate.server.reclaim import Reclaim
+
+    heir_dir, owned, hidden = _heir_of_three_l0_files(tmp_path, keys_per_file=400_000)
+    from keyedstate.formats import rocksdb
+
+    db = rocksdb.open_db(heir_dir, compactions=False)
+    try:
+        entries = sum(f["num_entries"] for f in db.live_files())
+        db.set_options({"disable_auto_compactions": "false"})  # as _cap_level0 resumes them
+        reclaim = Reclaim("heir", db)
+        deadline = time.monotonic() + 30
+        while not reclaim._compacting:
+            assert time.monotonic() < deadline, "the reclaim's compaction did not start"
+            time.sleep(0.001)
+        for i in range(15):  # 4 L0 files + 15 = 19: the next flush reaches the trigger
+            db.put(owned[i], b"during")
+            db.flush()
+        db.put(owned[15], b"unflushed")
+        assert db.property_int_value("rocksdb.num-files-at-level0") == 19 and not reclaim.wait(0)
+        reclaim.stop()
+        assert reclaim.cancelled
+        assert sum(f["num_entries"] for f in db.live_files()) > entries  # not compacted: cancelled
+        assert db.get(owned[15]) == b"unflushed" and db.get(hidden[0]) is None
+    finally:
+        try:
+            db.close()
+        except Exception as exc:  # RocksDB's background work is shut down: the close's flush is refused
+            assert str(exc).startswith("Shutdown in progress")
+
+
+def test_a_store_whose_close_fails_can_be_restored_again(tmp_path, store):
+    """rocksdict closes a database even when the flush of its close fails (here refused because
+    RocksDB's background work was shut down, as after a background error): the store holds no
+    version then, and the next restore or close works, where it once held the closed handle."""
+    store.apply(cl.encode(1, 16, [(cl.OP_PUT, key(1, b"a"), b"1")]), "v1")
+    store._require_db().cancel_all_background(False)
+    with pytest.raises(Exception, match="Shutdown in progress"):
+        store.restore(0, None, "lineage-2", 0)
+    assert store._db is None and store.version == -1
+    store.restore(0, None, "lineage-2", 0)
+    store.apply(cl.encode(1, 16, [(cl.OP_PUT, key(2, b"b"), b"2")]), "v1")
+    assert store.get(key(2, b"b")) == b"2" and store.get(key(1, b"a")) is None
