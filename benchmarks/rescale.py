@@ -42,8 +42,8 @@ For each provider (keyedstate, and Spark's RocksDB provider with changelog check
    done* runs from ``start()`` to the end of that batch (its ``triggerExecution`` includes
    loading the new partitions' state). *resume* = rescale + start() -> first batch done: what
    a user waits between the stopped query and its first batch at the new partition count.
-   The batch verifies itself (``foreachBatch``, also used, as a no-op write, by the run phase so
-   that the callback server is already up): it must run with ``--to`` shuffle partitions and state
+   The batch verifies itself (``foreachBatch``, which the run phase's batches run too, so that
+   the batch times before the stop and after the resume include the same check): it must run with ``--to`` shuffle partitions and state
    store instances, keep ``numRowsTotal == keys``, and every output count must equal the number
    of input values of that key over all batches (no key's state lost or duplicated); failing that,
    status ``verify_failed``. ``--after`` (10) more files were written before the start, so the
@@ -142,8 +142,18 @@ def _query(spark, keys: int, input_dir: Path, checkpoint: Path, name: str, sink)
             .queryName(name).trigger(availableNow=True).foreachBatch(sink).start())
 
 
-def _noop_sink(df, batch_id) -> None:
-    df.write.format("noop").mode("overwrite").save()
+def _verify_sink(keys: int, batch_rows: int, seen: dict):
+    """A foreachBatch sink that checks each batch's output and records it in ``seen``: batch b
+    has seen values 0..keys + b * batch_rows - 1, each once. Every phase runs it, so that the
+    batches before the stop and after the resume pay the same check."""
+    def sink(df, batch_id):
+        from pyspark.sql import functions as F
+        total = keys + batch_id * batch_rows
+        expected = F.floor((F.lit(total - 1) - F.col("key")) / keys) + 1
+        row = df.agg(F.count("*").alias("rows"), F.countDistinct("key").alias("keys"),
+                     F.sum(F.when(F.col("count") != expected, 1).otherwise(0)).alias("wrong")).first()
+        seen[batch_id] = dict(batch_id=batch_id, **row.asDict())
+    return sink
 
 
 def _run_to_end(query, timeout: float) -> list[dict]:
@@ -336,8 +346,14 @@ def run_child(provider: str, keys: int, from_n: int, to_n: int, batches: int, ba
         # 1. seed + run, until the query ends by itself
         cpu = CpuMonitor()
         t = time.monotonic()
-        ran = _run_to_end(_query(spark, keys, input_dir, checkpoint, f"rescale_{provider}_run", _noop_sink),
-                          deadline - time.monotonic())
+        seen_run: dict[int, Any] = {}
+        ran = _run_to_end(_query(spark, keys, input_dir, checkpoint, f"rescale_{provider}_run",
+                                 _verify_sink(keys, batch_rows, seen_run)), deadline - time.monotonic())
+        # The run's own output checked as the resumed query's is: a wrong count before the stop
+        # is a defect of the run, not of the rescale.
+        result["run_wrong_counts"] = sum(v.get("wrong") or 0 for v in seen_run.values())
+        if result["run_wrong_counts"]:
+            result["notes"].append(f"{result['run_wrong_counts']} wrong counts in the run's own batches")
         result["run_wall_s"] = round(time.monotonic() - t, 3)
         result["other_cpu_share"]["run"] = round(cpu.other_cpu_share(), 3)
         result["seed_batch"] = _brief(ran[0])
@@ -429,14 +445,7 @@ def run_child(provider: str, keys: int, from_n: int, to_n: int, batches: int, ba
         # 3. resume (timed): the first batch at the new partition count, then --after more,
         # each verifying itself. Batch b has seen values 0..keys + b * batch_rows - 1, each once.
         def verify_sink_into(seen: dict):
-            def sink(df, batch_id):
-                from pyspark.sql import functions as F
-                total = keys + batch_id * batch_rows
-                expected = F.floor((F.lit(total - 1) - F.col("key")) / keys) + 1
-                row = df.agg(F.count("*").alias("rows"), F.countDistinct("key").alias("keys"),
-                             F.sum(F.when(F.col("count") != expected, 1).otherwise(0)).alias("wrong")).first()
-                seen[batch_id] = dict(batch_id=batch_id, **row.asDict())
-            return sink
+            return _verify_sink(keys, batch_rows, seen)
 
         seen: dict[int, Any] = {}
         _settle()
