@@ -43,11 +43,12 @@ For each provider (keyedstate, and Spark's RocksDB provider with changelog check
    loading the new partitions' state). *resume* = rescale + start() -> first batch done: what
    a user waits between the stopped query and its first batch at the new partition count.
    The batch verifies itself (``foreachBatch``, which the run phase's batches run too, so that
-   the batch times before the stop and after the resume include the same check): it must run with ``--to`` shuffle partitions and state
-   store instances, keep ``numRowsTotal == keys``, and every output count must equal the number
-   of input values of that key over all batches (no key's state lost or duplicated); failing that,
-   status ``verify_failed``. ``--after`` (10) more files were written before the start, so the
-   query goes on with that many batches at the new count, each verified likewise; their
+   the batch times before the stop and after the resume include the same check): it must run
+   with ``--to`` shuffle partitions and state store instances, keep ``numRowsTotal == keys``, and
+   every output count must equal the number of input values of that key over all batches (no
+   key's state lost or duplicated); failing that, status ``verify_failed``. ``--after`` (10)
+   more files were written before the start, so the query goes on with that many batches at the
+   new count, each verified likewise; their
    ``triggerExecution`` times and median (*median of the next*, held against *median before*);
    both sets of batches are also kept whole (durations, state operators' custom metrics) in
    ``resume.next_batches`` and ``before_batches``, to say where a slower batch's time went.
@@ -444,9 +445,6 @@ def run_child(provider: str, keys: int, from_n: int, to_n: int, batches: int, ba
 
         # 3. resume (timed): the first batch at the new partition count, then --after more,
         # each verifying itself. Batch b has seen values 0..keys + b * batch_rows - 1, each once.
-        def verify_sink_into(seen: dict):
-            return _verify_sink(keys, batch_rows, seen)
-
         seen: dict[int, Any] = {}
         _settle()
         sampler = _PeakSampler()
@@ -454,7 +452,7 @@ def run_child(provider: str, keys: int, from_n: int, to_n: int, batches: int, ba
         cpu = CpuMonitor()
         start_wall = time.time()
         resumed = _run_to_end(_query(spark, keys, input_dir, checkpoint, f"rescale_{provider}_resume",
-                                     verify_sink_into(seen)), deadline - time.monotonic())
+                                     _verify_sink(keys, batch_rows, seen)), deadline - time.monotonic())
         result["other_cpu_share"]["resume"] = round(cpu.other_cpu_share(), 3)
         first = resumed[0]
         resume = {"start_to_first_batch_s": round(first["start_epoch"] + first["batch_ms"] / 1000 - start_wall, 3),
@@ -481,7 +479,8 @@ def run_child(provider: str, keys: int, from_n: int, to_n: int, batches: int, ba
                 # The same input files as the resume: its first batch, then --after more, so that
                 # the batches after a restart that keeps the count are measured beside the rescale's.
                 restarted = _run_to_end(
-                    _query(spark, keys, input_dir, plain, f"rescale_{provider}_plain", verify_sink_into(seen_plain)),
+                    _query(spark, keys, input_dir, plain, f"rescale_{provider}_plain",
+                           _verify_sink(keys, batch_rows, seen_plain)),
                     deadline - time.monotonic())
                 first_plain = restarted[0]
                 pcheck = _verify_run(restarted, seen_plain, keys, from_n, min(batch_rows, keys), after)

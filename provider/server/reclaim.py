@@ -115,4 +115,3 @@ class Reclaim:
             except Exception:  # the compaction ends by itself; the join below waits for it
                 log.warning("%s: cannot cancel the reclaim; waiting for it", self._name, exc_info=True)
         self._thread.join()
-

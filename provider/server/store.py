@@ -37,6 +37,7 @@ RECLAIM_HOLD_L0_FILES = 8
 """L0 files at which a database whose reclaim is due, or waits for its turn, compacts anyway:
 twice RocksDB's trigger, so that its point reads check a bounded number of files."""
 
+
 def local_failure(exc: BaseException, where: Path) -> str:
     """An error of the store's own files, said as such: a full local disk must never read as a
     problem of the checkpoint (whose files are fine and reload the version on the retry)."""
