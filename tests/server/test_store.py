@@ -9,6 +9,8 @@ from keyedstate.formats import changelog as cl
 from keyedstate.formats.frames import TtlScan
 from keyedstate.server.store import StoreStateError, VersionedStore
 
+from support.processes import wait_until
+
 
 def key(group: int, name: bytes) -> bytes:
     return group.to_bytes(4, "big") + name
@@ -795,8 +797,6 @@ def test_a_store_closed_while_it_reclaims_cancels_the_compaction(tmp_path):
     """A reload or close while the reclaim compacts cancels it, so that the task that reloads
     never waits for a whole compaction: the database closes at once, the heir restores again
     whole and reclaims once its turn comes again."""
-    import time
-
     heir_dir, owned, _ = _heir_of_three_l0_files(tmp_path, keys_per_file=150_000)
     shutil.copytree(heir_dir, tmp_path / "again")
     heir = VersionedStore("heir", tmp_path / "heir", key_groups=16, snapshot_interval=100)
@@ -806,10 +806,7 @@ def test_a_store_closed_while_it_reclaims_cancels_the_compaction(tmp_path):
             heir.apply(cl.encode(version, 16, []), f"v{version}")
         reclaim = heir._reclaim
         assert reclaim is not None
-        deadline = time.monotonic() + 30
-        while not reclaim._compacting:
-            assert time.monotonic() < deadline, "the reclaim's compaction did not start"
-            time.sleep(0.002)
+        wait_until(lambda: reclaim._compacting, 30, "the reclaim's compaction to start", interval=0.002)
         heir.restore(5, str(tmp_path / "again"), "lineage", len(owned))  # closes the database first
         assert reclaim.wait(0) and reclaim.cancelled and heir._reclaim is None
         assert heir.get_many(owned[:50]) == [b"v%d" % int(k[4:].decode()[1:]) for k in owned[:50]]
@@ -827,22 +824,16 @@ def test_a_reclaim_is_cancelled_at_once_with_level0_at_rocksdbs_stall_trigger(tm
     in L0; at RocksDB's slowdown trigger (20 files) a flush with automatic compactions on waits
     for a compaction, and the cancel's own flush would wait holding the GIL. A stop turns them
     off first: the compaction is cancelled before its end, its dead entries still there."""
-    import time
-
+    from keyedstate.formats import rocksdb
     from keyedstate.server.reclaim import Reclaim
 
     heir_dir, owned, hidden = _heir_of_three_l0_files(tmp_path, keys_per_file=400_000)
-    from keyedstate.formats import rocksdb
-
     db = rocksdb.open_db(heir_dir, compactions=False)
     try:
         entries = sum(f["num_entries"] for f in db.live_files())
         db.set_options({"disable_auto_compactions": "false"})  # as _cap_level0 resumes them
         reclaim = Reclaim("heir", db)
-        deadline = time.monotonic() + 30
-        while not reclaim._compacting:
-            assert time.monotonic() < deadline, "the reclaim's compaction did not start"
-            time.sleep(0.001)
+        wait_until(lambda: reclaim._compacting, 30, "the reclaim's compaction to start", interval=0.001)
         for i in range(15):  # 4 L0 files + 15 = 19: the next flush reaches the trigger
             db.put(owned[i], b"during")
             db.flush()
