@@ -72,6 +72,7 @@ class VersionedStore:
         self.key_group_counts: Counter | None = None
         self.lineage = ""
         self._db: Rdict | None = None
+        self._restores = 0  # names the database's directory: each restore opens a new one
         self._staged = snapshots.StagedSnapshots()
         self._lock = threading.RLock()  # the database and the version it holds
         self._applier = applier
@@ -102,7 +103,7 @@ class VersionedStore:
 
     @property
     def _db_dir(self) -> Path:
-        return self.workdir / "db"
+        return self.workdir / f"db.{self._restores}"
 
     # -- loading -------------------------------------------------------------------------------
     def restore(self, version: int, snapshot_dir: str | None, lineage: str, num_keys: int) -> None:
@@ -111,12 +112,17 @@ class VersionedStore:
             self._behind.reset(version)
             self._close_db()
             self._staged.drop_all()
+            # A new directory each time: a closed instance may still be open (rocksdict's close
+            # returns without closing while a scan's iterator lives), and when it does close,
+            # RocksDB deletes from its directory every file it does not know as obsolete.
+            closed = self._db_dir
+            self._restores += 1
+            for directory in (closed, self._db_dir):  # the new one may be left from a failed restore
+                shutil.rmtree(directory, ignore_errors=True)
             counts: Counter | None = Counter()
             if snapshot_dir:
                 snapshots.install(Path(snapshot_dir), self._db_dir)
                 counts = key_group_counts.take_beside(self._db_dir, self.key_groups, num_keys, self.name)
-            elif self._db_dir.exists():
-                shutil.rmtree(self._db_dir)
             # A restored database opens without automatic compactions, which it would otherwise
             # start at once (a rescale's heir opens with its parent's L0 files plus one of range
             # deletes: a compaction of the whole parent inside the task that loads it). They

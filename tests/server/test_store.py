@@ -193,7 +193,7 @@ def test_a_snapshot_carries_the_key_group_counts_and_a_restore_keeps_them_exact(
     other = VersionedStore("other", tmp_path / "other", key_groups=16, snapshot_interval=2)
     other.restore(2, str(copy), "lineage-2", staged["numKeys"])
     assert other.key_group_counts == {1: 1, 5: 4, 7: 1, 9: 8} and other.num_keys == 14
-    assert not (other.workdir / "db" / kgc.NAME).exists()
+    assert not (other._db_dir / kgc.NAME).exists()
     other.apply(cl.encode(3, 16, [(cl.OP_PUT, key(7, b"y"), b"3"), (cl.OP_PUT, key(1, b"k0"), b"3")]), "v3")
     assert other.key_group_counts == counted(other) == {1: 1, 5: 4, 7: 2, 9: 8}
     other.close()
@@ -346,7 +346,7 @@ def test_a_scan_that_meets_a_corrupt_block_fails_instead_of_ending(tmp_path):
     try:
         s.apply(cl.encode(1, 16, [(cl.OP_PUT_NEW, key(i % 16, b"k%06d" % i), b"v" * 20) for i in range(50_000)]), "v1")
         s.sync()  # flushed: the rows are in an SST file
-        sst = max((tmp_path / "store" / "db").glob("*.sst"), key=lambda f: f.stat().st_size)
+        sst = max(s._db_dir.glob("*.sst"), key=lambda f: f.stat().st_size)
         data = bytearray(sst.read_bytes())
         for offset in range(len(data) // 4, len(data) // 2, 4096):
             data[offset] ^= 0xFF
@@ -862,3 +862,39 @@ def test_a_store_whose_close_fails_can_be_restored_again(tmp_path, store):
     store.restore(0, None, "lineage-2", 0)
     store.apply(cl.encode(1, 16, [(cl.OP_PUT, key(2, b"b"), b"2")]), "v1")
     assert store.get(key(2, b"b")) == b"2" and store.get(key(1, b"a")) is None
+
+
+def test_a_restore_while_a_scan_still_iterates_installs_beside_the_instance_it_closes(store, tmp_path):
+    """rocksdict's close returns without closing while an iterator lives (a scan of a read
+    racing a reload); that instance closes when the iterator goes and then deletes, as obsolete,
+    every file of its directory it does not know. The restore must neither fail on the lock the
+    instance still holds nor lose the files it installs."""
+    store.apply(cl.encode(1, 16, [(cl.OP_PUT_NEW, key(g, b"old%d" % g), b"1") for g in range(16)]), "v1")
+    store.apply(cl.encode(2, 16, [(cl.OP_PUT_NEW, key(1, b"only-in-v2"), b"2")]), "v2")
+    [staged] = store.staged_snapshots()
+    download = tmp_path / "download"
+    shutil.copytree(staged["dir"], download)
+    store.drop_staged(2)
+    store.apply(cl.encode(3, 16, [(cl.OP_PUT_NEW, key(g, b"v3-%d" % g), b"3") for g in range(16)]), "v3")
+    store.sync()
+    scanning = store._require_db().iter()  # the instance of version 3 stays open through the close
+    scanning.seek_to_first()
+
+    store.restore(2, str(download), "lineage-1", staged["numKeys"])
+    assert scanning.valid()
+    del scanning  # the version-3 instance closes now, and purges what it calls obsolete
+    import gc
+    gc.collect()
+
+    expected = {key(g, b"old%d" % g): b"1" for g in range(16)} | {key(1, b"only-in-v2"): b"2"}
+    assert dict(store._require_db(wait=True).items()) == expected
+    store.apply(cl.encode(3, 16, [(cl.OP_PUT_NEW, key(2, b"new"), b"3")]), "v3")
+    store.stage_snapshot()  # reads every file of the restored version
+    [restaged] = store.staged_snapshots()
+    again = VersionedStore("again", tmp_path / "again", key_groups=16, snapshot_interval=2)
+    try:
+        again.restore(3, restaged["dir"], "lineage-1", restaged["numKeys"])
+        assert dict(again._require_db(wait=True).items()) == expected | {key(2, b"new"): b"3"}
+        assert again.num_keys == len(expected) + 1
+    finally:
+        again.close()
