@@ -59,6 +59,9 @@ def counts_disagree(db: Any, counts: Mapping[int, int]) -> str | None:
     held: list[int] = []
     read = ReadOptions()
     read.fill_cache(False)
+    # The seeks go forward through every file: one read of 2 MiB ahead instead of one per block
+    # (RocksDB's own readahead starts over at each seek).
+    read.set_readahead_size(2 << 20)
     it = db.iter(read)
     it.seek_to_first()
     while it.valid():
