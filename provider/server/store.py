@@ -117,8 +117,9 @@ class VersionedStore:
             # RocksDB deletes from its directory every file it does not know as obsolete.
             closed = self._db_dir
             self._restores += 1
-            for directory in (closed, self._db_dir):  # the new one may be left from a failed restore
-                shutil.rmtree(directory, ignore_errors=True)
+            _remove_closed(self.name, closed)
+            if self._db_dir.exists():  # never made by this store: not a database to open as empty
+                shutil.rmtree(self._db_dir)
             counts: Counter | None = Counter()
             if snapshot_dir:
                 snapshots.install(Path(snapshot_dir), self._db_dir)
@@ -446,6 +447,17 @@ class VersionedStore:
     def _reclaim_pending(self) -> bool:
         """Whether a reclaim is due (at a later commit) or has not finished."""
         return self._reclaim_at is not None or (self._reclaim is not None and not self._reclaim.wait(0))
+
+
+def _remove_closed(name: str, directory: Path) -> None:
+    """Remove a closed database's directory; an instance still open there (see
+    :meth:`VersionedStore.restore`) may keep it from going, and the store's close removes it."""
+    try:
+        shutil.rmtree(directory)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("%s: cannot remove the closed database's directory %s yet: %s", name, directory, exc)
 
 
 def _decoded(data: Shipped, source: str) -> changelog.Changelog:

@@ -888,6 +888,7 @@ def test_a_restore_while_a_scan_still_iterates_installs_beside_the_instance_it_c
 
     expected = {key(g, b"old%d" % g): b"1" for g in range(16)} | {key(1, b"only-in-v2"): b"2"}
     assert dict(store._require_db(wait=True).items()) == expected
+    assert [p.name for p in store.workdir.glob("db*")] == [store._db_dir.name]  # the closed one is gone
     store.apply(cl.encode(3, 16, [(cl.OP_PUT_NEW, key(2, b"new"), b"3")]), "v3")
     store.stage_snapshot()  # reads every file of the restored version
     [restaged] = store.staged_snapshots()
