@@ -118,12 +118,12 @@ class VersionedStore:
             closed = self._db_dir
             self._restores += 1
             _remove_closed(self.name, closed)
-            if self._db_dir.exists():  # never made by this store: not a database to open as empty
-                shutil.rmtree(self._db_dir)
             counts: Counter | None = Counter()
             if snapshot_dir:
-                snapshots.install(Path(snapshot_dir), self._db_dir)
+                snapshots.install(Path(snapshot_dir), self._db_dir)  # replacing what may be there
                 counts = key_group_counts.take_beside(self._db_dir, self.key_groups, num_keys, self.name)
+            elif self._db_dir.exists():  # never made by this store: not a database to open as empty
+                shutil.rmtree(self._db_dir)
             # A restored database opens without automatic compactions, which it would otherwise
             # start at once (a rescale's heir opens with its parent's L0 files plus one of range
             # deletes: a compaction of the whole parent inside the task that loads it). They

@@ -1,4 +1,5 @@
 """VersionedStore on real RocksDB: versions, exact key counts, scans, snapshots, restore."""
+import gc
 import shutil
 import zlib
 from pathlib import Path
@@ -883,7 +884,6 @@ def test_a_restore_while_a_scan_still_iterates_installs_beside_the_instance_it_c
     store.restore(2, str(download), "lineage-1", staged["numKeys"])
     assert scanning.valid()
     del scanning  # the version-3 instance closes now, and purges what it calls obsolete
-    import gc
     gc.collect()
 
     expected = {key(g, b"old%d" % g): b"1" for g in range(16)} | {key(1, b"only-in-v2"): b"2"}
