@@ -47,9 +47,16 @@ def _speculating_counts(spark, checkpoint: str, marks: str, out: list):
             values.extend(int(v) for v in frame["v"])
         if key[0] == 0 and values and all(lo <= v < hi for v in values):
             ctx = TaskContext.get()
+            if ctx.attemptNumber() > 0:
+                # The copy writes only once the first attempt is in its sleep, so the first
+                # attempt has written too whichever of the two got here first.
+                first_mark, waited = os.path.join(marks, "attempt-0"), _time.monotonic()
+                while not os.path.exists(first_mark) and _time.monotonic() - waited < 2 * sleep_s:
+                    _time.sleep(0.05)
             mark = os.path.join(marks, f"attempt-{ctx.attemptNumber()}")
-            with open(mark, "w") as f:
+            with open(mark + ".tmp", "w") as f:
                 f.write(json.dumps({"start": _time.time(), "partition": ctx.partitionId()}))
+            os.replace(mark + ".tmp", mark)
             if ctx.attemptNumber() == 0:
                 _time.sleep(sleep_s)  # the store stays open for writing meanwhile
             with open(mark + ".done", "w") as f:
@@ -107,10 +114,10 @@ def test_two_attempts_of_one_state_version_leave_exactly_one_committed_state(req
             _exact(out)
 
             # The speculative attempt ran to its end while the first one was still running with its
-            # store open: Spark launches a copy only of a running task, whose store is loaded before
-            # the operator runs, and the first attempt had not finished when the copy had. (Which
-            # of the two reaches key 0 first is up to the machine: the first attempt may still be
-            # starting its Python worker when the copy gets there; CI saw both orders.)
+            # store open and written: Spark launches a copy only of a running task, whose store is
+            # loaded before the operator runs, and the copy waits at key 0 for the first attempt to
+            # reach it (a slow start of the first attempt's Python worker once let the copy finish
+            # first, and Spark then killed the first attempt before it wrote anything).
             first = json.loads((marks / "attempt-0").read_text())
             copy = json.loads((marks / "attempt-1").read_text())
             copy_done = float((marks / "attempt-1.done").read_text())
