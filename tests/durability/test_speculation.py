@@ -23,7 +23,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 ROWS_PER_BATCH, KEYS = cluster.ROWS_PER_BATCH, cluster.KEYS
 SLOW_BATCH = 2
-SLEEP_S = 20.0
+WAIT_S = 120.0  # the most an attempt waits at key 0 for the other one
+HOLD_S = 10.0  # how long the first attempt holds its store after the copy is past key 0
 
 
 def _speculating_counts(spark, checkpoint: str, marks: str, out: list):
@@ -32,7 +33,7 @@ def _speculating_counts(spark, checkpoint: str, marks: str, out: list):
     from pyspark.sql.streaming.state import GroupStateTimeout
 
     lo, hi = SLOW_BATCH * ROWS_PER_BATCH, (SLOW_BATCH + 1) * ROWS_PER_BATCH
-    sleep_s = SLEEP_S
+    wait_s, hold_s = WAIT_S, HOLD_S
 
     def count(key, frames, state):
         import os
@@ -47,20 +48,30 @@ def _speculating_counts(spark, checkpoint: str, marks: str, out: list):
             values.extend(int(v) for v in frame["v"])
         if key[0] == 0 and values and all(lo <= v < hi for v in values):
             ctx = TaskContext.get()
-            if ctx.attemptNumber() > 0:
-                # The copy writes only once the first attempt is in its sleep, so the first
-                # attempt has written too whichever of the two got here first.
-                first_mark, waited = os.path.join(marks, "attempt-0"), _time.monotonic()
-                while not os.path.exists(first_mark) and _time.monotonic() - waited < 2 * sleep_s:
+            attempt = ctx.attemptNumber()
+
+            def wait_for(name: str) -> bool:
+                path, since = os.path.join(marks, name), _time.monotonic()
+                while not os.path.exists(path) and _time.monotonic() - since < wait_s:
                     _time.sleep(0.05)
-            mark = os.path.join(marks, f"attempt-{ctx.attemptNumber()}")
-            with open(mark + ".tmp", "w") as f:
-                f.write(json.dumps({"start": _time.time(), "partition": ctx.partitionId()}))
-            os.replace(mark + ".tmp", mark)
-            if ctx.attemptNumber() == 0:
-                _time.sleep(sleep_s)  # the store stays open for writing meanwhile
-            with open(mark + ".done", "w") as f:
-                f.write(str(_time.time()))
+                return os.path.exists(path)
+
+            def write(name: str, value) -> None:
+                path = os.path.join(marks, name)
+                with open(path + ".tmp", "w") as f:
+                    f.write(json.dumps(value))
+                os.replace(path + ".tmp", path)
+
+            # Whichever attempt reaches key 0 first, the copy goes on only once the first attempt
+            # is here, and the first attempt holds its store (loaded, uncommitted) until the copy
+            # is past key 0 and for a while after: the two overlap and the copy commits first.
+            saw_first = attempt == 0 or wait_for("attempt-0")
+            write(f"attempt-{attempt}", {"start": _time.time(), "partition": ctx.partitionId(),
+                                         "sawFirst": saw_first})
+            if attempt == 0:
+                wait_for("attempt-1.done")
+                _time.sleep(hold_s)  # Spark kills this attempt once the copy's task has succeeded
+            write(f"attempt-{attempt}.done", _time.time())
         state.update((n,))
         yield pd.DataFrame({"k": [key[0]], "n": [n]})
 
@@ -114,16 +125,19 @@ def test_two_attempts_of_one_state_version_leave_exactly_one_committed_state(req
             _exact(out)
 
             # The speculative attempt ran to its end while the first one was still running with its
-            # store open and written: Spark launches a copy only of a running task, whose store is
-            # loaded before the operator runs, and the copy waits at key 0 for the first attempt to
-            # reach it (a slow start of the first attempt's Python worker once let the copy finish
-            # first, and Spark then killed the first attempt before it wrote anything).
+            # store loaded and uncommitted: Spark launches a copy only of a running task, whose store
+            # is loaded before the operator runs, and the two wait for each other at key 0 (a slow
+            # start of the first attempt's Python worker once let the copy finish first, and Spark
+            # then killed the first attempt before it reached key 0).
+            present = sorted(p.name for p in marks.iterdir())
+            assert {"attempt-0", "attempt-1", "attempt-1.done"} <= set(present), present
             first = json.loads((marks / "attempt-0").read_text())
             copy = json.loads((marks / "attempt-1").read_text())
             copy_done = float((marks / "attempt-1.done").read_text())
-            first_done_mark = marks / "attempt-0.done"  # absent if Spark killed it in its sleep
+            first_done_mark = marks / "attempt-0.done"  # absent if Spark killed it while it held
             first_done = float(first_done_mark.read_text()) if first_done_mark.exists() else float("inf")
-            assert copy_done < first_done and copy_done < first["start"] + SLEEP_S, (first, copy, copy_done)
+            assert copy["sawFirst"] and first["start"] <= copy["start"], (first, copy)
+            assert copy_done < first_done and copy_done < first["start"] + WAIT_S, (first, copy, copy_done)
             assert copy["partition"] == first["partition"]
 
             # The checkpoint holds exactly one committed state: a new run continues exactly.
