@@ -59,7 +59,19 @@ def await_snapshots(op_dir: Path, version: int) -> None:
 
 def unlisted_snapshot_files(op_dir: Path) -> list[Path]:
     """The files in any partition's ``ks-files/`` that no manifest of any partition lists (a
-    checksum file goes with the file it belongs to)."""
+    checksum file goes with the file it belongs to). Listed again where a version went while it
+    was read: the maintenance of a stopped query's stores may still clean up old versions."""
+    for _ in range(20):
+        try:
+            return _unlisted_snapshot_files(op_dir)
+        except ckpt.CheckpointError as exc:
+            if not isinstance(exc.__cause__, FileNotFoundError):
+                raise
+            time.sleep(0.2)
+    return _unlisted_snapshot_files(op_dir)
+
+
+def _unlisted_snapshot_files(op_dir: Path) -> list[Path]:
     listed = set()
     for files in ckpt.discover_stores(op_dir)["default"]:
         for v in files.snapshots:
