@@ -29,6 +29,8 @@ from pathlib import Path
 from keyedstate.formats import keygroups, rocksdb
 from keyedstate.offline.rescale.clip import not_owned_ranges
 
+from .read_cost import write_compacted
+
 KEY_GROUPS, FROM, TO = 201600, 4, 8
 REPLAY_EVERY = 67  # one record of the replayed changelogs per 67 keys: 37k of 2.5M
 
@@ -39,20 +41,7 @@ def _stored_key(i: int) -> bytes:
 
 
 def build_parent(db_dir: Path, keys: int, file_bytes: int) -> None:
-    from rocksdict import WriteBatch
-
-    db = rocksdb.open_db(db_dir, bulk_load=False)
-    try:
-        db.set_options({"target_file_size_base": str(file_bytes)})
-        for start in range(0, keys, 100_000):
-            batch = WriteBatch(raw_mode=True)
-            for i in range(start, min(keys, start + 100_000)):
-                batch.put(_stored_key(i), struct.pack("<qq", 0, i % 1000))
-            db.write(batch)
-        db.flush()
-        db.compact_range(None, None)
-    finally:
-        db.close()
+    write_compacted(db_dir, ((_stored_key(i), struct.pack("<qq", 0, i % 1000)) for i in range(keys)), file_bytes)
 
 
 def _visible(db) -> tuple[int, float]:

@@ -19,7 +19,9 @@ import shutil
 import struct
 import subprocess
 import tempfile
+from itertools import islice
 from pathlib import Path
+from typing import Iterable
 
 from keyedstate.formats import rocksdb
 from keyedstate.shim.jar import pyspark_jars_dir
@@ -32,22 +34,31 @@ def _stored_key(k: int) -> bytes:
     return struct.pack(">I", (k * 2654435761) % KEY_GROUPS) + row
 
 
-def build(db_dir: Path, keys: int) -> list[int]:
-    """Every 8th integer from 0 is a key (the others are absent keys in between)."""
+def write_compacted(db_dir: Path, items: Iterable[tuple[bytes, bytes]], file_bytes: int | None = None) -> None:
+    """A database of ``items`` written with keyedstate's RocksDB options and compacted, as a
+    snapshot is (``file_bytes``: its table files' target size, else RocksDB's)."""
     from rocksdict import WriteBatch
 
     db = rocksdb.open_db(db_dir, bulk_load=False)
     try:
-        present = [i * 8 for i in range(keys)]
-        for start in range(0, keys, 100_000):
+        if file_bytes is not None:
+            db.set_options({"target_file_size_base": str(file_bytes)})
+        items = iter(items)
+        while chunk := list(islice(items, 100_000)):
             batch = WriteBatch(raw_mode=True)
-            for k in present[start:start + 100_000]:
-                batch.put(_stored_key(k), struct.pack("<qq", 0, k % 1000))
+            for key, value in chunk:
+                batch.put(key, value)
             db.write(batch)
         db.flush()
         db.compact_range(None, None)
     finally:
         db.close()
+
+
+def build(db_dir: Path, keys: int) -> list[int]:
+    """Every 8th integer from 0 is a key (the others are absent keys in between)."""
+    present = [i * 8 for i in range(keys)]
+    write_compacted(db_dir, ((_stored_key(k), struct.pack("<qq", 0, k % 1000)) for k in present))
     return present
 
 
