@@ -50,8 +50,16 @@ def test_local_dir_state_is_private(debug_session):
     the checkpoint's: its bytes are no more readable through localDir than through the checkpoint."""
     local: Path = debug_session.local
     uid = os.getuid()
-    checkpoint_files = {(st.st_dev, st.st_ino) for p in (debug_session.root / "checkpoint").rglob("*")
-                        if (st := p.lstat()) and stat.S_ISREG(st.st_mode)}
+    checkpoint_files = set()
+    # The running query keeps writing its checkpoint: a temporary file may be renamed away meanwhile
+    for top, _, files in os.walk(debug_session.root / "checkpoint"):
+        for name in files:
+            try:
+                st = (Path(top) / name).lstat()
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                checkpoint_files.add((st.st_dev, st.st_ino))
     open_dirs, open_files = [], []
     # os.walk skips a directory that vanishes while it walks (a staged snapshot, dropped); rglob raised
     walked = [Path(top) / name for top, dirs, files in os.walk(local) for name in dirs + files]
