@@ -44,30 +44,29 @@ def debug_session(tmp_path_factory):
         session.kill()
 
 
+def _lstat_tree(root: Path):
+    """(path, lstat) of ``root`` and of everything below it, in path order. The session keeps
+    writing meanwhile (its stopped query's stores stay loaded): an entry gone before its lstat, a
+    transient file renamed away, is skipped, and os.walk skips a directory that vanishes while it
+    walks (a staged snapshot, dropped), where rglob raised."""
+    walked = [Path(top) / name for top, dirs, files in os.walk(root) for name in dirs + files]
+    for path in [root, *sorted(walked)]:
+        try:
+            yield path, path.lstat()
+        except FileNotFoundError:
+            continue
+
+
 def test_local_dir_state_is_private(debug_session):
     """Every directory is 0700 and the user's; every file is closed to group and others, but for
     a hard link to one of the checkpoint's files (a restored snapshot's table file), whose mode is
     the checkpoint's: its bytes are no more readable through localDir than through the checkpoint."""
     local: Path = debug_session.local
     uid = os.getuid()
-    checkpoint_files = set()
-    # The running query keeps writing its checkpoint: a temporary file may be renamed away meanwhile
-    for top, _, files in os.walk(debug_session.root / "checkpoint"):
-        for name in files:
-            try:
-                st = (Path(top) / name).lstat()
-            except FileNotFoundError:
-                continue
-            if stat.S_ISREG(st.st_mode):
-                checkpoint_files.add((st.st_dev, st.st_ino))
+    checkpoint_files = {(st.st_dev, st.st_ino) for _, st in _lstat_tree(debug_session.root / "checkpoint")
+                        if stat.S_ISREG(st.st_mode)}
     open_dirs, open_files = [], []
-    # os.walk skips a directory that vanishes while it walks (a staged snapshot, dropped); rglob raised
-    walked = [Path(top) / name for top, dirs, files in os.walk(local) for name in dirs + files]
-    for path in [local, *sorted(walked)]:
-        try:
-            st = path.lstat()
-        except FileNotFoundError:  # a transient file, gone meanwhile
-            continue
+    for path, st in _lstat_tree(local):
         rel = str(path.relative_to(local.parent))
         if stat.S_ISDIR(st.st_mode):
             if st.st_mode & 0o077 or st.st_uid != uid:
