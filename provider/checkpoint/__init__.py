@@ -23,11 +23,12 @@ from .local import (RebuiltVersion, StoreFiles, discover_stores, latest_committe
                     operator_metadata, read_changelog, rebuild, written_from_empty)
 from .plans import NoPlan, plans
 from .query import Checkpoint, Operator
+from .rebuilder import apply_kept_logs
 from .snapshots import decode_manifest, read_manifest, write_atomically, write_snapshot
 
 __all__ = ["JOIN_STORES", "Checkpoint", "CheckpointError", "CheckpointProblem", "NoPlan", "NotKeyedstateCheckpoint",
-           "Operator", "RebuiltVersion", "StoreFiles", "StorePartition", "bytes_on_disk", "check_inside",
-           "decode_manifest", "discover_stores", "latest_committed_batch", "legacy_key_layout", "list_store",
-           "local_path", "numbered_dirs", "open_copy", "operator_metadata", "partition_key_layout", "plans",
+           "Operator", "RebuiltVersion", "StoreFiles", "StorePartition", "apply_kept_logs", "bytes_on_disk",
+           "check_inside", "decode_manifest", "discover_stores", "latest_committed_batch", "legacy_key_layout",
+           "list_store", "local_path", "numbered_dirs", "open_copy", "operator_metadata", "partition_key_layout", "plans",
            "read_changelog", "read_manifest", "rebuild", "refuse_links", "store_dir", "versioned_name",
            "write_atomically", "write_snapshot", "written_from_empty"]

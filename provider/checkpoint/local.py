@@ -127,12 +127,12 @@ def written_from_empty(files: StoreFiles, version: int) -> int | None:
 @contextlib.contextmanager
 def rebuild(store: StoreFiles, version: int, manifests: dict | None = None,
             workdir: str | os.PathLike | None = None, count_key_groups: bool = False,
-            compactions: bool = True, keep_logs: bool = False) -> Iterator[Rebuilt]:
+            compactions: bool = True, keep_logs: bool = False, apply_logs: bool = True) -> Iterator[Rebuilt]:
     """Rebuild ``version`` of a local store partition (:func:`.rebuilder.rebuild`)."""
     with rebuild_.rebuild(store.storage, store.listing, version, None,
                           None if workdir is None else os.fspath(workdir), manifests,
                           count_key_groups=count_key_groups, compactions=compactions,
-                          keep_logs=keep_logs) as rebuilt:
+                          keep_logs=keep_logs, apply_logs=apply_logs) as rebuilt:
         yield rebuilt
 
 

@@ -12,6 +12,7 @@ and CURRENT when it opens read-write): they are fetched (hard links for local st
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import shutil
 import tempfile
@@ -43,6 +44,8 @@ class Rebuilt:
     # Keys by key group (asked for with count_key_groups=True); None: the base snapshot has none.
     key_group_counts: Counter | None = None
     logs: tuple = ()  # the changelogs applied on the base, oldest first (if asked to keep them)
+    # False: db holds the base alone and logs the changelogs still to apply (apply_kept_logs).
+    applied: bool = True
 
     @property
     def base_snapshot(self) -> int | None:
@@ -116,7 +119,7 @@ def cannot_rebuild(sp: StorePartition, version: int, problems: list[str]) -> Che
 def rebuild(storage: Storage, sp: StorePartition, version: int, uid: str | None = None,
             workdir: str | None = None, manifests: dict | None = None,
             skip_unusable: bool = True, count_key_groups: bool = False,
-            compactions: bool = True, keep_logs: bool = False) -> Iterator[Rebuilt]:
+            compactions: bool = True, keep_logs: bool = False, apply_logs: bool = True) -> Iterator[Rebuilt]:
     """A private local RocksDB holding ``version`` (deleted on exit). ``manifests``: manifests
     already read, by version (format 1; a value may be the error reading it gave).
     ``skip_unusable=False``: a base snapshot that cannot be used fails the rebuild, naming why
@@ -126,7 +129,10 @@ def rebuild(storage: Storage, sp: StorePartition, version: int, uid: str | None 
     writer did not know were there. ``compactions=False``: no automatic compaction runs, so the
     base snapshot's SST files stay live as they are and the replay adds only its flush's files (a
     split by files shares them). ``keep_logs``: the changelogs applied stay decoded in
-    :attr:`Rebuilt.logs` (a caller that reads them again); otherwise each is freed once applied."""
+    :attr:`Rebuilt.logs` (a caller that reads them again); otherwise each is freed once applied.
+    ``apply_logs=False``: the changelogs are read and checked but not applied: the db holds the
+    base snapshot (key-group counts its), :attr:`Rebuilt.logs` what :func:`apply_kept_logs`
+    would apply (for a caller that can use the base and the records apart)."""
     problems: list[str] = []
     skipped: list[str] = []
     with tempfile.TemporaryDirectory(prefix="keyedstate-rebuild-", dir=workdir) as tmp:
@@ -160,14 +166,27 @@ def rebuild(storage: Storage, sp: StorePartition, version: int, uid: str | None 
             for v, i in to_apply:
                 log_ = read_changelog(storage, sp, v, i, key_groups)
                 key_groups = log_.key_groups
-                _apply(db, log_, counts)
-                if keep_logs:
+                if apply_logs:
+                    _apply(db, log_, counts)
+                if keep_logs or not apply_logs:
                     logs.append(log_)
-            if to_apply or (manifest is not None and manifest.replay):
+            if (to_apply and apply_logs) or (manifest is not None and manifest.replay):
                 db.flush()
-            yield Rebuilt(db, list(plan), key_groups, manifest, tuple(skipped), counts, tuple(logs))
+            yield Rebuilt(db, list(plan), key_groups, manifest, tuple(skipped), counts, tuple(logs),
+                          applied=apply_logs or not to_apply)
         finally:
             db.close()
+
+
+def apply_kept_logs(rebuilt: Rebuilt) -> Rebuilt:
+    """``rebuilt`` with the changelogs a ``rebuild(apply_logs=False)`` kept applied (its counts
+    brought along, in place), as ``rebuild`` itself would have; itself if they are."""
+    if rebuilt.applied:
+        return rebuilt
+    for log_ in rebuilt.logs:
+        _apply(rebuilt.db, log_, rebuilt.key_group_counts)
+    rebuilt.db.flush()
+    return dataclasses.replace(rebuilt, applied=True)
 
 
 class _Unusable(CheckpointError):

@@ -3,8 +3,10 @@ Spark): what a heir writes of its own when its parent's version is a snapshot pl
 from __future__ import annotations
 
 import zlib
+from collections import Counter
 from pathlib import Path
 
+import pytest
 from rocksdict import Checkpoint
 
 from keyedstate import checkpoint as ckpt
@@ -22,10 +24,13 @@ def _key(i: int) -> bytes:  # a key of partition 0 of 4: key groups 0, 4, 8, ...
     return keygroups.prefix(group) + b"key-%09d" % i
 
 
-def _parent(part: Path, scratch: Path, keys: int) -> tuple[mf.Manifest, dict[bytes, bytes], list[bytes]]:
+def _parent(part: Path, scratch: Path, keys: int,
+            counted: bool = False) -> tuple[mf.Manifest, dict[bytes, bytes], list[bytes]]:
     """Snapshot 20 of partition 0 as a store leaves it, three L0 files (a seed and two later
-    flushes), then changelogs 21-23, each updating 1 % of the keys, adding as many and
-    deleting a few: the snapshot's manifest, the state at version 23 and the changelogs' keys."""
+    flushes; with its key-group counts if ``counted``), then changelogs 21-23, each updating 1 %
+    of the keys, adding as many, deleting a few, and putting or deleting some keys the one before
+    added or deleted, every op of a key its writer did not know: the snapshot's manifest, the
+    state at version 23 and the changelogs' keys."""
     state: dict[bytes, bytes] = {}
     replayed: list[bytes] = []
     db = rocksdb.open_db(scratch / "db", compactions=False)
@@ -37,13 +42,20 @@ def _parent(part: Path, scratch: Path, keys: int) -> tuple[mf.Manifest, dict[byt
     assert db.property_int_value("rocksdb.num-files-at-level0") == 3
     Checkpoint(db).create_checkpoint(str(scratch / "snapshot"))
     db.close()
-    manifest = ckpt.write_snapshot(scratch / "snapshot", part, SNAPSHOT, KEY_GROUPS, len(state))
+    counts = Counter(keygroups.key_group_of_stored_key(k) for k in state) if counted else None
+    manifest = ckpt.write_snapshot(scratch / "snapshot", part, SNAPSHOT, KEY_GROUPS, len(state),
+                                   key_group_counts=counts)
     step = keys // 100
     for v in range(SNAPSHOT + 1, SNAPSHOT + 1 + CHANGELOGS):
         n = v - SNAPSHOT
         records = [(changelog.OP_PUT, _key(i), b"update-%d-%d" % (v, i)) for i in range(n * step, (n + 1) * step)]
         records += [(changelog.OP_PUT, _key(i), b"new-%d" % i) for i in range(keys + n * step, keys + (n + 1) * step)]
         records += [(changelog.OP_DELETE, _key(i), None) for i in range(keys - n * 10, keys - n * 10 + 5)]
+        if n > 1:  # whether these keys are there is the changelog before's doing
+            added, deleted = keys + (n - 1) * step, keys - (n - 1) * 10
+            records += [(changelog.OP_PUT, _key(i), b"again-%d" % i) for i in range(added, added + 3)]
+            records += [(changelog.OP_DELETE, _key(i), None) for i in range(added + 3, added + 5)]
+            records += [(changelog.OP_DELETE, _key(i), None) for i in range(deleted, deleted + 2)]
         replayed += [k for _, k, _ in records]
         for op, k, value in records:
             if value is None:
@@ -55,7 +67,8 @@ def _parent(part: Path, scratch: Path, keys: int) -> tuple[mf.Manifest, dict[byt
     return manifest, state, replayed
 
 
-def test_a_split_by_files_of_a_snapshot_plus_changelogs_writes_the_replay_and_range_deletes_alone(tmp_path):
+@pytest.mark.parametrize("counted", [False, True], ids=["keys-counted", "key-group-counts"])
+def test_a_split_by_files_of_a_snapshot_plus_changelogs_writes_the_replay_and_range_deletes_alone(tmp_path, counted):
     """The parent's snapshot has three L0 files; the replay of its changelogs flushes a fourth,
     RocksDB's L0 compaction trigger. A heir lists every SST of the snapshot where it is and
     writes one file of its own: its range deletes (32 or 33 tombstones) and the changelogs'
@@ -63,13 +76,16 @@ def test_a_split_by_files_of_a_snapshot_plus_changelogs_writes_the_replay_and_ra
     own bytes are far below a quarter of the snapshot's; a compaction of the parent (its
     output, a rewrite of the whole snapshot, new to every heir) would put them near the
     snapshot's whole size. Each heir loads exactly the parent's keys of the key groups it owns,
-    with its manifest counting them, and its file holds no other heir's key."""
+    with its manifest counting them, and its file holds no other heir's key. Where the snapshot
+    has key-group counts, the split takes them through the changelogs without writing them into
+    the parent's files (asking the snapshot, and the changelogs before, whether the keys their
+    writer did not know were there): each heir's counts are its keys', key group by key group."""
     op_dir = tmp_path / "state" / "0"
     part = op_dir / "0"
     part.mkdir(parents=True)
     for q in range(1, TO):
         (op_dir / str(q)).mkdir()
-    parent, state, replayed = _parent(part, tmp_path / "build", 60_000)
+    parent, state, replayed = _parent(part, tmp_path / "build", 60_000, counted)
     snapshot_ssts = {f.path.rsplit("/", 1)[1]: f.size for f in parent.files if f.name.endswith(".sst")}
     last, version = SNAPSHOT + CHANGELOGS, SNAPSHOT + CHANGELOGS + 2
     staging = tmp_path / "staging"
@@ -80,6 +96,7 @@ def test_a_split_by_files_of_a_snapshot_plus_changelogs_writes_the_replay_and_ra
                            origin={"fromPartitions": FROM}, key_layout=None)
     result = tasks.split(task)
     assert "clip" in result["seconds"], result  # the split by files
+    assert result["countedByKeys"] is not counted, result
     assert result["published"] == [0, 4]
     # Only the split keeps the changelogs it replayed decoded; every other rebuild frees them.
     with ckpt.rebuild(ckpt.list_store(part, 0), last) as rebuilt:
@@ -95,10 +112,40 @@ def test_a_split_by_files_of_a_snapshot_plus_changelogs_writes_the_replay_and_ra
         assert all(listed[name].size == size for name, size in snapshot_ssts.items())
 
         expected = {k: v for k, v in state.items() if keygroups.key_group_of_stored_key(k) % TO == q}
-        with ckpt.rebuild(ckpt.list_store(op_dir / str(q), q), version) as rebuilt:
+        with ckpt.rebuild(ckpt.list_store(op_dir / str(q), q), version, count_key_groups=True) as rebuilt:
             assert dict(rebuilt.db.items()) == expected, q
+            by_group = Counter(keygroups.key_group_of_stored_key(k) for k in expected)
+            assert {g: c for g, c in rebuilt.key_group_counts.items() if c} == by_group, q
             [file] = [f for f in rebuilt.db.live_files() if f["name"].endswith(f"/{own[0].name}")]
         # its records (the changelogs' keys of its key groups: all different) and its range deletes
-        mine = sum(keygroups.key_group_of_stored_key(k) % TO == q for k in replayed)
+        mine = sum(keygroups.key_group_of_stored_key(k) % TO == q for k in set(replayed))
         assert file["num_entries"] == mine + len(clip.not_owned_ranges(q, TO, KEY_GROUPS)), (q, file, mine)
         assert heir.num_keys == len(expected) == result["keys"][str(q)]
+
+
+@pytest.mark.parametrize("key, refused", [
+    (keygroups.prefix(1) + b"of-partition-1", "puts key {hex}, which names no key group it owns"),
+    (b"abc", "is corrupt \\(a key shorter than its key group\\)")], ids=["foreign", "too-short"])
+def test_a_changelog_put_of_a_key_the_parent_does_not_own_fails_the_split(tmp_path, key, refused):
+    """The changelogs are cut by heir without being written into the parent's files, so no seek
+    over the rebuilt version meets their keys: a put of a key partition 0 does not own (key
+    group 1 is partition 1's) fails the split naming the changelog, instead of being dropped by
+    the routing, as one too short to name a key group does (refused by the changelog's reader)."""
+    op_dir = tmp_path / "state" / "0"
+    part = op_dir / "0"
+    part.mkdir(parents=True)
+    for q in range(1, TO):
+        (op_dir / str(q)).mkdir()
+    _parent(part, tmp_path / "build", 2_000, counted=True)
+    last = SNAPSHOT + CHANGELOGS
+    inner = changelog.encode(last + 1, KEY_GROUPS, [(changelog.OP_PUT, key, b"misplaced")])
+    (part / f"{last + 1}{CHANGELOG_SUFFIX}").write_bytes(changelog.compress(inner, {}))
+    (tmp_path / "staging").mkdir()
+    task = tasks.SplitTask(operator=0, store="default", store_path=str(part), partition=0, version=last + 1,
+                           staging=str(tmp_path / "staging" / "0"), partitions=TO, key_groups=KEY_GROUPS,
+                           hash_spec=None, direct=True, from_partitions=FROM, target_version=last + 2,
+                           targets=str(op_dir), origin={"fromPartitions": FROM}, key_layout=None)
+    with pytest.raises(ckpt.CheckpointError, match=rf"/{last + 1}{CHANGELOG_SUFFIX} .*" + refused.format(hex=key.hex())):
+        tasks.split(task)
+    assert not list((tmp_path / "staging").iterdir())
+    assert not (op_dir / "4" / f"{last + 2}.ks-snapshot").exists()

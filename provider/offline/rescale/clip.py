@@ -177,10 +177,15 @@ def replayed_logs(rebuilt: Any) -> tuple | None:
     return None if any(log_.meta.get(changelog.FROM_EMPTY) is True for log_ in rebuilt.logs) else rebuilt.logs
 
 
-def replayed_batches(logs: tuple, heirs: range, partitions: int) -> dict[int, Any]:
+def replayed_batches(logs: tuple, heirs: range, partitions: int, owner: int, from_partitions: int,
+                     describe: str, counts: Counter | None = None, base: Any = None) -> dict[int, Any]:
     """One write batch per heir of ``partitions``, in one pass over ``logs``: the records of the
-    key groups it owns. A delete is kept by every heir unless its key is certainly another
-    heir's (a key too short for a key group sorts below every range delete)."""
+    key groups it owns (a merge by files writes those of its other new partitions apart). A
+    delete is kept by every heir unless its key is certainly another heir's (a key too short for
+    a key group sorts below every range delete). A put of a key that old partition ``owner`` of
+    ``from_partitions`` does not own is refused, as a pass over the rebuilt version's keys would. ``counts``: the base's keys by key group, brought through the
+    changelogs in place (FORMATS.md, "Key-group counts"), whether the keys their writer did not
+    know were there asked of ``base`` (the base snapshot's database) and the changelogs before."""
     from rocksdict import WriteBatch
 
     batches = {q: WriteBatch(raw_mode=True) for q in heirs}
@@ -188,7 +193,10 @@ def replayed_batches(logs: tuple, heirs: range, partitions: int) -> dict[int, An
     prefix_bytes, group_of = keygroups.PREFIX_BYTES, keygroups.key_group_of_stored_key
 
     def put(key: bytes, value: bytes) -> None:
-        if len(key) >= prefix_bytes and (batch := batches.get(group_of(key) % partitions)) is not None:
+        group = group_of(key) if len(key) >= prefix_bytes else -1
+        if group < 0 or group % from_partitions != owner:
+            raise _ForeignKey(key)
+        if (batch := batches.get(group % partitions)) is not None:  # else a new partition it is not the base of
             batch.put(key, value)
 
     def delete(key: bytes) -> None:
@@ -198,9 +206,41 @@ def replayed_batches(logs: tuple, heirs: range, partitions: int) -> dict[int, An
         elif (batch := batches.get(group_of(key) % partitions)) is not None:
             batch.delete(key)
 
-    for log_ in logs:
-        log_.feed(put, delete, unknown_keys=False)
+    for i, log_ in enumerate(logs):
+        change: Counter = Counter()
+        try:
+            fed = log_.feed(put, delete, unknown_keys=counts is not None, counts=None if counts is None else change)
+        except _ForeignKey as exc:
+            key = exc.args[0]
+            raise ckpt.CheckpointError(
+                f"changelog {log_.source} of partition {owner} of {describe} puts key {key.hex()}, which names no "
+                f"key group it owns among {from_partitions} partitions: corrupt or misplaced") from None
+        if counts is not None:
+            for keys, sign in ((fed.unknown_puts, 1), (fed.unknown_deletes, -1)):
+                # A put of an absent key, a delete of a present one (as before this changelog).
+                existed = _existed_before(keys, base, logs[:i])
+                keygroups.count_key_groups(change, [k for k in keys if existed[k] != (sign > 0)], sign)
+            for group, n in change.items():
+                counts[group] = counts.get(group, 0) + n
     return batches
+
+
+class _ForeignKey(Exception):
+    """A changelog's put of a key its partition does not own (raised out of the parser's callback)."""
+
+
+def _existed_before(keys: list[bytes], base: Any, logs: tuple) -> dict[bytes, bool]:
+    """Whether each of ``keys`` is in ``base`` with ``logs`` applied on it (none written)."""
+    if not keys:
+        return {}
+    wanted = set(keys)
+    last: dict[bytes, bool] = {}
+    for log_ in logs:
+        log_.feed(lambda k, v: last.__setitem__(k, True) if k in wanted else None,
+                  lambda k: last.__setitem__(k, False) if k in wanted else None, unknown_keys=False)
+    asked = [k for k in wanted if k not in last]
+    last.update((k, v is not None) for k, v in zip(asked, rocksdb.multi_get(base, asked)))
+    return last
 
 
 def replayed_heir(files: Any, manifest: Any, batch: Any, scratch: Path, q: int, partitions: int,

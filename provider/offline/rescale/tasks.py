@@ -88,13 +88,17 @@ def split_into(task: SplitTask, temp: Path) -> dict:
     # flush reaches L0's trigger, would rewrite it all beside that read), and a split by files
     # shares the snapshot's SSTs with the heirs, to which a compaction's output would be new.
     by_files = bool(heirs)
+    # A split by files that cuts the changelogs by heir reads the base snapshot and the records
+    # apart: the rebuild leaves them unapplied (applied below where the split needs the version).
+    writes = task.merge_by_files and task.from_partitions % task.partitions != 0
     with ckpt.rebuild(files, task.version, workdir=temp, count_key_groups=by_files,
-                      compactions=False, keep_logs=by_files) as rebuilt:
+                      compactions=False, keep_logs=by_files, apply_logs=not by_files or writes) as rebuilt:
         check_key_groups(rebuilt, task)
         ttl = rebuilt.manifest.ttl if rebuilt.manifest else None
         rebuilt_at = time.monotonic()
         if by_files and rebuilt.manifest is not None:
             return split_by_files(files, rebuilt, task, temp, heirs, ttl, rebuilt_at - started)
+        rebuilt = ckpt.apply_kept_logs(rebuilt)
         if task.merge_by_files:
             # The base of none, or without a usable snapshot (another run's, unreadable): its keys
             # all go to SST files, and its heirs' merges build them from those alone.
@@ -128,15 +132,24 @@ def split_by_files(files: ckpt.StoreFiles, rebuilt: ckpt.RebuiltVersion, task: S
     # A heir that owns every key group of its parent (a scale-down by a divisor) needs no clip.
     hide = task.from_partitions % task.partitions != 0
     writes = task.merge_by_files and hide
+    logs = replayed_logs(rebuilt)
+    if logs is None:  # the heirs are cut from the rebuilt version's files
+        rebuilt = ckpt.apply_kept_logs(rebuilt)
     by_group = None if rebuilt.key_group_counts is None else \
         owned_counts(rebuilt.key_group_counts, task.partition, task.from_partitions, task.key_groups, task.store_path)
     heir_keys: dict[int, int] = {}  # each heir's keys, once the counts are settled
     if not writes:  # the counts are checked now, with a seek per key group held
+        # Those of the database as it is: the base snapshot's where the changelogs are not applied,
+        # brought through them as they are cut by heir below.
         by_group, counted_by_keys = _usable(by_group, lambda c: counts_disagree(rebuilt.db, c), rebuilt.db, task)
-        heir_keys = key_group_counts.by_partition(by_group, task.partitions)
     counted_at = time.monotonic()
-    logs = replayed_logs(rebuilt)
-    batches = None if logs is None else replayed_batches(logs, heirs, task.partitions)
+    batches = None if logs is None else replayed_batches(
+        logs, heirs, task.partitions, task.partition, task.from_partitions, task.store_path,
+        counts=None if rebuilt.applied else by_group, base=rebuilt.db)
+    if not writes:
+        if not rebuilt.applied:  # the changelogs may name key groups the base holds none of
+            owned_counts(by_group, task.partition, task.from_partitions, task.key_groups, task.store_path)
+        heir_keys = key_group_counts.by_partition(by_group, task.partitions)
     for q in heirs:
         if batches is None:
             snapshot = clipped_heir(rebuilt.db, temp / f"to-{q}", q, task.partitions, task.key_groups, hide)
