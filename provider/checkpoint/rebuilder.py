@@ -170,7 +170,8 @@ def rebuild(storage: Storage, sp: StorePartition, version: int, uid: str | None 
                     _apply(db, log_, counts)
                 if keep_logs or not apply_logs:
                     logs.append(log_)
-            if (to_apply and apply_logs) or (manifest is not None and manifest.replay):
+            # One flush for the replay and the changelogs: apply_kept_logs flushes both.
+            if (to_apply and apply_logs) or (manifest is not None and manifest.replay and (apply_logs or not to_apply)):
                 db.flush()
             yield Rebuilt(db, list(plan), key_groups, manifest, tuple(skipped), counts, tuple(logs),
                           applied=apply_logs or not to_apply)

@@ -125,12 +125,14 @@ def test_a_split_by_files_of_a_snapshot_plus_changelogs_writes_the_replay_and_ra
 
 @pytest.mark.parametrize("key, refused", [
     (keygroups.prefix(1) + b"of-partition-1", "puts key {hex}, which names no key group it owns"),
-    (b"abc", "is corrupt \\(a key shorter than its key group\\)")], ids=["foreign", "too-short"])
+    (keygroups.prefix(KEY_GROUPS) + b"past-the-last", "puts key {hex}, which names no key group it owns"),
+    (b"abc", "is corrupt \\(a key shorter than its key group\\)")], ids=["foreign", "past-key-groups", "too-short"])
 def test_a_changelog_put_of_a_key_the_parent_does_not_own_fails_the_split(tmp_path, key, refused):
     """The changelogs are cut by heir without being written into the parent's files, so no seek
     over the rebuilt version meets their keys: a put of a key partition 0 does not own (key
-    group 1 is partition 1's) fails the split naming the changelog, instead of being dropped by
-    the routing, as one too short to name a key group does (refused by the changelog's reader)."""
+    group 1 is partition 1's; key group KEY_GROUPS is no one's) fails the split naming the
+    changelog, instead of being dropped by the routing or kept above every range delete, as one
+    too short to name a key group does (refused by the changelog's reader)."""
     op_dir = tmp_path / "state" / "0"
     part = op_dir / "0"
     part.mkdir(parents=True)
@@ -145,7 +147,52 @@ def test_a_changelog_put_of_a_key_the_parent_does_not_own_fails_the_split(tmp_pa
                            staging=str(tmp_path / "staging" / "0"), partitions=TO, key_groups=KEY_GROUPS,
                            hash_spec=None, direct=True, from_partitions=FROM, target_version=last + 2,
                            targets=str(op_dir), origin={"fromPartitions": FROM}, key_layout=None)
-    with pytest.raises(ckpt.CheckpointError, match=rf"/{last + 1}{CHANGELOG_SUFFIX} .*" + refused.format(hex=key.hex())):
+    refused = refused.format(hex=key.hex())
+    with pytest.raises(ckpt.CheckpointError, match=rf"/{last + 1}{CHANGELOG_SUFFIX} .*{refused}"):
         tasks.split(task)
     assert not list((tmp_path / "staging").iterdir())
     assert not (op_dir / "4" / f"{last + 2}.ks-snapshot").exists()
+
+
+@pytest.mark.parametrize("contradiction", ["deletes-of-absent-keys", "put-and-delete-in-an-emptied-key-group"])
+def test_changelogs_that_contradict_the_files_get_the_heirs_counted_by_keys(tmp_path, contradiction):
+    """Counts brought through changelogs are checked as the seek over a rebuilt version checked
+    them: a DELETE_EXISTING of keys that are not there would leave a key group that holds keys
+    with a count of 0; an unknown put then delete of one key (out of the format's rule of a key
+    once per changelog) in a key group whose keys it deletes would leave that empty key group a
+    count of 1. The split counts the version's keys instead, and each heir's counts are its keys'."""
+    op_dir = tmp_path / "state" / "0"
+    part = op_dir / "0"
+    part.mkdir(parents=True)
+    for q in range(1, TO):
+        (op_dir / str(q)).mkdir()
+    _, state, _ = _parent(part, tmp_path / "build", 2_000, counted=True)
+    last = SNAPSHOT + CHANGELOGS
+    by_group: dict[int, list[bytes]] = {}
+    for k in state:
+        by_group.setdefault(keygroups.key_group_of_stored_key(k), []).append(k)
+    held, emptied = sorted(by_group)[:2]
+    if contradiction == "deletes-of-absent-keys":
+        records = [(changelog.OP_DELETE_EXISTING, keygroups.prefix(held) + b"absent-%d" % i, None)
+                   for i in range(len(by_group[held]))]
+    else:
+        records = [(changelog.OP_DELETE_EXISTING, k, None) for k in by_group.pop(emptied)]
+        records += [(changelog.OP_PUT, keygroups.prefix(emptied) + b"gone", b"x"),
+                    (changelog.OP_DELETE, keygroups.prefix(emptied) + b"gone", None)]
+    state = {k: v for g, keys in by_group.items() for k in keys for v in (state[k],)}
+    inner = changelog.encode(last + 1, KEY_GROUPS, records)
+    (part / f"{last + 1}{CHANGELOG_SUFFIX}").write_bytes(changelog.compress(inner, {}))
+    (tmp_path / "staging").mkdir()
+    version = last + 2
+    task = tasks.SplitTask(operator=0, store="default", store_path=str(part), partition=0, version=last + 1,
+                           staging=str(tmp_path / "staging" / "0"), partitions=TO, key_groups=KEY_GROUPS,
+                           hash_spec=None, direct=True, from_partitions=FROM, target_version=version,
+                           targets=str(op_dir), origin={"fromPartitions": FROM}, key_layout=None)
+    result = tasks.split(task)
+    assert result["countedByKeys"] is True, result
+    for q in (0, 4):
+        expected = Counter(g for k in state if (g := keygroups.key_group_of_stored_key(k)) % TO == q)
+        assert result["keys"][str(q)] == sum(expected.values())
+        with ckpt.rebuild(ckpt.list_store(op_dir / str(q), q), version, count_key_groups=True) as rebuilt:
+            assert len(list(rebuilt.db.keys())) == rebuilt.manifest.num_keys == sum(expected.values())
+            assert {g: c for g, c in rebuilt.key_group_counts.items() if c} == expected, q

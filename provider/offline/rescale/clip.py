@@ -17,7 +17,7 @@ from __future__ import annotations
 import shutil
 from collections import Counter
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ...formats import changelog, keygroups, layout, rocksdb
 from ... import checkpoint as ckpt
@@ -178,26 +178,30 @@ def replayed_logs(rebuilt: Any) -> tuple | None:
 
 
 def replayed_batches(logs: tuple, heirs: range, partitions: int, owner: int, from_partitions: int,
-                     describe: str, counts: Counter | None = None, base: Any = None) -> dict[int, Any]:
+                     key_groups: int, describe: str, counts: "CountsThrough | None" = None) -> dict[int, Any]:
     """One write batch per heir of ``partitions``, in one pass over ``logs``: the records of the
     key groups it owns (a merge by files writes those of its other new partitions apart). A
     delete is kept by every heir unless its key is certainly another heir's (a key too short for
     a key group sorts below every range delete). A put of a key that old partition ``owner`` of
-    ``from_partitions`` does not own is refused, as a pass over the rebuilt version's keys would. ``counts``: the base's keys by key group, brought through the
-    changelogs in place (FORMATS.md, "Key-group counts"), whether the keys their writer did not
-    know were there asked of ``base`` (the base snapshot's database) and the changelogs before."""
+    ``from_partitions`` does not own is refused, as a pass over the rebuilt version's keys would.
+    ``counts``: brought through the changelogs in the same pass."""
     from rocksdict import WriteBatch
 
     batches = {q: WriteBatch(raw_mode=True) for q in heirs}
     everyone = list(batches.values())
     prefix_bytes, group_of = keygroups.PREFIX_BYTES, keygroups.key_group_of_stored_key
 
+    after: dict[bytes, bool] = {}  # the keys of the changelog fed: there after it (for counts)
+    tracked = counts is not None
+
     def put(key: bytes, value: bytes) -> None:
         group = group_of(key) if len(key) >= prefix_bytes else -1
-        if group < 0 or group % from_partitions != owner:
+        if not 0 <= group < key_groups or group % from_partitions != owner:
             raise _ForeignKey(key)
         if (batch := batches.get(group % partitions)) is not None:  # else a new partition it is not the base of
             batch.put(key, value)
+        if tracked:
+            after[key] = True
 
     def delete(key: bytes) -> None:
         if len(key) < prefix_bytes:
@@ -205,23 +209,24 @@ def replayed_batches(logs: tuple, heirs: range, partitions: int, owner: int, fro
                 batch.delete(key)
         elif (batch := batches.get(group_of(key) % partitions)) is not None:
             batch.delete(key)
+        if tracked:
+            after[key] = False
 
-    for i, log_ in enumerate(logs):
-        change: Counter = Counter()
+    for log_ in logs:
         try:
-            fed = log_.feed(put, delete, unknown_keys=counts is not None, counts=None if counts is None else change)
+            if counts is None:
+                log_.feed(put, delete, unknown_keys=False)
+            else:
+                counts.feed(log_, put, delete, after)
+                after.clear()
         except _ForeignKey as exc:
             key = exc.args[0]
             raise ckpt.CheckpointError(
                 f"changelog {log_.source} of partition {owner} of {describe} puts key {key.hex()}, which names no "
-                f"key group it owns among {from_partitions} partitions: corrupt or misplaced") from None
-        if counts is not None:
-            for keys, sign in ((fed.unknown_puts, 1), (fed.unknown_deletes, -1)):
-                # A put of an absent key, a delete of a present one (as before this changelog).
-                existed = _existed_before(keys, base, logs[:i])
-                keygroups.count_key_groups(change, [k for k in keys if existed[k] != (sign > 0)], sign)
-            for group, n in change.items():
-                counts[group] = counts.get(group, 0) + n
+                f"key group it owns among {key_groups} key groups and {from_partitions} partitions: corrupt or "
+                "misplaced") from None
+        except changelog.CorruptChangelogError as exc:
+            raise ckpt.CheckpointError(str(exc)) from None
     return batches
 
 
@@ -229,18 +234,81 @@ class _ForeignKey(Exception):
     """A changelog's put of a key its partition does not own (raised out of the parser's callback)."""
 
 
-def _existed_before(keys: list[bytes], base: Any, logs: tuple) -> dict[bytes, bool]:
-    """Whether each of ``keys`` is in ``base`` with ``logs`` applied on it (none written)."""
-    if not keys:
-        return {}
-    wanted = set(keys)
-    last: dict[bytes, bool] = {}
-    for log_ in logs:
-        log_.feed(lambda k, v: last.__setitem__(k, True) if k in wanted else None,
-                  lambda k: last.__setitem__(k, False) if k in wanted else None, unknown_keys=False)
-    asked = [k for k in wanted if k not in last]
-    last.update((k, v is not None) for k, v in zip(asked, rocksdb.multi_get(base, asked)))
-    return last
+class CountsThrough:
+    """A base snapshot's key-group counts brought through changelogs that are not written into
+    it, by the state server's rule (FORMATS.md, "Key-group counts"): the ops that say whether a
+    key was there, and for the keys their writer did not know, the changelogs before, then the
+    base. :meth:`disagree` then checks what the seek per key group checks on a rebuilt version."""
+
+    def __init__(self, base: Any, counts: Counter) -> None:
+        self.base = base
+        self.before = Counter(counts)  # the base's, checked against its files
+        self.counts = counts  # changed in place
+        self.last: dict[bytes, bool] = {}  # each changelog key: there after the changelogs fed so far
+
+    def feed(self, log_: changelog.Changelog, put: Callable[[bytes, bytes], None],
+             delete: Callable[[bytes], None], after: dict[bytes, bool]) -> None:
+        """Pass ``log_``'s records to ``put`` and ``delete``, which record in ``after`` whether each
+        key is there after it, and count them."""
+        change: Counter = Counter()
+        fed = log_.feed(put, delete, unknown_keys=True, counts=change)
+        for keys, sign in ((fed.unknown_puts, 1), (fed.unknown_deletes, -1)):
+            if keys:
+                there = self._there(keys)
+                # A put of an absent key, a delete of a present one (as before this changelog).
+                keygroups.count_key_groups(change, [k for k in keys if there[k] != (sign > 0)], sign)
+        for group, n in change.items():
+            self.counts[group] = self.counts.get(group, 0) + n
+        self.last.update(after)
+
+    def _there(self, keys: list[bytes]) -> dict[bytes, bool]:
+        last = self.last
+        there = {k: last[k] for k in keys if k in last}
+        asked = [k for k in set(keys) if k not in there]
+        there.update((k, v is not None) for k, v in zip(asked, rocksdb.multi_get(self.base, asked)))
+        return there
+
+    def disagree(self) -> str | None:
+        """Why the counts do not name exactly the key groups the base with the changelogs holds
+        keys of (None: they do): no count is below zero, a key group a changelog leaves a key in
+        counts some, and one whose changelog keys all end deleted counts some exactly when a key
+        of the base's survives them (asked of the base where it held any). Only the key groups
+        counted empty and those with deleted keys are looked at: any other holds keys."""
+        group_of, prefix_bytes, counts = keygroups.key_group_of_stored_key, keygroups.PREFIX_BYTES, self.counts
+        empty = {g for g, n in counts.items() if n < 1}
+        for group in empty:
+            if counts[group] < 0:
+                return f"key group {group} would hold {counts[group]} keys after the changelogs"
+        deleted: dict[int, set[bytes]] = {}
+        for key in [k for k, there in self.last.items() if not there and len(k) >= prefix_bytes]:
+            deleted.setdefault(group_of(key), set()).add(key)  # a shorter key names no key group
+        held: set[int] = set()
+        if empty or deleted:
+            looked_at = empty | deleted.keys()
+            held = {g for k, there in self.last.items()
+                    if there and (g := group_of(k)) in looked_at}  # puts: never a shorter key
+        if held & empty:
+            group = min(held & empty)
+            return f"key group {group} holds keys after the changelogs, the counts say {counts.get(group, 0)}"
+        for group, gone in deleted.items():
+            if group in held:
+                continue
+            survives = self.before.get(group, 0) > 0 and self._survives(group, gone)
+            if survives != (counts.get(group, 0) > 0):
+                return (f"key group {group} holds {'keys' if survives else 'no key'} after the changelogs, the counts "
+                        f"say {counts.get(group, 0)}")
+        return None
+
+    def _survives(self, group: int, gone: set[bytes]) -> bool:
+        """Whether the base holds a key of ``group`` not in ``gone``."""
+        it = self.base.iter()
+        it.seek(keygroups.prefix(group))
+        end = keygroups.prefix(group + 1)
+        while it.valid() and it.key() < end:
+            if it.key() not in gone:
+                return True
+            it.next()
+        return False
 
 
 def replayed_heir(files: Any, manifest: Any, batch: Any, scratch: Path, q: int, partitions: int,

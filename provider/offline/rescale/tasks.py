@@ -18,8 +18,8 @@ from ...formats import changelog, key_group_counts
 from ...formats.layout import CHANGELOG_SUFFIX
 from ... import checkpoint as ckpt
 from ..routing import route_by_key_group
-from .clip import (clipped_heir, count_by_key_group, counts_disagree, held_disagree, owned_counts,
-                   replayed_batches, replayed_heir, replayed_logs, shared_files)
+from .clip import (CountsThrough, clipped_heir, count_by_key_group, counts_disagree, held_disagree,
+                   owned_counts, replayed_batches, replayed_heir, replayed_logs, shared_files)
 from .merge import layout_or_none, stage_ingested
 from .routing import HeirFiles, write_by_hash, write_by_key_group, write_skipping
 
@@ -143,12 +143,16 @@ def split_by_files(files: ckpt.StoreFiles, rebuilt: ckpt.RebuiltVersion, task: S
         # brought through them as they are cut by heir below.
         by_group, counted_by_keys = _usable(by_group, lambda c: counts_disagree(rebuilt.db, c), rebuilt.db, task)
     counted_at = time.monotonic()
+    through = None if rebuilt.applied else CountsThrough(rebuilt.db, by_group)
     batches = None if logs is None else replayed_batches(
-        logs, heirs, task.partitions, task.partition, task.from_partitions, task.store_path,
-        counts=None if rebuilt.applied else by_group, base=rebuilt.db)
+        logs, heirs, task.partitions, task.partition, task.from_partitions, task.key_groups, task.store_path, through)
+    if through is not None and (why := through.disagree()) is not None:
+        # Changelogs whose ops contradict the files: the version rebuilt, its keys counted.
+        log.warning("keyedstate: partition %d of %s: its changelogs do not bring its key-group counts to its "
+                    "files' (%s); counting its keys", task.partition, task.store_path, why)
+        rebuilt = ckpt.apply_kept_logs(rebuilt)
+        by_group, counted_by_keys = _counted(rebuilt.db, task), True
     if not writes:
-        if not rebuilt.applied:  # the changelogs may name key groups the base holds none of
-            owned_counts(by_group, task.partition, task.from_partitions, task.key_groups, task.store_path)
         heir_keys = key_group_counts.by_partition(by_group, task.partitions)
     for q in heirs:
         if batches is None:
