@@ -170,11 +170,11 @@ def rebuild(storage: Storage, sp: StorePartition, version: int, uid: str | None 
                     _apply(db, log_, counts)
                 if keep_logs or not apply_logs:
                     logs.append(log_)
-            # One flush for the replay and the changelogs: apply_kept_logs flushes both.
-            if (to_apply and apply_logs) or (manifest is not None and manifest.replay and (apply_logs or not to_apply)):
+            applied = apply_logs or not to_apply  # else apply_kept_logs applies them
+            replayed = manifest is not None and bool(manifest.replay)
+            if applied and (to_apply or replayed):  # one flush for the replay and the changelogs
                 db.flush()
-            yield Rebuilt(db, list(plan), key_groups, manifest, tuple(skipped), counts, tuple(logs),
-                          applied=apply_logs or not to_apply)
+            yield Rebuilt(db, list(plan), key_groups, manifest, tuple(skipped), counts, tuple(logs), applied=applied)
         finally:
             db.close()
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import Iterator, MutableMapping
+from typing import Callable, Iterable, Iterator, MutableMapping
 
 from rocksdict import (AccessType, BlockBasedOptions, Cache, DBCompressionType, MemtableFactory, Options, Rdict,
                        WriteBatch, WriteBufferManager, WriteOptions)
@@ -187,16 +187,20 @@ a large changelog whose keys' existence the writer did not know is asked a slice
 memory stays bounded by the slice, not by the changelog."""
 
 
-def count_unknown(db: Rdict, fed: changelog.Fed, counts: MutableMapping[int, int] | None) -> int:
+def count_unknown(db: Rdict | None, fed: changelog.Fed, counts: MutableMapping[int, int] | None,
+                  existed: Callable[[list[bytes]], Iterable[bool]] | None = None) -> int:
     """The change in ``db``'s keys from the records :meth:`Changelog.feed` passed on without
-    saying whether their key was there (asked of ``db`` before they are written), added to
-    ``counts`` by key group when given; what their ops said is in ``fed`` already."""
+    saying whether their key was there (asked of ``db`` before they are written, or of
+    ``existed``, whether each key was there before these records, where ``db`` alone cannot
+    say), added to ``counts`` by key group when given; what their ops said is in ``fed`` already."""
+    if existed is None:
+        existed = lambda keys: (value is not None for value in multi_get(db, keys))  # noqa: E731
     delta = 0
     for keys, sign in ((fed.unknown_puts, 1), (fed.unknown_deletes, -1)):
         if not keys:
             continue
         # A put of an absent key, a delete of a present one.
-        changed = [key for key, value in zip(keys, multi_get(db, keys)) if (value is None) == (sign > 0)]
+        changed = [key for key, there in zip(keys, existed(keys)) if there != (sign > 0)]
         delta += sign * len(changed)
         if counts is not None:
             keygroups.count_key_groups(counts, changed, sign)

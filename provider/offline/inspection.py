@@ -23,7 +23,6 @@ from typing import Any
 
 from ..formats import keygroups, rocksdb
 from ..formats.layout import CHANGELOG_SUFFIX, MANIFEST_SUFFIX, MAX_SPARK_METADATA_BYTES, json_of, read_file
-from ..formats.manifest import Manifest
 from ..checkpoint import (CheckpointError, StoreFiles, bytes_on_disk, discover_stores, latest_committed_batch,
                          local_path, numbered_dirs, operator_metadata, read_manifest, rebuild, refuse_links)
 from .checkpoint_format import refuse_checkpoint_format_2

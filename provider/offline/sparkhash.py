@@ -374,7 +374,7 @@ def read_key_schema(schema_file: str | os.PathLike) -> dict:
         data = layout.read_file(path, layout.MAX_SPARK_METADATA_BYTES, "Spark state schema file")
     except layout.TooLargeError as exc:
         raise ValueError(str(exc)) from None
-    except OSError as exc:
+    except OSError:
         if os.path.islink(path):
             raise ValueError(link_refused(path)) from None
         raise

@@ -28,13 +28,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..formats import changelog, key_group_counts, keygroups, rocksdb
+from ..formats import changelog, key_group_counts, keygroups
 from ..formats.keygroups import key_group_of_stored_key
 from ..formats.stored import PLAIN_VALUE, TIMED_VALUE, KeyLayout
 from .progress import Steps

@@ -18,8 +18,9 @@ from ...formats import changelog, key_group_counts
 from ...formats.layout import CHANGELOG_SUFFIX
 from ... import checkpoint as ckpt
 from ..routing import route_by_key_group
-from .clip import (CountsThrough, clipped_heir, count_by_key_group, counts_disagree, held_disagree,
+from .clip import (clipped_heir, count_by_key_group, counts_disagree, held_disagree,
                    owned_counts, replayed_batches, replayed_heir, replayed_logs, shared_files)
+from .counts_through import CountsThrough
 from .merge import layout_or_none, stage_ingested
 from .routing import HeirFiles, write_by_hash, write_by_key_group, write_skipping
 
@@ -48,6 +49,18 @@ class SplitTask:
     origin: dict  # what the published snapshots record about the rescale
     key_layout: dict | None  # recorded in the published snapshots' manifests
     merge_by_files: bool = False  # this partition's files are the base of some heirs (see split_into)
+
+    @property
+    def hides(self) -> bool:
+        """Whether a heir built on this partition's files hides some of its key groups: all but
+        a heir of a scale-down by a divisor, which owns every key group of its parent."""
+        return self.from_partitions % self.partitions != 0
+
+    @property
+    def writes_other_heirs(self) -> bool:
+        """Whether a split by files also writes this partition's keys of the new partitions it
+        is not the base of into SST files (a merge by files whose heirs each have other parents)."""
+        return self.merge_by_files and self.hides
 
 
 def split(task: SplitTask) -> dict:
@@ -90,9 +103,8 @@ def split_into(task: SplitTask, temp: Path) -> dict:
     by_files = bool(heirs)
     # A split by files that cuts the changelogs by heir reads the base snapshot and the records
     # apart: the rebuild leaves them unapplied (applied below where the split needs the version).
-    writes = task.merge_by_files and task.from_partitions % task.partitions != 0
-    with ckpt.rebuild(files, task.version, workdir=temp, count_key_groups=by_files,
-                      compactions=False, keep_logs=by_files, apply_logs=not by_files or writes) as rebuilt:
+    with ckpt.rebuild(files, task.version, workdir=temp, count_key_groups=by_files, compactions=False,
+                      keep_logs=by_files, apply_logs=not by_files or task.writes_other_heirs) as rebuilt:
         check_key_groups(rebuilt, task)
         ttl = rebuilt.manifest.ttl if rebuilt.manifest else None
         rebuilt_at = time.monotonic()
@@ -129,9 +141,7 @@ def split_by_files(files: ckpt.StoreFiles, rebuilt: ckpt.RebuiltVersion, task: S
     merge by files the parent's keys of the new partitions it is not the base of go to SST files
     too, in a pass that also checks the key-group counts (else checked by a seek per key group)."""
     started = time.monotonic()
-    # A heir that owns every key group of its parent (a scale-down by a divisor) needs no clip.
-    hide = task.from_partitions % task.partitions != 0
-    writes = task.merge_by_files and hide
+    hide, writes = task.hides, task.writes_other_heirs
     logs = replayed_logs(rebuilt)
     if logs is None:  # the heirs are cut from the rebuilt version's files
         rebuilt = ckpt.apply_kept_logs(rebuilt)
