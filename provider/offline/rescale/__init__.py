@@ -41,6 +41,7 @@ The package's modules: :mod:`.driver` (:func:`rescale` and the four steps), :mod
 (Spark's logs adapter), :mod:`.plan` (what is read before anything is written),
 :mod:`.staging` (the work directory and journal), :mod:`.tasks` (the split task),
 :mod:`.routing` (keys into the heirs' SST files), :mod:`.clip` (the split by files),
+:mod:`.counts_through` (key-group counts carried through changelogs a split by files cuts),
 :mod:`.local_workers` (tasks in the driver's processes), :mod:`.merge` (the merge task),
 :mod:`.commit` (publishing the new partitions) and :mod:`.rollback`.
 """
